@@ -1,0 +1,327 @@
+//! Parse, validate, expand. The expansion is thin: it renders the key and
+//! hands the body to one runtime function, which owns everything else.
+
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{ToTokens, quote};
+use syn::parse::{Parse, ParseStream};
+use syn::visit_mut::VisitMut;
+use syn::{Attribute, Expr, ReturnType, Signature, Stmt, Token, Type, Visibility, parse_quote};
+
+use crate::key::KeyTemplate;
+use crate::parse::{LockArgs, Millis, Mode};
+use crate::valid::validate;
+
+/// The function the attribute is put on. The signature is parsed so its
+/// return type can be edited in place; the body of an `async fn` is kept as
+/// raw tokens (tracing's `MaybeItemFn`).
+pub(crate) struct LockFn {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    pub(crate) inner_attrs: Vec<Attribute>,
+    pub(crate) body: Body,
+}
+
+/// The statements of the function body.
+pub(crate) enum Body {
+    /// An `async fn` body, or a non-async body of unknown shape.
+    Tokens(TokenStream),
+    /// The shape `#[async_trait]` produces: statements, then a final
+    /// `Box::pin(async move { .. })`.
+    AsyncTrait {
+        before: Vec<Stmt>,
+        pin: Box<Expr>,
+        inner: syn::ExprAsync,
+    },
+}
+
+impl Parse for LockFn {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        let sig: Signature = input.parse()?;
+        if input.peek(Token![;]) {
+            return Err(syn::Error::new(
+                input.span(),
+                "`#[distributed_lock]` needs a function body; put it on the implementation, not on the trait's declaration",
+            ));
+        }
+        let content;
+        syn::braced!(content in input);
+        let inner_attrs = content.call(Attribute::parse_inner)?;
+        let body = if sig.asyncness.is_some() {
+            Body::Tokens(content.parse()?)
+        } else {
+            let fork = content.fork();
+            match async_trait_shape(&fork) {
+                Some(body) => {
+                    content.parse::<TokenStream>()?;
+                    body
+                }
+                None => Body::Tokens(content.parse()?),
+            }
+        };
+        Ok(LockFn {
+            attrs,
+            vis,
+            sig,
+            inner_attrs,
+            body,
+        })
+    }
+}
+
+/// Recognises `stmts; Box::pin(async move { .. })`, as tracing's
+/// `AsyncInfo::from_fn` does.
+fn async_trait_shape(input: ParseStream<'_>) -> Option<Body> {
+    let mut stmts = syn::Block::parse_within(input).ok()?;
+    let Some(Stmt::Expr(Expr::Call(call), None)) = stmts.last() else {
+        return None;
+    };
+    let Expr::Path(path) = &*call.func else {
+        return None;
+    };
+    let segments: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    if !segments.ends_with(&["Box".to_owned(), "pin".to_owned()]) || call.args.len() != 1 {
+        return None;
+    }
+    let Some(Expr::Async(inner)) = call.args.first() else {
+        return None;
+    };
+    let inner = inner.clone();
+    let pin = call.func.clone();
+    stmts.pop();
+    Some(Body::AsyncTrait {
+        before: stmts,
+        pin,
+        inner,
+    })
+}
+
+/// Entry point: never panics; on error emits the original item next to the
+/// error, so no follow-on errors are reported (thiserror's `fallback.rs`).
+pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    match try_expand(args, item.clone()) {
+        Ok(tokens) => tokens,
+        Err(err) => {
+            let error = err.into_compile_error();
+            quote!(#item #error)
+        }
+    }
+}
+
+fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let func: LockFn = syn::parse2(item)?;
+    let args: LockArgs = syn::parse2(args)?;
+    let template = validate(&args, &func)?;
+    Ok(expand(&args, &template, func))
+}
+
+fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream {
+    let krate = args
+        .krate
+        .as_ref()
+        .map_or_else(|| quote!(::lock_runtime), ToTokens::to_token_stream);
+    let LockFn {
+        attrs,
+        vis,
+        mut sig,
+        inner_attrs,
+        body,
+    } = func;
+    let mode = args.mode();
+    let key = Ident::new("__lock_key", Span::mixed_site());
+    let format_args = template.format_args();
+    let options = options(args, &krate);
+    let run = match mode {
+        Mode::Wait => quote!(run_wait),
+        Mode::Skip => quote!(run_skip),
+    };
+    let render = quote! {
+        let #key = #krate::__private::render_key(#format_args);
+    };
+    let body = match body {
+        Body::Tokens(stmts) => {
+            let value_ty = erase_impl_trait(output_type(&sig.output));
+            sig.output = wrap_return(&sig.output, mode, &krate);
+            let ret = Ident::new("__lock_ret", Span::mixed_site());
+            // Input:  async fn f(id: u64) -> R { body }
+            // Output: async fn f(id: u64) -> Result<R, LockError> {
+            //             let key = render_key(..);
+            //             run_wait(key, options, async move { let ret: R = { body }; ret }).await
+            //         }
+            quote! {
+                #render
+                #krate::__private::#run(#key, #options, async move {
+                    let #ret: #value_ty = { #stmts };
+                    #[allow(unreachable_code)]
+                    return #ret;
+                })
+                .await
+            }
+        }
+        Body::AsyncTrait { before, pin, inner } => {
+            RewriteOutput {
+                mode,
+                krate: &krate,
+            }
+            .visit_return_type_mut(&mut sig.output);
+            // Input:  fn f(&self) -> Pin<Box<dyn Future<Output = R> + ..>> { stmts; Box::pin(async move { .. }) }
+            // Output: fn f(&self) -> Pin<Box<dyn Future<Output = Result<R, LockError>> + ..>> {
+            //             stmts; let key = render_key(..);
+            //             Box::pin(async move { run_wait(key, options, async move { .. }).await })
+            //         }
+            quote! {
+                #(#before)*
+                #render
+                #pin(async move {
+                    #krate::__private::#run(#key, #options, #inner).await
+                })
+            }
+        }
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            #body
+        }
+    }
+}
+
+/// Builds `__private::options(ttl_ms, wait_timeout_ms, hold_at_least_ms, watchdog, max_hold_ms)`.
+fn options(args: &LockArgs, krate: &TokenStream) -> TokenStream {
+    let ttl = args.ttl_millis();
+    let watchdog = args.watchdog();
+    let optional = |value: &Option<Millis>| match value {
+        Some(millis) => {
+            let n = millis.millis;
+            quote!(::core::option::Option::Some(#n))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let wait_timeout = optional(&args.wait_timeout);
+    let hold_at_least = optional(&args.hold_at_least);
+    let max_hold = optional(&args.max_hold);
+    quote! {
+        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold)
+    }
+}
+
+/// The declared value type: `T` for `-> T`, `()` for no return type.
+fn output_type(output: &ReturnType) -> Type {
+    match output {
+        ReturnType::Default => parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    }
+}
+
+/// `T` -> `Result<T, LockError>` (wait) or `Result<Option<T>, LockError>` (skip).
+fn wrap_type(ty: &Type, mode: Mode, krate: &TokenStream) -> Type {
+    match mode {
+        Mode::Wait => parse_quote!(::core::result::Result<#ty, #krate::LockError>),
+        Mode::Skip => parse_quote!(
+            ::core::result::Result<::core::option::Option<#ty>, #krate::LockError>
+        ),
+    }
+}
+
+fn wrap_return(output: &ReturnType, mode: Mode, krate: &TokenStream) -> ReturnType {
+    let arrow = match output {
+        ReturnType::Default => <Token![->]>::default(),
+        ReturnType::Type(arrow, _) => *arrow,
+    };
+    ReturnType::Type(arrow, Box::new(wrap_type(&output_type(output), mode, krate)))
+}
+
+/// Replaces every `impl Trait` with `_`, so the body's type can be pinned
+/// (async-trait's `replace_impl_trait_with_infer`).
+fn erase_impl_trait(mut ty: Type) -> Type {
+    struct Erase;
+    impl VisitMut for Erase {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(_) = ty {
+                *ty = parse_quote!(_);
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    Erase.visit_type_mut(&mut ty);
+    ty
+}
+
+/// Rewrites `Output = T` inside an async-trait return type.
+struct RewriteOutput<'a> {
+    mode: Mode,
+    krate: &'a TokenStream,
+}
+
+impl VisitMut for RewriteOutput<'_> {
+    fn visit_assoc_type_mut(&mut self, assoc: &mut syn::AssocType) {
+        if assoc.ident == "Output" {
+            assoc.ty = wrap_type(&assoc.ty, self.mode, self.krate);
+        } else {
+            syn::visit_mut::visit_assoc_type_mut(self, assoc);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(args: &str, item: &str) -> String {
+        distributed_lock(args.parse().unwrap(), item.parse().unwrap()).to_string()
+    }
+
+    #[test]
+    fn wait_mode_wraps_the_return_type_and_calls_run_wait() {
+        let out = expand_str(
+            r#"key = "stock:{item_id}", ttl = "10s""#,
+            "async fn buy(item_id: u64, qty: u32) -> u32 { qty }",
+        );
+        assert!(out.contains(":: core :: result :: Result < u32 , :: lock_runtime :: LockError >"), "{out}");
+        assert!(out.contains("run_wait"), "{out}");
+        assert!(out.contains("10000u64"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
+    }
+
+    #[test]
+    fn skip_mode_wraps_in_option() {
+        let out = expand_str(r#"key = "job", mode = "skip""#, "async fn job() {}");
+        assert!(out.contains("Option < ()"), "{out}");
+        assert!(out.contains("run_skip"), "{out}");
+    }
+
+    #[test]
+    fn crate_path_replaces_the_default_root() {
+        let out = expand_str(r#"key = "job", crate = "my::locks""#, "async fn job() {}");
+        assert!(out.contains("my :: locks :: __private :: run_wait"), "{out}");
+        assert!(!out.contains("lock_runtime"), "{out}");
+    }
+
+    #[test]
+    fn errors_keep_the_original_item() {
+        let out = expand_str(r#"key = "job", tll = "1s""#, "async fn job() {}");
+        assert!(out.starts_with("async fn job () { }"), "{out}");
+        assert!(out.contains("compile_error"), "{out}");
+    }
+
+    #[test]
+    fn async_trait_shape_rewrites_the_future_output() {
+        let out = expand_str(
+            r#"key = "k:{self.id}""#,
+            "fn f<'a>(&'a self) -> ::core::pin::Pin<Box<dyn ::core::future::Future<Output = u8> + Send + 'a>> {
+                 Box::pin(async move { let __ret: u8 = { 1 }; __ret })
+             }",
+        );
+        assert!(out.contains("Output = :: core :: result :: Result < u8"), "{out}");
+        assert!(out.contains("Box :: pin (async move { :: lock_runtime :: __private :: run_wait"), "{out}");
+    }
+}

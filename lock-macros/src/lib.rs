@@ -1,0 +1,137 @@
+//! The procedural macro behind [`#[distributed_lock]`](macro@distributed_lock).
+//!
+//! Do not depend on this crate directly: use `lock-runtime`, which re-exports
+//! the attribute and provides everything its expansion calls.
+
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![doc(test(attr(deny(warnings))))]
+
+mod expand;
+mod key;
+mod parse;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Makes an `async fn` a critical section that is mutually exclusive across
+/// every process sharing the lock backend.
+///
+/// The body runs only while this process holds the lock named by `key`; the
+/// lock is released when the body ends, however it ends.
+///
+/// ```
+/// use lock_runtime::{LockError, LockRegistry, distributed_lock};
+///
+/// #[distributed_lock(key = "stock:{item_id}", ttl = "10s")]
+/// async fn buy(item_id: u64, qty: u32) -> u32 {
+///     qty // runs in one process at a time per `item_id`
+/// }
+///
+/// #[distributed_lock(key = "job:nightly-report", mode = "skip", ttl = "5m", hold_at_least = "30s")]
+/// async fn nightly_report() -> usize {
+///     42
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// lock_runtime::init(LockRegistry::memory())?;
+/// let bought: u32 = buy(7, 1).await?;
+/// assert_eq!(bought, 1);
+/// match nightly_report().await? {
+///     Some(rows) => println!("ran: {rows} rows"),
+///     None => println!("another instance is running it"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | default | meaning |
+/// |---|---|---|
+/// | `key = "…"` | required | template: `{name}` is a parameter, `{name.field.sub}` a field path, `{self.field}` a field of the receiver, rendered with `Display`; `{{` and `}}` are literal braces |
+/// | `mode = "wait"` or `"skip"` | `"wait"` | wait: wait for the lock; skip: one attempt, `Ok(None)` if it is held elsewhere |
+/// | `ttl = "30s"` | `"30s"` | lease length; units `ms`, `s`, `m`, `h`, combinable (`"1m30s"`) |
+/// | `wait_timeout = "5s"` | wait forever | wait mode only: give up with [`LockError::Timeout`] |
+/// | `hold_at_least = "10s"` | none | keep the lease this long after the body started, even if it ended sooner |
+/// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
+/// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
+/// | `crate = "path"` | `::lock_runtime` | path of the runtime crate, for renamed dependencies |
+///
+/// Every argument is checked at compile time: an unknown or duplicate
+/// argument, a bad mode or duration, a placeholder that is not a parameter,
+/// unbalanced braces, `wait_timeout` in skip mode, `hold_at_least` longer than
+/// `ttl`, `max_hold` shorter than `ttl` or without the watchdog, and a
+/// non-`async` function are all errors that point at the offending token.
+/// Durations are at most ten years.
+///
+/// # Modes
+///
+/// In wait mode `async fn f(..) -> T` becomes
+/// `async fn f(..) -> Result<T, LockError>`: the call waits until the lock is
+/// free (woken by the release, not by polling), or until `wait_timeout`.
+///
+/// In skip mode it becomes `async fn f(..) -> Result<Option<T>, LockError>`:
+/// one attempt is made, and `Ok(None)` is returned without running the body
+/// when the lock is held, which is what a scheduled job on many replicas wants.
+///
+/// A nested call with the same key in the same task (the function calling
+/// itself, or another annotated function with the same key) is re-entrant:
+/// it runs at once under the outer lock and shares its fencing token.
+///
+/// # Errors
+///
+/// - [`LockError::NotInitialized`] if `lock_runtime::init` was not called;
+/// - [`LockError::Timeout`] when `wait_timeout` passes first;
+/// - [`LockError::Lost`] when the lease was lost while the body ran (the
+///   watchdog could not renew it, `max_hold` passed, or without the watchdog
+///   the `ttl` passed): the body is cancelled at its next `.await`;
+/// - [`LockError::InvalidKey`] when the rendered key is empty or too long;
+/// - [`LockError::Backend`] when the store cannot be reached.
+///
+/// # Cancellation
+///
+/// The lock is released when the body returns, when it panics, and when the
+/// caller drops the future mid-body: the guard's `Drop` spawns the release on
+/// the current Tokio runtime, so the next holder does not wait for the TTL.
+/// Only when no runtime is left (the process is exiting) is the TTL the
+/// safety net, as it is for a process that crashes.
+///
+/// # Use with async-trait
+///
+/// Put the attribute on the method inside an `#[async_trait]` impl block.
+/// `#[async_trait]` runs first and produces `Box::pin(async move { .. })`;
+/// this attribute recognises that shape, renders the key before the inner
+/// future is built, and rewrites the future's `Output`. The trait declares
+/// the rewritten return type, `Result<T, LockError>`. Native `async fn` in
+/// traits needs nothing special.
+///
+/// # Renaming the crate
+///
+/// The expansion refers to `::lock_runtime`. If the dependency is renamed,
+/// say which path to use:
+///
+/// ```toml
+/// [dependencies]
+/// locks = { package = "lock-runtime", version = "0.1" }
+/// ```
+///
+/// ```ignore
+/// #[locks::distributed_lock(key = "job", crate = "locks")]
+/// async fn job() {}
+/// ```
+///
+/// [`LockError::Timeout`]: ../lock_runtime/enum.LockError.html#variant.Timeout
+/// [`LockError::NotInitialized`]: ../lock_runtime/enum.LockError.html#variant.NotInitialized
+/// [`LockError::Lost`]: ../lock_runtime/enum.LockError.html#variant.Lost
+/// [`LockError::InvalidKey`]: ../lock_runtime/enum.LockError.html#variant.InvalidKey
+/// [`LockError::Backend`]: ../lock_runtime/enum.LockError.html#variant.Backend
+#[proc_macro_attribute]
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::distributed_lock(args.into(), item.into()).into()
+}

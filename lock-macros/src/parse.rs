@@ -1,0 +1,380 @@
+//! Parsing of the attribute's arguments: `key = "…", mode = "skip", ttl = "30s", …`.
+//!
+//! Only syntax and the shape of each value are checked here; how the values
+//! fit together and with the function is checked in `valid.rs`.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::{Ident, LitBool, LitStr, Token};
+
+/// The argument names, in the order the error message lists them.
+pub(crate) const ARGUMENTS: &[&str] = &[
+    "key",
+    "mode",
+    "ttl",
+    "wait_timeout",
+    "hold_at_least",
+    "watchdog",
+    "max_hold",
+    "crate",
+];
+
+/// The longest duration any argument accepts: ten years, the same bound the
+/// runtime enforces on `LockOptions`.
+pub(crate) const MAX_MILLIS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+
+/// The default lease length when `ttl` is not given.
+pub(crate) const DEFAULT_TTL_MILLIS: u64 = 30_000;
+
+mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(wait_timeout);
+    syn::custom_keyword!(hold_at_least);
+    syn::custom_keyword!(watchdog);
+    syn::custom_keyword!(max_hold);
+}
+
+/// What to do when the lock is held elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Wait for the lock (the default).
+    Wait,
+    /// Make one attempt; return `Ok(None)` when the lock is held.
+    Skip,
+}
+
+/// A duration argument: its value in milliseconds and the literal it came from.
+#[derive(Clone)]
+pub(crate) struct Millis {
+    pub(crate) millis: u64,
+    pub(crate) lit: LitStr,
+}
+
+impl Millis {
+    pub(crate) fn span(&self) -> Span {
+        self.lit.span()
+    }
+}
+
+/// The parsed arguments of `#[distributed_lock(..)]`, each with its span.
+#[derive(Default)]
+pub(crate) struct LockArgs {
+    pub(crate) key: Option<LitStr>,
+    pub(crate) mode: Option<(Mode, Span)>,
+    pub(crate) ttl: Option<Millis>,
+    pub(crate) wait_timeout: Option<Millis>,
+    pub(crate) hold_at_least: Option<Millis>,
+    pub(crate) watchdog: Option<LitBool>,
+    pub(crate) max_hold: Option<Millis>,
+    pub(crate) krate: Option<syn::Path>,
+}
+
+impl LockArgs {
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode.map_or(Mode::Wait, |(mode, _)| mode)
+    }
+
+    pub(crate) fn ttl_millis(&self) -> u64 {
+        self.ttl.as_ref().map_or(DEFAULT_TTL_MILLIS, |ttl| ttl.millis)
+    }
+
+    pub(crate) fn watchdog(&self) -> bool {
+        self.watchdog.as_ref().is_none_or(LitBool::value)
+    }
+}
+
+/// Collects the value errors of several arguments so they are all reported at
+/// once; syntax errors still stop parsing at the first one.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, err: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(err),
+            None => self.0 = Some(err),
+        }
+    }
+
+    fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// Stores `value` in `slot` unless the argument was already given.
+fn set_once<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(span, format!("duplicate `{name}` argument")));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+impl Parse for LockArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = LockArgs::default();
+        let mut errors = Errors::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            let result = if lookahead.peek(kw::key) {
+                let span = input.parse::<kw::key>()?.span;
+                let lit = parse_value::<LitStr>(input)?;
+                set_once(&mut args.key, lit, span, "key")
+            } else if lookahead.peek(kw::mode) {
+                let span = input.parse::<kw::mode>()?.span;
+                let lit = parse_value::<LitStr>(input)?;
+                parse_mode(&lit).and_then(|mode| {
+                    set_once(&mut args.mode, (mode, lit.span()), span, "mode")
+                })
+            } else if lookahead.peek(kw::ttl) {
+                let span = input.parse::<kw::ttl>()?.span;
+                duration_arg(input, &mut args.ttl, span, "ttl")?
+            } else if lookahead.peek(kw::wait_timeout) {
+                let span = input.parse::<kw::wait_timeout>()?.span;
+                duration_arg(input, &mut args.wait_timeout, span, "wait_timeout")?
+            } else if lookahead.peek(kw::hold_at_least) {
+                let span = input.parse::<kw::hold_at_least>()?.span;
+                duration_arg(input, &mut args.hold_at_least, span, "hold_at_least")?
+            } else if lookahead.peek(kw::max_hold) {
+                let span = input.parse::<kw::max_hold>()?.span;
+                duration_arg(input, &mut args.max_hold, span, "max_hold")?
+            } else if lookahead.peek(kw::watchdog) {
+                let span = input.parse::<kw::watchdog>()?.span;
+                let lit = parse_value::<LitBool>(input)?;
+                set_once(&mut args.watchdog, lit, span, "watchdog")
+            } else if lookahead.peek(Token![crate]) {
+                let span = input.parse::<Token![crate]>()?.span;
+                let lit = parse_value::<LitStr>(input)?;
+                lit.parse::<syn::Path>()
+                    .map_err(|_| {
+                        syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "invalid crate path {:?}; expected a path such as \"lock_runtime\"",
+                                lit.value()
+                            ),
+                        )
+                    })
+                    .and_then(|path| set_once(&mut args.krate, path, span, "crate"))
+            } else if input.peek(Ident::peek_any) {
+                let ident = input.call(Ident::parse_any)?;
+                let expected = ARGUMENTS
+                    .iter()
+                    .map(|name| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(syn::Error::new(
+                    ident.span(),
+                    format!("unknown argument `{ident}`; expected one of {expected}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            };
+            if let Err(err) = result {
+                errors.push(err);
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        errors.finish()?;
+        Ok(args)
+    }
+}
+
+/// Parses `= VALUE`.
+fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
+    input.parse::<Token![=]>()?;
+    input.parse()
+}
+
+/// Parses `= "DURATION"` into `slot`. Syntax errors are returned as the outer
+/// error; a bad or duplicate value as the inner one, so parsing can go on.
+fn duration_arg(
+    input: ParseStream<'_>,
+    slot: &mut Option<Millis>,
+    span: Span,
+    name: &str,
+) -> syn::Result<syn::Result<()>> {
+    let lit = parse_value::<LitStr>(input)?;
+    Ok(parse_duration(&lit, name).and_then(|millis| set_once(slot, millis, span, name)))
+}
+
+fn parse_mode(lit: &LitStr) -> syn::Result<Mode> {
+    match lit.value().as_str() {
+        "wait" => Ok(Mode::Wait),
+        "skip" => Ok(Mode::Skip),
+        other => Err(syn::Error::new(
+            lit.span(),
+            format!("unknown mode {other:?}; expected \"wait\" or \"skip\""),
+        )),
+    }
+}
+
+/// Parses a duration such as `"500ms"`, `"30s"`, `"5m"`, `"2h"` or `"1m30s"`.
+fn parse_duration(lit: &LitStr, name: &str) -> syn::Result<Millis> {
+    let text = lit.value();
+    let invalid = || {
+        syn::Error::new(
+            lit.span(),
+            format!("invalid {name} {text:?}; expected e.g. \"500ms\", \"30s\", \"5m\", \"1m30s\""),
+        )
+    };
+    let millis = duration_millis(&text).ok_or_else(invalid)?;
+    if millis == 0 {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("{name} {text:?} is zero; it must be at least \"1ms\""),
+        ));
+    }
+    if millis > MAX_MILLIS {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("{name} {text:?} is too long; the longest accepted is ten years"),
+        ));
+    }
+    Ok(Millis {
+        millis,
+        lit: lit.clone(),
+    })
+}
+
+/// Sums `<digits><unit>` groups; `None` when the text is not of that form or
+/// the sum overflows.
+fn duration_millis(text: &str) -> Option<u64> {
+    let mut rest = text;
+    let mut total: u64 = 0;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let number: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (factor, unit_len) = if rest.starts_with("ms") {
+            (1, 2)
+        } else if rest.starts_with('s') {
+            (1_000, 1)
+        } else if rest.starts_with('m') {
+            (60_000, 1)
+        } else if rest.starts_with('h') {
+            (3_600_000, 1)
+        } else {
+            return None;
+        };
+        rest = &rest[unit_len..];
+        total = total.checked_add(number.checked_mul(factor)?)?;
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> syn::Result<LockArgs> {
+        syn::parse_str::<LockArgs>(text)
+    }
+
+    fn error(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("{text} parsed"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    #[test]
+    fn parses_every_argument() {
+        let args = parse(
+            r#"key = "a:{id}", mode = "skip", ttl = "1m30s", hold_at_least = "10s",
+               watchdog = false, max_hold = "10m", crate = "my::locks""#,
+        )
+        .unwrap();
+        assert_eq!(args.key.as_ref().unwrap().value(), "a:{id}");
+        assert_eq!(args.mode(), Mode::Skip);
+        assert_eq!(args.ttl.as_ref().unwrap().millis, 90_000);
+        assert_eq!(args.hold_at_least.as_ref().unwrap().millis, 10_000);
+        assert!(!args.watchdog.as_ref().unwrap().value());
+        assert_eq!(args.max_hold.as_ref().unwrap().millis, 600_000);
+        let krate = args.krate.unwrap();
+        assert_eq!(krate.segments.len(), 2);
+    }
+
+    #[test]
+    fn defaults_apply_when_arguments_are_absent() {
+        let args = parse(r#"key = "k""#).unwrap();
+        assert_eq!(args.mode(), Mode::Wait);
+        assert_eq!(args.ttl_millis(), DEFAULT_TTL_MILLIS);
+        assert!(args.watchdog());
+        assert!(args.wait_timeout.is_none());
+    }
+
+    #[test]
+    fn trailing_comma_is_accepted() {
+        assert!(parse(r#"key = "k", "#).is_ok());
+    }
+
+    #[test]
+    fn durations_in_every_unit() {
+        assert_eq!(duration_millis("500ms"), Some(500));
+        assert_eq!(duration_millis("30s"), Some(30_000));
+        assert_eq!(duration_millis("5m"), Some(300_000));
+        assert_eq!(duration_millis("2h"), Some(7_200_000));
+        assert_eq!(duration_millis("1h1m1s1ms"), Some(3_661_001));
+        assert_eq!(duration_millis(""), None);
+        assert_eq!(duration_millis("30"), None);
+        assert_eq!(duration_millis("s"), None);
+        assert_eq!(duration_millis("1.5s"), None);
+        assert_eq!(duration_millis("30 s"), None);
+        assert_eq!(duration_millis("99999999999999999999s"), None);
+        assert_eq!(duration_millis("18446744073709551615h"), None);
+    }
+
+    #[test]
+    fn unknown_argument_lists_the_valid_ones() {
+        let msg = error(r#"key = "k", tll = "1s""#);
+        assert!(msg.starts_with("unknown argument `tll`; expected one of `key`, `mode`"));
+        assert!(msg.contains("`crate`"));
+    }
+
+    #[test]
+    fn duplicate_argument_is_an_error() {
+        assert_eq!(
+            error(r#"key = "k", ttl = "1s", ttl = "2s""#),
+            "duplicate `ttl` argument"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_value() {
+        assert_eq!(
+            error(r#"key = "k", mode = "block""#),
+            r#"unknown mode "block"; expected "wait" or "skip""#
+        );
+        assert!(error(r#"key = "k", ttl = "30x""#).starts_with(r#"invalid ttl "30x""#));
+        assert!(error(r#"key = "k", ttl = "0s""#).contains("is zero"));
+        assert!(error(r#"key = "k", ttl = "100000h""#).contains("too long"));
+        assert!(error(r#"key = "k", crate = "not a path""#).contains("invalid crate path"));
+    }
+
+    #[test]
+    fn all_value_errors_are_reported_together() {
+        let Err(err) = parse(r#"key = "k", mode = "block", ttl = "1x""#) else {
+            panic!("parsed")
+        };
+        assert_eq!(err.into_iter().count(), 2);
+    }
+
+    #[test]
+    fn wrong_literal_kind_is_a_syntax_error() {
+        assert!(parse(r#"ttl = 30"#).is_err());
+        assert!(parse(r#"watchdog = "no""#).is_err());
+    }
+}

@@ -1,0 +1,168 @@
+//! Semantic checks: do the arguments fit together, and does the key template
+//! fit the function it is put on?
+
+use proc_macro2::Span;
+use syn::{FnArg, Pat};
+
+use crate::expand::{Body, LockFn};
+use crate::key::KeyTemplate;
+use crate::parse::{LockArgs, Millis, Mode};
+
+/// Checks the arguments against each other and against the function, joining
+/// every independent error into one.
+pub(crate) fn validate(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplate> {
+    let mut errors: Option<syn::Error> = None;
+    let mut push = |err: syn::Error| match &mut errors {
+        Some(all) => all.combine(err),
+        None => errors = Some(err),
+    };
+
+    if let Err(err) = check_function(func) {
+        push(err);
+    }
+    if let Err(err) = check_options(args) {
+        push(err);
+    }
+    let template = match &args.key {
+        None => {
+            push(syn::Error::new(
+                Span::call_site(),
+                "missing required `key` argument, e.g. `key = \"order:{id}\"`",
+            ));
+            None
+        }
+        Some(lit) => match KeyTemplate::parse(lit).and_then(|t| check_key(&t, func).map(|()| t)) {
+            Ok(template) => Some(template),
+            Err(err) => {
+                push(err);
+                None
+            }
+        },
+    };
+    match (errors, template) {
+        (Some(err), _) => Err(err),
+        (None, Some(template)) => Ok(template),
+        (None, None) => Err(syn::Error::new(Span::call_site(), "invalid key")),
+    }
+}
+
+fn check_function(func: &LockFn) -> syn::Result<()> {
+    let sig = &func.sig;
+    if let Some(constness) = &sig.constness {
+        return Err(syn::Error::new(
+            constness.span,
+            "`#[distributed_lock]` cannot be used on a `const fn`; locking needs an `async fn`",
+        ));
+    }
+    if sig.asyncness.is_none() && !matches!(func.body, Body::AsyncTrait { .. }) {
+        return Err(syn::Error::new(
+            sig.fn_token.span,
+            "`#[distributed_lock]` requires an `async fn`",
+        ));
+    }
+    Ok(())
+}
+
+fn check_options(args: &LockArgs) -> syn::Result<()> {
+    let ttl = args.ttl_millis();
+    let mut errors: Vec<syn::Error> = Vec::new();
+    if let (Mode::Skip, Some(wait)) = (args.mode(), &args.wait_timeout) {
+        errors.push(syn::Error::new(
+            wait.span(),
+            "`wait_timeout` has no effect in skip mode, which never waits; remove it or use `mode = \"wait\"`",
+        ));
+    }
+    if let Some(hold) = &args.hold_at_least {
+        if hold.millis > ttl {
+            errors.push(syn::Error::new(
+                hold.span(),
+                format!(
+                    "`hold_at_least` ({}) is longer than `ttl` ({}); the lease would expire before it",
+                    show(hold),
+                    show_ttl(args)
+                ),
+            ));
+        }
+    }
+    if let Some(max_hold) = &args.max_hold {
+        if !args.watchdog() {
+            errors.push(syn::Error::new(
+                max_hold.span(),
+                "`max_hold` limits the watchdog's renewals and has no effect with `watchdog = false`; the `ttl` already bounds the hold",
+            ));
+        } else if max_hold.millis < ttl {
+            errors.push(syn::Error::new(
+                max_hold.span(),
+                format!(
+                    "`max_hold` ({}) is shorter than `ttl` ({}); use a shorter `ttl` instead",
+                    show(max_hold),
+                    show_ttl(args)
+                ),
+            ));
+        }
+    }
+    let mut errors = errors.into_iter();
+    match errors.next() {
+        None => Ok(()),
+        Some(mut first) => {
+            errors.for_each(|err| first.combine(err));
+            Err(first)
+        }
+    }
+}
+
+fn show(millis: &Millis) -> String {
+    format!("{:?}", millis.lit.value())
+}
+
+fn show_ttl(args: &LockArgs) -> String {
+    args.ttl.as_ref().map_or_else(|| "default \"30s\"".to_owned(), show)
+}
+
+/// Every placeholder root must be `self` (on a method) or a parameter bound
+/// by a plain identifier pattern.
+fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
+    let sig = &func.sig;
+    let mut params = Vec::new();
+    let mut has_self = false;
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(_) => has_self = true,
+            FnArg::Typed(typed) => {
+                if let Pat::Ident(pat) = &*typed.pat {
+                    params.push(pat.ident.to_string());
+                }
+            }
+        }
+    }
+    let fn_name = &sig.ident;
+    for root in template.roots() {
+        if root == "self" {
+            if !has_self {
+                return Err(syn::Error::new(
+                    template.lit.span(),
+                    format!("key template refers to `self`, but `{fn_name}` has no `self` parameter"),
+                ));
+            }
+        } else if !params.iter().any(|param| param == root) {
+            let hint = if params.is_empty() {
+                String::new()
+            } else {
+                format!("; parameters are {}", list(&params))
+            };
+            return Err(syn::Error::new(
+                template.lit.span(),
+                format!("key template refers to `{root}`, which is not a parameter of `{fn_name}`{hint}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

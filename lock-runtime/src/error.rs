@@ -1,0 +1,104 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// The error type of the boxed source a [`Backend`](crate::Backend) reports.
+pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a lock could not be taken, kept, or released.
+///
+/// Every variant that concerns one lock names its key in the message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// A lock was used before [`init`](crate::init) installed a registry.
+    #[error("no lock registry is installed; call `lock_runtime::init` at start-up")]
+    NotInitialized,
+
+    /// [`init`](crate::init) was called a second time.
+    #[error("a lock registry is already installed; `lock_runtime::init` may be called once")]
+    AlreadyInitialized,
+
+    /// `wait_timeout` passed before the lock could be taken.
+    #[error("timed out after {waited:?} waiting for lock `{key}`")]
+    Timeout {
+        /// The key of the lock.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The lease was lost while it was held: it expired, was taken over, or
+    /// `max_hold` passed. Mutual exclusion may not have held for the body.
+    #[error("lease on lock `{key}` was lost while held")]
+    Lost {
+        /// The key of the lock.
+        key: String,
+    },
+
+    /// The key cannot be used (empty, too long, …).
+    #[error("invalid lock key `{key}`: {reason}")]
+    InvalidKey {
+        /// The key as given, shortened if very long.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The options cannot be used together or are out of range.
+    #[error("invalid options for lock `{key}`: {reason}")]
+    InvalidOptions {
+        /// The key of the lock.
+        key: String,
+        /// What is wrong with the options.
+        reason: String,
+    },
+
+    /// The store could not be reached or answered with an error.
+    #[error("lock backend failed on `{key}` while trying to {action}")]
+    Backend {
+        /// The key of the lock.
+        key: String,
+        /// What was being done: "acquire", "renew", "release", "watch".
+        action: &'static str,
+        /// The backend's own error.
+        #[source]
+        source: BackendError,
+    },
+}
+
+impl LockError {
+    /// Shortens a key for an error message, so a 4 KB key does not fill the log.
+    pub(crate) fn shown_key(key: &str) -> String {
+        const MAX: usize = 200;
+        if key.len() <= MAX {
+            return key.to_owned();
+        }
+        let mut end = MAX;
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}… ({} bytes)", &key[..end], key.len())
+    }
+
+    pub(crate) fn lost(key: &str) -> Self {
+        LockError::Lost {
+            key: Self::shown_key(key),
+        }
+    }
+
+    pub(crate) fn backend(key: &str, action: &'static str, source: BackendError) -> Self {
+        LockError::Backend {
+            key: Self::shown_key(key),
+            action,
+            source,
+        }
+    }
+
+    pub(crate) fn invalid_options(key: &str, reason: impl Into<String>) -> Self {
+        LockError::InvalidOptions {
+            key: Self::shown_key(key),
+            reason: reason.into(),
+        }
+    }
+}

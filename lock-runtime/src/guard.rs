@@ -1,0 +1,203 @@
+//! The guard of a held lock: releases on `release().await`, or on drop.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::backend::LockToken;
+use crate::registry::{LocalPermit, LockRegistry};
+use crate::watchdog::{self, Lease};
+use crate::{LockError, LockOptions};
+
+/// A held lock. Renewed in the background by the watchdog (unless turned
+/// off) until it is released.
+///
+/// The main path is [`release`](Self::release), which reports whether the
+/// lease was still held.
+///
+/// # Cancellation
+///
+/// Dropping the guard releases the lock too: `Drop` spawns the release on the
+/// current Tokio runtime, so the next holder need not wait for the TTL. If no
+/// runtime is running (the process is shutting down), nothing can be sent and
+/// the lease ends when its TTL passes, as for a crashed process.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    held: Option<Held>,
+}
+
+struct Held {
+    registry: LockRegistry,
+    key: String,
+    token: LockToken,
+    fencing: u64,
+    acquired_at: Instant,
+    hold_at_least: Option<Duration>,
+    lease: watch::Receiver<bool>,
+    watchdog: AbortHandle,
+    permit: LocalPermit,
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        registry: LockRegistry,
+        key: &str,
+        token: LockToken,
+        fencing: u64,
+        acquired_at: Instant,
+        opts: &LockOptions,
+        permit: LocalPermit,
+    ) -> LockGuard {
+        let (held_tx, lease) = watch::channel(true);
+        let watchdog = watchdog::spawn(
+            Lease {
+                backend: registry.backend().clone(),
+                key: key.to_owned(),
+                full_key: permit.key().to_owned(),
+                token,
+                ttl: opts.ttl_millis(),
+                renew: opts.watchdog,
+                max_hold: opts.max_hold,
+                acquired_at,
+            },
+            held_tx,
+        );
+        LockGuard {
+            held: Some(Held {
+                registry,
+                key: key.to_owned(),
+                token,
+                fencing,
+                acquired_at,
+                hold_at_least: opts.hold_at_least,
+                lease,
+                watchdog,
+                permit,
+            }),
+        }
+    }
+
+    fn held(&self) -> &Held {
+        // `held` is taken only by `release` and `drop`, which consume the guard.
+        self.held.as_ref().expect("LockGuard used after release")
+    }
+
+    /// The key this lock was taken on, without the namespace.
+    pub fn key(&self) -> &str {
+        &self.held().key
+    }
+
+    /// The fencing token of this lease: larger than that of every earlier
+    /// holder of the key. Pass it to storage that should refuse writes from
+    /// a holder whose lease has since been lost.
+    pub fn fencing_token(&self) -> u64 {
+        self.held().fencing
+    }
+
+    /// `false` once the lease is known to be lost: a renewal was refused or
+    /// did not get through in time, `max_hold` passed, or (watchdog off) the
+    /// ttl passed.
+    pub fn is_held(&self) -> bool {
+        *self.held().lease.borrow()
+    }
+
+    /// Completes when the lease is known to be lost.
+    pub(crate) async fn lost(&self) {
+        let mut lease = self.held().lease.clone();
+        if lease.wait_for(|held| !*held).await.is_err() {
+            // The watchdog ended without a verdict: it was stopped for release.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The registry and key, for the re-entrancy record.
+    pub(crate) fn owner(&self) -> (usize, &str) {
+        let held = self.held();
+        (held.registry.id(), held.permit.key())
+    }
+
+    /// Releases the lock (or, with `hold_at_least`, shortens the lease to
+    /// what remains of it) and wakes waiters.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Lost`] if the lease had been lost before (expired or
+    /// taken over: the other holder's lock is left alone);
+    /// [`LockError::Backend`] if the store could not be reached, in which
+    /// case the lease ends when its TTL passes.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        match self.held.take() {
+            Some(held) => held.release().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Held {
+    async fn release(self) -> Result<(), LockError> {
+        self.watchdog.abort();
+        let was_held = *self.lease.borrow();
+        let linger = self
+            .hold_at_least
+            .map(|hold| hold.saturating_sub(self.acquired_at.elapsed()))
+            .unwrap_or_default();
+        // Stores count whole milliseconds: round a remainder up.
+        let linger = Duration::from_millis(linger.as_micros().div_ceil(1000) as u64);
+        let released = self
+            .registry
+            .backend()
+            .release(self.permit.key(), self.token, linger)
+            .await;
+        match released {
+            Ok(true) if was_held => {
+                tracing::debug!(key = %self.key, linger_ms = linger.as_millis() as u64, "lock released");
+                Ok(())
+            }
+            Ok(_) => {
+                tracing::warn!(key = %self.key, "release found the lease lost; the current holder's lock was left alone");
+                Err(LockError::lost(&self.key))
+            }
+            Err(source) => Err(LockError::backend(&self.key, "release", source)),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        held.watchdog.abort();
+        match Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let key = held.key.clone();
+                    if let Err(error) = held.release().await {
+                        tracing::debug!(%key, %error, "release on drop failed");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::debug!(key = %held.key, "guard dropped outside a runtime; the lease ends at its ttl");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.held {
+            Some(held) => f
+                .debug_struct("LockGuard")
+                .field("key", &held.key)
+                .field("fencing_token", &held.fencing)
+                .field("is_held", &*held.lease.borrow())
+                .finish(),
+            None => f.write_str("LockGuard(released)"),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Declarative distributed locks for async Rust.
+//!
+//! Put [`#[distributed_lock]`](macro@distributed_lock) on an `async fn` and
+//! its body never runs in two processes at once: the lock is taken before
+//! the body, renewed while it runs, and released however it ends.
+//!
+//! ```
+//! use lock_runtime::{LockError, LockRegistry, distributed_lock};
+//!
+//! #[distributed_lock(key = "stock:{item_id}", ttl = "10s")]
+//! async fn buy(item_id: u64, qty: u32) -> u32 {
+//!     qty
+//! }
+//!
+//! #[distributed_lock(key = "job:nightly-report", mode = "skip", ttl = "5m", hold_at_least = "30s")]
+//! async fn nightly_report() -> usize {
+//!     42
+//! }
+//!
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() -> Result<(), LockError> {
+//!     lock_runtime::init(LockRegistry::memory())?;
+//!     let bought = buy(7, 1).await?;
+//!     assert_eq!(bought, 1);
+//!     match nightly_report().await? {
+//!         Some(rows) => println!("ran: {rows} rows"),
+//!         None => println!("another instance is running it"),
+//!     }
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Without the attribute, [`LockRegistry::lock`] and
+//! [`LockRegistry::try_lock`] return a [`LockGuard`].
+//!
+//! # Backends
+//!
+//! A [`LockRegistry`] wraps one [`Backend`]. [`LockRegistry::memory`] keeps
+//! locks in this process (tests, single-instance services). Everything else
+//! (waiting, the watchdog, re-entrancy, release on every exit) is written once
+//! on top of the trait.
+//!
+//! # Features
+//!
+//! - `macros` (default): the `#[distributed_lock]` attribute.
+
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![doc(test(attr(deny(warnings))))]
+
+pub mod backend;
+mod context;
+mod error;
+mod guard;
+mod options;
+mod private;
+mod registry;
+mod watchdog;
+
+pub use backend::memory::MemoryBackend;
+pub use backend::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
+pub use context::fencing_token;
+pub use error::{BackendError, LockError};
+pub use guard::LockGuard;
+pub use options::{LockOptions, MAX_DURATION};
+pub use registry::{LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
+
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use lock_macros::distributed_lock;
+
+/// Items the `#[distributed_lock]` expansion uses. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::private::*;
+}

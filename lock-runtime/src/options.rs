@@ -1,0 +1,182 @@
+//! Per-lock options: lease length, waiting, watchdog, minimum and maximum hold.
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// The longest duration any option accepts: ten years. Longer values are
+/// almost always a unit mistake, and they would overflow clocks.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+
+/// How one lock is taken and held.
+///
+/// `LockOptions::default()` is a 30 s lease renewed by the watchdog, waiting
+/// forever, with no minimum and no maximum hold: the same defaults as the
+/// attribute.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::LockOptions;
+///
+/// let opts = LockOptions::default()
+///     .ttl(Duration::from_secs(10))
+///     .wait_timeout(Duration::from_secs(2))
+///     .max_hold(Duration::from_secs(60));
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait_timeout: Option<Duration>,
+    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait_timeout: None,
+            hold_at_least: None,
+            watchdog: true,
+            max_hold: None,
+        }
+    }
+}
+
+/// Whether the caller waits for the lock or makes one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Wait,
+    Skip,
+}
+
+impl LockOptions {
+    /// Sets the lease length. With the watchdog on, this bounds only how long
+    /// a crashed holder blocks others; without it, how long the body may run.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Gives up waiting after `timeout` with [`LockError::Timeout`].
+    /// Only for waiting calls ([`LockRegistry::lock`](crate::LockRegistry::lock)).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// Keeps the lease until at least `hold` after it was taken, even if it
+    /// is released sooner: a second instance whose clock is behind then
+    /// cannot run the same scheduled job again.
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = Some(hold);
+        self
+    }
+
+    /// Turns the watchdog on (the default) or off. The watchdog renews the
+    /// lease every `ttl / 3` while it is held.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Stops renewing after `max_hold`: the holder then loses the lease, so a
+    /// hung but living holder cannot keep the lock forever.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Checks ranges and combinations; the error names `key` and the problem.
+    pub(crate) fn validate(&self, key: &str, mode: Mode) -> Result<(), LockError> {
+        let invalid = |reason: String| Err(LockError::invalid_options(key, reason));
+        for (name, value) in [
+            ("ttl", Some(self.ttl)),
+            ("wait_timeout", self.wait_timeout),
+            ("hold_at_least", self.hold_at_least),
+            ("max_hold", self.max_hold),
+        ] {
+            if value.is_some_and(|v| v > MAX_DURATION) {
+                return invalid(format!("{name} is longer than ten years"));
+            }
+        }
+        if self.ttl < Duration::from_millis(1) {
+            return invalid(format!("ttl {:?} is shorter than 1ms", self.ttl));
+        }
+        if mode == Mode::Skip && self.wait_timeout.is_some() {
+            return invalid("wait_timeout has no effect on a single attempt (skip mode, try_lock)".into());
+        }
+        if let Some(hold) = self.hold_at_least {
+            if hold > self.ttl {
+                return invalid(format!(
+                    "hold_at_least {hold:?} is longer than ttl {:?}; the lease would expire before it",
+                    self.ttl
+                ));
+            }
+        }
+        if let Some(max_hold) = self.max_hold {
+            if !self.watchdog {
+                return invalid("max_hold limits the watchdog and has no effect with the watchdog off".into());
+            }
+            if max_hold < self.ttl {
+                return invalid(format!(
+                    "max_hold {max_hold:?} is shorter than ttl {:?}; use a shorter ttl instead",
+                    self.ttl
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease length in whole milliseconds, as stores expect it.
+    pub(crate) fn ttl_millis(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(opts: LockOptions, mode: Mode) -> String {
+        match opts.validate("k:1", mode) {
+            Ok(()) => "ok".into(),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(check(LockOptions::default(), Mode::Wait), "ok");
+        assert_eq!(check(LockOptions::default(), Mode::Skip), "ok");
+    }
+
+    #[test]
+    fn out_of_range_durations_are_rejected() {
+        let zero = check(LockOptions::default().ttl(Duration::ZERO), Mode::Wait);
+        assert_eq!(zero, "invalid options for lock `k:1`: ttl 0ns is shorter than 1ms");
+        let huge = check(LockOptions::default().ttl(Duration::MAX), Mode::Wait);
+        assert_eq!(huge, "invalid options for lock `k:1`: ttl is longer than ten years");
+        let wait = check(LockOptions::default().wait_timeout(Duration::MAX), Mode::Wait);
+        assert!(wait.contains("wait_timeout is longer than ten years"), "{wait}");
+    }
+
+    #[test]
+    fn senseless_combinations_are_rejected() {
+        let ttl = Duration::from_secs(10);
+        let base = LockOptions::default().ttl(ttl);
+        let skip_wait = check(base.clone().wait_timeout(ttl), Mode::Skip);
+        assert!(skip_wait.contains("wait_timeout has no effect"), "{skip_wait}");
+        let hold = check(base.clone().hold_at_least(ttl * 2), Mode::Skip);
+        assert!(hold.contains("hold_at_least 20s is longer than ttl 10s"), "{hold}");
+        let max = check(base.clone().max_hold(ttl / 2), Mode::Wait);
+        assert!(max.contains("max_hold 5s is shorter than ttl 10s"), "{max}");
+        let no_dog = check(base.clone().watchdog(false).max_hold(ttl * 2), Mode::Wait);
+        assert!(no_dog.contains("watchdog off"), "{no_dog}");
+        assert_eq!(check(base.hold_at_least(ttl).max_hold(ttl), Mode::Wait), "ok");
+    }
+}

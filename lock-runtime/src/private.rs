@@ -1,0 +1,133 @@
+//! /!\ WARNING: This is *not* a stable API! /!\
+//!
+//! What `#[distributed_lock]` expansions call. It may change in any release,
+//! which is why the macro crate is pinned to an exact version.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::context::{self, Frame};
+use crate::guard::LockGuard;
+use crate::options::Mode;
+use crate::{LockError, LockOptions, LockRegistry};
+
+/// Renders a key template's arguments (no allocation beyond the result).
+#[doc(hidden)]
+pub fn render_key(args: fmt::Arguments<'_>) -> String {
+    fmt::format(args)
+}
+
+/// Builds the options the attribute's arguments describe.
+#[doc(hidden)]
+pub const fn options(
+    ttl_ms: u64,
+    wait_timeout_ms: Option<u64>,
+    hold_at_least_ms: Option<u64>,
+    watchdog: bool,
+    max_hold_ms: Option<u64>,
+) -> LockOptions {
+    const fn millis(value: Option<u64>) -> Option<Duration> {
+        match value {
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => None,
+        }
+    }
+    LockOptions {
+        ttl: Duration::from_millis(ttl_ms),
+        wait_timeout: millis(wait_timeout_ms),
+        hold_at_least: millis(hold_at_least_ms),
+        watchdog,
+        max_hold: millis(max_hold_ms),
+    }
+}
+
+/// Wait mode: waits for the lock, runs `body` under it, releases.
+#[doc(hidden)]
+pub async fn run_wait<F: Future>(
+    key: String,
+    opts: LockOptions,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let registry = crate::registry()?;
+    let full_key = registry.full_key(&key)?;
+    if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
+        return Ok(reenter(&key, frame, body).await);
+    }
+    match registry.acquire(&key, full_key, &opts, Mode::Wait).await? {
+        Some(guard) => run_locked(guard, body).await,
+        None => Err(LockError::Timeout {
+            key: LockError::shown_key(&key),
+            waited: Duration::ZERO,
+        }),
+    }
+}
+
+/// Skip mode: one attempt; `Ok(None)` without running `body` when held.
+#[doc(hidden)]
+pub async fn run_skip<F: Future>(
+    key: String,
+    opts: LockOptions,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
+    let registry = crate::registry()?;
+    let full_key = registry.full_key(&key)?;
+    if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
+        return Ok(Some(reenter(&key, frame, body).await));
+    }
+    match registry.acquire(&key, full_key, &opts, Mode::Skip).await? {
+        Some(guard) => run_locked(guard, body).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A nested call on a key the task already holds: runs at once, under the
+/// outer lease (whose loss cancels this body with the outer one).
+async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
+    tracing::trace!(key, "re-entering a lock this task holds");
+    context::with_frame(frame, body).await
+}
+
+/// Runs `body` while the lease is held; cancels it when the lease is lost.
+///
+/// A body that finished is followed by the release. If the release finds the
+/// lease was lost meanwhile, mutual exclusion may not have held, so the call
+/// fails with `Lost`. If only the store is unreachable, the body's result
+/// stands: the lease was held throughout (the watchdog would have said
+/// otherwise) and ends at its TTL.
+async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
+    let (registry, full_key) = guard.owner();
+    let frame = Frame {
+        registry,
+        full_key: full_key.into(),
+        fencing: guard.fencing_token(),
+    };
+    let outcome = context::with_frame(frame, async {
+        tokio::select! {
+            biased;
+            () = guard.lost() => None,
+            output = body => Some(output),
+        }
+    })
+    .await;
+    let key = guard.key().to_owned();
+    match outcome {
+        Some(output) => match guard.release().await {
+            Ok(()) => Ok(output),
+            Err(LockError::Backend { source, .. }) => {
+                tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
+                Ok(output)
+            }
+            Err(error) => Err(error),
+        },
+        None => {
+            // Owner-checked: a lease already taken over is left alone.
+            let _ = guard.release().await;
+            Err(LockError::lost(&key))
+        }
+    }
+}
+
+/// Keeps `LockRegistry` reachable for expansions that name it.
+#[doc(hidden)]
+pub type Registry = LockRegistry;
