@@ -1,0 +1,41 @@
+//! The quick start: the attribute in wait and skip mode on the in-memory
+//! backend. Run with `cargo run -p examples --example quick_start`.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token};
+
+#[distributed_lock(key = "stock:{item_id}", ttl = "10s")]
+async fn buy(item_id: u64, qty: u32) -> String {
+    let token = fencing_token().unwrap_or_default();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    format!("item {item_id} x{qty} (fencing token {token})")
+}
+
+#[distributed_lock(key = "job:nightly-report", mode = "skip", ttl = "5m", hold_at_least = "1s")]
+async fn nightly_report() -> usize {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    42
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    lock_runtime::init(LockRegistry::memory())?;
+
+    // Four buyers of one item: the lock runs them one at a time.
+    let buyers: Vec<_> = (1..=4).map(|qty| tokio::spawn(buy(7, qty))).collect();
+    for buyer in buyers {
+        let receipt = buyer.await.expect("buyer task")?;
+        println!("bought {receipt}");
+    }
+
+    // Two replicas fire the same scheduled job: one runs it, one skips.
+    let (a, b) = tokio::join!(nightly_report(), nightly_report());
+    for (replica, outcome) in [("a", a?), ("b", b?)] {
+        match outcome {
+            Some(rows) => println!("replica {replica}: ran the report, {rows} rows"),
+            None => println!("replica {replica}: another instance is running it, skipped"),
+        }
+    }
+    Ok(())
+}

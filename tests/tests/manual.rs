@@ -1,0 +1,177 @@
+//! The manual API (`lock`, `try_lock`, guards) on the memory backend, and
+//! the backend contract for `MemoryBackend`.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryBackend};
+use lock_tests::{backend_contract, unique_key};
+use tokio::time::Instant;
+
+async fn memory() -> (MemoryBackend, ()) {
+    (MemoryBackend::new(), ())
+}
+
+backend_contract!(memory_contract, memory);
+
+/// Two registries over one store: two "processes" sharing a lock server.
+fn two_processes() -> (LockRegistry, LockRegistry) {
+    let store = MemoryBackend::new();
+    let a = LockRegistry::builder(store.clone()).build().unwrap();
+    let b = LockRegistry::builder(store).build().unwrap();
+    (a, b)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_woken_by_the_release_not_by_the_ttl() {
+    let (a, b) = two_processes();
+    let key = unique_key("handoff");
+    let held = a.lock(&key, LockOptions::default()).await.unwrap();
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = b.lock(&key, LockOptions::default()).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let acquired_at = waiter.await.unwrap();
+    // The holder's lease had 29.9 s left: only the notification explains this.
+    assert!(acquired_at - released_at < Duration::from_millis(1), "{:?}", acquired_at - released_at);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_takes_over_a_crashed_holders_lease_at_its_expiry() {
+    let (a, b) = two_processes();
+    let key = unique_key("crash");
+    let opts = LockOptions::default().ttl(Duration::from_millis(300)).watchdog(false);
+    let guard = a.lock(&key, opts.clone()).await.unwrap();
+    // A crash: the holder vanishes without releasing (no runtime to run Drop's release).
+    std::mem::forget(guard);
+    let started = Instant::now();
+    let guard = b.lock(&key, LockOptions::default()).await.unwrap();
+    let waited = started.elapsed();
+    assert!(waited <= Duration::from_millis(350), "{waited:?}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_whose_lease_expired_gets_lost_and_leaves_the_next_lock_alone() {
+    let (a, b) = two_processes();
+    let key = unique_key("expired");
+    let short = LockOptions::default().ttl(Duration::from_millis(200)).watchdog(false);
+    let first = a.lock(&key, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!first.is_held());
+    let second = b.try_lock(&key, LockOptions::default()).await.unwrap().expect("expired lease is free");
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
+    assert!(second.is_held());
+    assert!(a.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "second lock intact");
+    second.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn hold_at_least_keeps_the_lock_after_an_early_release() {
+    let (a, b) = two_processes();
+    let key = unique_key("hold");
+    let opts = LockOptions::default().ttl(Duration::from_secs(10)).hold_at_least(Duration::from_secs(2));
+    let guard = a.lock(&key, opts).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    guard.release().await.unwrap();
+    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "held for the minimum");
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "still within 2s");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_some(), "free after 2s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tasks_of_one_process_queue_locally_in_order() {
+    let registry = LockRegistry::memory();
+    let key = unique_key("queue");
+    let first = registry.lock(&key, LockOptions::default()).await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (registry, key, order) = (registry.clone(), key.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Let waiter i queue before waiter i + 1 starts.
+        tokio::task::yield_now().await;
+    }
+    assert!(registry.try_lock(&key, LockOptions::default()).await.unwrap().is_none());
+    first.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4], "first come, first served");
+    assert_eq!(registry.local_keys(), 0, "queue freed once unused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_waiters_leave_no_state_behind() {
+    let store = MemoryBackend::new();
+    let registry = LockRegistry::builder(store.clone()).build().unwrap();
+    let key = unique_key("cancelled");
+    let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let (registry, key) = (registry.clone(), key.clone());
+            tokio::spawn(async move { registry.lock(&key, LockOptions::default()).await.map(drop) })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    for waiter in waiters {
+        assert!(waiter.await.unwrap_err().is_cancelled());
+    }
+    let timed_out = registry
+        .lock(&key, LockOptions::default().wait_timeout(Duration::from_millis(20)))
+        .await;
+    assert!(matches!(timed_out, Err(LockError::Timeout { .. })));
+    guard.release().await.unwrap();
+    assert_eq!(registry.local_keys(), 0);
+    assert_eq!(store.tracked_keys(), 0);
+}
+
+#[tokio::test]
+async fn a_namespace_separates_registries_on_one_store() {
+    let store = MemoryBackend::new();
+    let shop = LockRegistry::builder(store.clone()).namespace("shop").build().unwrap();
+    let billing = LockRegistry::builder(store.clone()).namespace("billing").build().unwrap();
+    let plain = LockRegistry::builder(store).build().unwrap();
+    let g1 = shop.lock("stock:1", LockOptions::default()).await.unwrap();
+    let g2 = billing.lock("stock:1", LockOptions::default()).await.unwrap();
+    // A user key that spells another namespace's key does not reach it...
+    assert!(plain.try_lock("shop:stock:1", LockOptions::default()).await.unwrap().is_none());
+    // ...because namespaced keys are `ns:key` and a namespace has no colon.
+    let bad = LockRegistry::builder(MemoryBackend::new()).namespace("a:b").build();
+    assert!(matches!(bad, Err(LockError::InvalidKey { .. })));
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_options_name_the_key_and_problem() {
+    let registry = LockRegistry::memory();
+    let err = registry
+        .lock("report", LockOptions::default().ttl(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "invalid options for lock `report`: ttl 0ns is shorter than 1ms");
+    let err = registry
+        .try_lock("report", LockOptions::default().wait_timeout(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");
+    assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
+}
