@@ -12,7 +12,12 @@ async fn buy(item_id: u64, qty: u32) -> String {
     format!("item {item_id} x{qty} (fencing token {token})")
 }
 
-#[distributed_lock(key = "job:nightly-report", mode = "skip", ttl = "5m", hold_at_least = "1s")]
+#[distributed_lock(
+    key = "job:nightly-report",
+    mode = "skip",
+    ttl = "5m",
+    hold_at_least = "1s"
+)]
 async fn nightly_report() -> usize {
     tokio::time::sleep(Duration::from_millis(50)).await;
     42

@@ -2,8 +2,9 @@
 //! hands the body to one runtime function, which owns everything else.
 
 use proc_macro2::{Ident, Span, TokenStream};
-use quote::{ToTokens, quote};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, Expr, ReturnType, Signature, Stmt, Token, Type, Visibility, parse_quote};
 
@@ -147,9 +148,24 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
     };
     let body = match body {
         Body::Tokens(stmts) => {
-            let value_ty = erase_impl_trait(output_type(&sig.output));
+            let declared = output_type(&sig.output);
+            let (value_ty, erased) = erase_impl_trait(declared.clone());
             sig.output = wrap_return(&sig.output, mode, &krate);
             let ret = Ident::new("__lock_ret", Span::mixed_site());
+            // Pins the async block's output to `R` before the body is checked,
+            // so a `return` of the wrong type is reported at the user's value
+            // (tracing-attributes' fake return). Not possible for `impl Trait`.
+            let pin_output = (!erased).then(|| {
+                let span = declared.span().resolved_at(Span::mixed_site());
+                let fake = Ident::new("__lock_fake_ret", span);
+                quote_spanned! {declared.span()=>
+                    #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop, clippy::needless_return)]
+                    if false {
+                        let #fake: #declared = loop {};
+                        return #fake;
+                    }
+                }
+            });
             // Input:  async fn f(id: u64) -> R { body }
             // Output: async fn f(id: u64) -> Result<R, LockError> {
             //             let key = render_key(..);
@@ -158,8 +174,9 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
             quote! {
                 #render
                 #krate::__private::#run(#key, #options, async move {
+                    #pin_output
                     let #ret: #value_ty = { #stmts };
-                    #[allow(unreachable_code)]
+                    #[allow(unreachable_code, clippy::needless_return)]
                     return #ret;
                 })
                 .await
@@ -236,24 +253,29 @@ fn wrap_return(output: &ReturnType, mode: Mode, krate: &TokenStream) -> ReturnTy
         ReturnType::Default => <Token![->]>::default(),
         ReturnType::Type(arrow, _) => *arrow,
     };
-    ReturnType::Type(arrow, Box::new(wrap_type(&output_type(output), mode, krate)))
+    ReturnType::Type(
+        arrow,
+        Box::new(wrap_type(&output_type(output), mode, krate)),
+    )
 }
 
 /// Replaces every `impl Trait` with `_`, so the body's type can be pinned
-/// (async-trait's `replace_impl_trait_with_infer`).
-fn erase_impl_trait(mut ty: Type) -> Type {
-    struct Erase;
+/// (async-trait's `replace_impl_trait_with_infer`); says whether it did.
+fn erase_impl_trait(mut ty: Type) -> (Type, bool) {
+    struct Erase(bool);
     impl VisitMut for Erase {
         fn visit_type_mut(&mut self, ty: &mut Type) {
             if let Type::ImplTrait(_) = ty {
                 *ty = parse_quote!(_);
+                self.0 = true;
             } else {
                 syn::visit_mut::visit_type_mut(self, ty);
             }
         }
     }
-    Erase.visit_type_mut(&mut ty);
-    ty
+    let mut erase = Erase(false);
+    erase.visit_type_mut(&mut ty);
+    (ty, erase.0)
 }
 
 /// Rewrites `Output = T` inside an async-trait return type.
@@ -286,7 +308,10 @@ mod tests {
             r#"key = "stock:{item_id}", ttl = "10s""#,
             "async fn buy(item_id: u64, qty: u32) -> u32 { qty }",
         );
-        assert!(out.contains(":: core :: result :: Result < u32 , :: lock_runtime :: LockError >"), "{out}");
+        assert!(
+            out.contains(":: core :: result :: Result < u32 , :: lock_runtime :: LockError >"),
+            "{out}"
+        );
         assert!(out.contains("run_wait"), "{out}");
         assert!(out.contains("10000u64"), "{out}");
         assert!(!out.contains("compile_error"), "{out}");
@@ -302,7 +327,10 @@ mod tests {
     #[test]
     fn crate_path_replaces_the_default_root() {
         let out = expand_str(r#"key = "job", crate = "my::locks""#, "async fn job() {}");
-        assert!(out.contains("my :: locks :: __private :: run_wait"), "{out}");
+        assert!(
+            out.contains("my :: locks :: __private :: run_wait"),
+            "{out}"
+        );
         assert!(!out.contains("lock_runtime"), "{out}");
     }
 
@@ -321,7 +349,13 @@ mod tests {
                  Box::pin(async move { let __ret: u8 = { 1 }; __ret })
              }",
         );
-        assert!(out.contains("Output = :: core :: result :: Result < u8"), "{out}");
-        assert!(out.contains("Box :: pin (async move { :: lock_runtime :: __private :: run_wait"), "{out}");
+        assert!(
+            out.contains("Output = :: core :: result :: Result < u8"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Box :: pin (async move { :: lock_runtime :: __private :: run_wait"),
+            "{out}"
+        );
     }
 }

@@ -165,9 +165,7 @@ fn placeholder(inner: &str) -> Result<Part, String> {
 
 fn is_ident(text: &str) -> bool {
     let mut chars = text.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c == '_' || c.is_alphabetic());
+    let first_ok = chars.next().is_some_and(|c| c == '_' || c.is_alphabetic());
     first_ok && text != "_" && chars.all(|c| c == '_' || c.is_alphanumeric())
 }
 
@@ -194,7 +192,12 @@ mod tests {
     fn literal_and_parameters() {
         assert_eq!(
             parts("stock:{item_id}:{qty}"),
-            vec![lit("stock:"), param("item_id", &[]), lit(":"), param("qty", &[])]
+            vec![
+                lit("stock:"),
+                param("item_id", &[]),
+                lit(":"),
+                param("qty", &[])
+            ]
         );
         assert_eq!(parts("job:nightly"), vec![lit("job:nightly")]);
         assert_eq!(parts("{id}"), vec![param("id", &[])]);
@@ -217,10 +220,7 @@ mod tests {
 
     #[test]
     fn escaped_braces_are_literal() {
-        assert_eq!(
-            parts("{{tag}}:{id}"),
-            vec![lit("{tag}:"), param("id", &[])]
-        );
+        assert_eq!(parts("{{tag}}:{id}"), vec![lit("{tag}:"), param("id", &[])]);
         assert_eq!(parts("}}{{"), vec![lit("}{")]);
     }
 
@@ -231,9 +231,17 @@ mod tests {
         assert!(scan("a:{{id}").unwrap_err().starts_with("unmatched `}`"));
         assert!(scan("a:{}").unwrap_err().starts_with("empty placeholder"));
         assert!(scan("a:{id:?}").unwrap_err().starts_with("format spec"));
-        assert!(scan("a:{1x}").unwrap_err().contains("must start with a parameter"));
+        assert!(
+            scan("a:{1x}")
+                .unwrap_err()
+                .contains("must start with a parameter")
+        );
         assert!(scan("a:{a.}").unwrap_err().contains("invalid field ``"));
-        assert!(scan("a:{a.b c}").unwrap_err().contains("invalid field `b c`"));
+        assert!(
+            scan("a:{a.b c}")
+                .unwrap_err()
+                .contains("invalid field `b c`")
+        );
         assert!(scan("a:{a{b}").unwrap_err().starts_with("unclosed `{`"));
         assert!(scan("").unwrap_err().starts_with("key template is empty"));
     }

@@ -3,7 +3,7 @@
 //! Only syntax and the shape of each value are checked here; how the values
 //! fit together and with the function is checked in `valid.rs`.
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenTree};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Ident, LitBool, LitStr, Token};
@@ -78,7 +78,9 @@ impl LockArgs {
     }
 
     pub(crate) fn ttl_millis(&self) -> u64 {
-        self.ttl.as_ref().map_or(DEFAULT_TTL_MILLIS, |ttl| ttl.millis)
+        self.ttl
+            .as_ref()
+            .map_or(DEFAULT_TTL_MILLIS, |ttl| ttl.millis)
     }
 
     pub(crate) fn watchdog(&self) -> bool {
@@ -107,7 +109,10 @@ impl Errors {
 /// Stores `value` in `slot` unless the argument was already given.
 fn set_once<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::Result<()> {
     if slot.is_some() {
-        return Err(syn::Error::new(span, format!("duplicate `{name}` argument")));
+        return Err(syn::Error::new(
+            span,
+            format!("duplicate `{name}` argument"),
+        ));
     }
     *slot = Some(value);
     Ok(())
@@ -126,9 +131,8 @@ impl Parse for LockArgs {
             } else if lookahead.peek(kw::mode) {
                 let span = input.parse::<kw::mode>()?.span;
                 let lit = parse_value::<LitStr>(input)?;
-                parse_mode(&lit).and_then(|mode| {
-                    set_once(&mut args.mode, (mode, lit.span()), span, "mode")
-                })
+                parse_mode(&lit)
+                    .and_then(|mode| set_once(&mut args.mode, (mode, lit.span()), span, "mode"))
             } else if lookahead.peek(kw::ttl) {
                 let span = input.parse::<kw::ttl>()?.span;
                 duration_arg(input, &mut args.ttl, span, "ttl")?
@@ -200,7 +204,15 @@ fn duration_arg(
     span: Span,
     name: &str,
 ) -> syn::Result<syn::Result<()>> {
-    let lit = parse_value::<LitStr>(input)?;
+    input.parse::<Token![=]>()?;
+    if input.peek(syn::LitInt) || input.peek(syn::LitFloat) {
+        let number: TokenTree = input.parse()?;
+        return Err(syn::Error::new(
+            number.span(),
+            format!("`{name}` takes a string with a unit, e.g. `{name} = \"{number}s\"`"),
+        ));
+    }
+    let lit: LitStr = input.parse()?;
     Ok(parse_duration(&lit, name).and_then(|millis| set_once(slot, millis, span, name)))
 }
 

@@ -72,17 +72,15 @@ fn check_options(args: &LockArgs) -> syn::Result<()> {
             "`wait_timeout` has no effect in skip mode, which never waits; remove it or use `mode = \"wait\"`",
         ));
     }
-    if let Some(hold) = &args.hold_at_least {
-        if hold.millis > ttl {
-            errors.push(syn::Error::new(
-                hold.span(),
-                format!(
-                    "`hold_at_least` ({}) is longer than `ttl` ({}); the lease would expire before it",
-                    show(hold),
-                    show_ttl(args)
-                ),
-            ));
-        }
+    if let Some(hold) = args.hold_at_least.as_ref().filter(|hold| hold.millis > ttl) {
+        errors.push(syn::Error::new(
+            hold.span(),
+            format!(
+                "`hold_at_least` ({}) is longer than `ttl` ({}); the lease would expire before it",
+                show(hold),
+                show_ttl(args)
+            ),
+        ));
     }
     if let Some(max_hold) = &args.max_hold {
         if !args.watchdog() {
@@ -116,7 +114,9 @@ fn show(millis: &Millis) -> String {
 }
 
 fn show_ttl(args: &LockArgs) -> String {
-    args.ttl.as_ref().map_or_else(|| "default \"30s\"".to_owned(), show)
+    args.ttl
+        .as_ref()
+        .map_or_else(|| "default \"30s\"".to_owned(), show)
 }
 
 /// Every placeholder root must be `self` (on a method) or a parameter bound
@@ -141,7 +141,9 @@ fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
             if !has_self {
                 return Err(syn::Error::new(
                     template.lit.span(),
-                    format!("key template refers to `self`, but `{fn_name}` has no `self` parameter"),
+                    format!(
+                        "key template refers to `self`, but `{fn_name}` has no `self` parameter"
+                    ),
                 ));
             }
         } else if !params.iter().any(|param| param == root) {
@@ -152,7 +154,9 @@ fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
             };
             return Err(syn::Error::new(
                 template.lit.span(),
-                format!("key template refers to `{root}`, which is not a parameter of `{fn_name}`{hint}"),
+                format!(
+                    "key template refers to `{root}`, which is not a parameter of `{fn_name}`{hint}"
+                ),
             ));
         }
     }

@@ -73,6 +73,11 @@ pub use registry::{LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
 #[doc(inline)]
 pub use lock_macros::distributed_lock;
 
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 /// Items the `#[distributed_lock]` expansion uses. Not public API.
 #[doc(hidden)]
 pub mod __private {

@@ -108,19 +108,21 @@ impl LockOptions {
             return invalid(format!("ttl {:?} is shorter than 1ms", self.ttl));
         }
         if mode == Mode::Skip && self.wait_timeout.is_some() {
-            return invalid("wait_timeout has no effect on a single attempt (skip mode, try_lock)".into());
+            return invalid(
+                "wait_timeout has no effect on a single attempt (skip mode, try_lock)".into(),
+            );
         }
-        if let Some(hold) = self.hold_at_least {
-            if hold > self.ttl {
-                return invalid(format!(
-                    "hold_at_least {hold:?} is longer than ttl {:?}; the lease would expire before it",
-                    self.ttl
-                ));
-            }
+        if let Some(hold) = self.hold_at_least.filter(|&hold| hold > self.ttl) {
+            return invalid(format!(
+                "hold_at_least {hold:?} is longer than ttl {:?}; the lease would expire before it",
+                self.ttl
+            ));
         }
         if let Some(max_hold) = self.max_hold {
             if !self.watchdog {
-                return invalid("max_hold limits the watchdog and has no effect with the watchdog off".into());
+                return invalid(
+                    "max_hold limits the watchdog and has no effect with the watchdog off".into(),
+                );
             }
             if max_hold < self.ttl {
                 return invalid(format!(
@@ -158,11 +160,23 @@ mod tests {
     #[test]
     fn out_of_range_durations_are_rejected() {
         let zero = check(LockOptions::default().ttl(Duration::ZERO), Mode::Wait);
-        assert_eq!(zero, "invalid options for lock `k:1`: ttl 0ns is shorter than 1ms");
+        assert_eq!(
+            zero,
+            "invalid options for lock `k:1`: ttl 0ns is shorter than 1ms"
+        );
         let huge = check(LockOptions::default().ttl(Duration::MAX), Mode::Wait);
-        assert_eq!(huge, "invalid options for lock `k:1`: ttl is longer than ten years");
-        let wait = check(LockOptions::default().wait_timeout(Duration::MAX), Mode::Wait);
-        assert!(wait.contains("wait_timeout is longer than ten years"), "{wait}");
+        assert_eq!(
+            huge,
+            "invalid options for lock `k:1`: ttl is longer than ten years"
+        );
+        let wait = check(
+            LockOptions::default().wait_timeout(Duration::MAX),
+            Mode::Wait,
+        );
+        assert!(
+            wait.contains("wait_timeout is longer than ten years"),
+            "{wait}"
+        );
     }
 
     #[test]
@@ -170,13 +184,22 @@ mod tests {
         let ttl = Duration::from_secs(10);
         let base = LockOptions::default().ttl(ttl);
         let skip_wait = check(base.clone().wait_timeout(ttl), Mode::Skip);
-        assert!(skip_wait.contains("wait_timeout has no effect"), "{skip_wait}");
+        assert!(
+            skip_wait.contains("wait_timeout has no effect"),
+            "{skip_wait}"
+        );
         let hold = check(base.clone().hold_at_least(ttl * 2), Mode::Skip);
-        assert!(hold.contains("hold_at_least 20s is longer than ttl 10s"), "{hold}");
+        assert!(
+            hold.contains("hold_at_least 20s is longer than ttl 10s"),
+            "{hold}"
+        );
         let max = check(base.clone().max_hold(ttl / 2), Mode::Wait);
         assert!(max.contains("max_hold 5s is shorter than ttl 10s"), "{max}");
         let no_dog = check(base.clone().watchdog(false).max_hold(ttl * 2), Mode::Wait);
         assert!(no_dog.contains("watchdog off"), "{no_dog}");
-        assert_eq!(check(base.hold_at_least(ttl).max_hold(ttl), Mode::Wait), "ok");
+        assert_eq!(
+            check(base.hold_at_least(ttl).max_hold(ttl), Mode::Wait),
+            "ok"
+        );
     }
 }

@@ -217,7 +217,10 @@ impl LockRegistry {
         let reason = if key.is_empty() {
             "a key must not be empty".to_owned()
         } else if key.len() > MAX_KEY_LEN {
-            format!("a key may be at most {MAX_KEY_LEN} bytes, this one has {}", key.len())
+            format!(
+                "a key may be at most {MAX_KEY_LEN} bytes, this one has {}",
+                key.len()
+            )
         } else {
             return Ok(format!("{}{key}", self.inner.prefix));
         };
@@ -272,7 +275,8 @@ impl LockRegistry {
                         waited_ms = started.elapsed().as_millis() as u64,
                         "lock acquired"
                     );
-                    let guard = LockGuard::new(self.clone(), key, token, fencing, attempt_at, opts, permit);
+                    let guard =
+                        LockGuard::new(self.clone(), key, token, fencing, attempt_at, opts, permit);
                     return Ok(Some(guard));
                 }
                 Acquire::Held { remaining } => remaining,
@@ -289,7 +293,11 @@ impl LockRegistry {
                     .ok_or_else(timed_out)?
                     .map_err(|source| LockError::backend(key, "watch", source))?;
                 watch = Some(subscribed);
-                tracing::debug!(key, remaining_ms = remaining.map(|r| r.as_millis() as u64), "lock contended; waiting");
+                tracing::debug!(
+                    key,
+                    remaining_ms = remaining.map(|r| r.as_millis() as u64),
+                    "lock contended; waiting"
+                );
                 continue;
             };
             let mut wake = Instant::now() + retry_delay(remaining);
@@ -308,11 +316,7 @@ impl LockRegistry {
 
     /// Gets or creates the local queue for `full_key`.
     fn local_slot(&self, full_key: String) -> LocalSlot {
-        let queue = self
-            .local()
-            .entry(full_key.clone())
-            .or_default()
-            .clone();
+        let queue = self.local().entry(full_key.clone()).or_default().clone();
         LocalSlot {
             registry: self.clone(),
             full_key,
@@ -402,7 +406,9 @@ impl LocalPermit {
 impl fmt::Debug for LocalPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let _ = &self.guard;
-        f.debug_struct("LocalPermit").field("key", &self.key()).finish()
+        f.debug_struct("LocalPermit")
+            .field("key", &self.key())
+            .finish()
     }
 }
 

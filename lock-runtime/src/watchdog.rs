@@ -50,11 +50,9 @@ async fn watch_lease(lease: &Lease) -> &'static str {
     let stop_at = lease.max_hold.map(|max_hold| lease.acquired_at + max_hold);
     let mut next = lease.acquired_at + interval;
     loop {
-        if let Some(stop_at) = stop_at {
-            if next >= stop_at {
-                sleep_until(stop_at.min(valid_until)).await;
-                return "max_hold reached";
-            }
+        if let Some(stop_at) = stop_at.filter(|&stop_at| next >= stop_at) {
+            sleep_until(stop_at.min(valid_until)).await;
+            return "max_hold reached";
         }
         sleep_until(next).await;
         let sent_at = Instant::now();

@@ -50,13 +50,18 @@ macro_rules! backend_contract {
                 let (a, b) = (LockToken::random(), LockToken::random());
                 fencing(backend.acquire(&key, a, TTL).await.unwrap());
                 match backend.acquire(&key, b, TTL).await.unwrap() {
-                    Acquire::Held { remaining: Some(left) } => {
+                    Acquire::Held {
+                        remaining: Some(left),
+                    } => {
                         assert!(left <= TTL && left > TTL / 2, "{left:?}")
                     }
                     other => panic!("expected Held, got {other:?}"),
                 }
                 // Not even the same token acquires twice.
-                assert!(matches!(backend.acquire(&key, a, TTL).await.unwrap(), Acquire::Held { .. }));
+                assert!(matches!(
+                    backend.acquire(&key, a, TTL).await.unwrap(),
+                    Acquire::Held { .. }
+                ));
             }
 
             #[tokio::test]
@@ -68,11 +73,20 @@ macro_rules! backend_contract {
                 let first = fencing(backend.acquire(&key, a, short).await.unwrap());
                 // Expiry is the thing under test: sleeping past it is the point.
                 tokio::time::sleep(short * 3).await;
-                assert!(!backend.renew(&key, a, TTL).await.unwrap(), "expired lease renewed");
+                assert!(
+                    !backend.renew(&key, a, TTL).await.unwrap(),
+                    "expired lease renewed"
+                );
                 let second = fencing(backend.acquire(&key, b, TTL).await.unwrap());
-                assert!(second > first, "fencing must grow across expiry: {first} then {second}");
+                assert!(
+                    second > first,
+                    "fencing must grow across expiry: {first} then {second}"
+                );
                 assert!(!backend.release(&key, a, Duration::ZERO).await.unwrap());
-                assert!(matches!(backend.acquire(&key, a, TTL).await.unwrap(), Acquire::Held { .. }));
+                assert!(matches!(
+                    backend.acquire(&key, a, TTL).await.unwrap(),
+                    Acquire::Held { .. }
+                ));
             }
 
             #[tokio::test]
@@ -80,18 +94,31 @@ macro_rules! backend_contract {
                 let (backend, _keep) = $make().await;
                 let key = $crate::unique_key("contract");
                 let (owner, other) = (LockToken::random(), LockToken::random());
-                fencing(backend.acquire(&key, owner, Duration::from_millis(300)).await.unwrap());
+                fencing(
+                    backend
+                        .acquire(&key, owner, Duration::from_millis(300))
+                        .await
+                        .unwrap(),
+                );
                 assert!(!backend.renew(&key, other, TTL).await.unwrap());
                 assert!(!backend.release(&key, other, Duration::ZERO).await.unwrap());
                 assert!(backend.renew(&key, owner, TTL).await.unwrap());
                 match backend.acquire(&key, other, TTL).await.unwrap() {
-                    Acquire::Held { remaining: Some(left) } => {
-                        assert!(left > Duration::from_secs(5), "renewal extended the lease: {left:?}")
+                    Acquire::Held {
+                        remaining: Some(left),
+                    } => {
+                        assert!(
+                            left > Duration::from_secs(5),
+                            "renewal extended the lease: {left:?}"
+                        )
                     }
                     acquired => panic!("expected Held, got {acquired:?}"),
                 }
                 assert!(backend.release(&key, owner, Duration::ZERO).await.unwrap());
-                assert!(!backend.release(&key, owner, Duration::ZERO).await.unwrap(), "released twice");
+                assert!(
+                    !backend.release(&key, owner, Duration::ZERO).await.unwrap(),
+                    "released twice"
+                );
                 fencing(backend.acquire(&key, other, TTL).await.unwrap());
             }
 
@@ -104,7 +131,9 @@ macro_rules! backend_contract {
                 let linger = Duration::from_millis(200);
                 assert!(backend.release(&key, a, linger).await.unwrap());
                 match backend.acquire(&key, b, TTL).await.unwrap() {
-                    Acquire::Held { remaining: Some(left) } => assert!(left <= linger, "{left:?}"),
+                    Acquire::Held {
+                        remaining: Some(left),
+                    } => assert!(left <= linger, "{left:?}"),
                     other => panic!("expected Held while lingering, got {other:?}"),
                 }
                 tokio::time::sleep(linger * 2).await;

@@ -40,14 +40,20 @@ async fn a_waiter_is_woken_by_the_release_not_by_the_ttl() {
     held.release().await.unwrap();
     let acquired_at = waiter.await.unwrap();
     // The holder's lease had 29.9 s left: only the notification explains this.
-    assert!(acquired_at - released_at < Duration::from_millis(1), "{:?}", acquired_at - released_at);
+    assert!(
+        acquired_at - released_at < Duration::from_millis(1),
+        "{:?}",
+        acquired_at - released_at
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_takes_over_a_crashed_holders_lease_at_its_expiry() {
     let (a, b) = two_processes();
     let key = unique_key("crash");
-    let opts = LockOptions::default().ttl(Duration::from_millis(300)).watchdog(false);
+    let opts = LockOptions::default()
+        .ttl(Duration::from_millis(300))
+        .watchdog(false);
     let guard = a.lock(&key, opts.clone()).await.unwrap();
     // A crash: the holder vanishes without releasing (no runtime to run Drop's release).
     std::mem::forget(guard);
@@ -62,15 +68,27 @@ async fn a_waiter_takes_over_a_crashed_holders_lease_at_its_expiry() {
 async fn a_holder_whose_lease_expired_gets_lost_and_leaves_the_next_lock_alone() {
     let (a, b) = two_processes();
     let key = unique_key("expired");
-    let short = LockOptions::default().ttl(Duration::from_millis(200)).watchdog(false);
+    let short = LockOptions::default()
+        .ttl(Duration::from_millis(200))
+        .watchdog(false);
     let first = a.lock(&key, short).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!first.is_held());
-    let second = b.try_lock(&key, LockOptions::default()).await.unwrap().expect("expired lease is free");
+    let second = b
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .expect("expired lease is free");
     assert!(second.fencing_token() > first.fencing_token());
     assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
     assert!(second.is_held());
-    assert!(a.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "second lock intact");
+    assert!(
+        a.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "second lock intact"
+    );
     second.release().await.unwrap();
 }
 
@@ -78,15 +96,35 @@ async fn a_holder_whose_lease_expired_gets_lost_and_leaves_the_next_lock_alone()
 async fn hold_at_least_keeps_the_lock_after_an_early_release() {
     let (a, b) = two_processes();
     let key = unique_key("hold");
-    let opts = LockOptions::default().ttl(Duration::from_secs(10)).hold_at_least(Duration::from_secs(2));
+    let opts = LockOptions::default()
+        .ttl(Duration::from_secs(10))
+        .hold_at_least(Duration::from_secs(2));
     let guard = a.lock(&key, opts).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     guard.release().await.unwrap();
-    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "held for the minimum");
+    assert!(
+        b.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "held for the minimum"
+    );
     tokio::time::sleep(Duration::from_millis(1400)).await;
-    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_none(), "still within 2s");
+    assert!(
+        b.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "still within 2s"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(b.try_lock(&key, LockOptions::default()).await.unwrap().is_some(), "free after 2s");
+    assert!(
+        b.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_some(),
+        "free after 2s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -106,12 +144,22 @@ async fn tasks_of_one_process_queue_locally_in_order() {
         // Let waiter i queue before waiter i + 1 starts.
         tokio::task::yield_now().await;
     }
-    assert!(registry.try_lock(&key, LockOptions::default()).await.unwrap().is_none());
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
     first.release().await.unwrap();
     for waiter in waiters {
         waiter.await.unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4], "first come, first served");
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec![0, 1, 2, 3, 4],
+        "first come, first served"
+    );
     assert_eq!(registry.local_keys(), 0, "queue freed once unused");
 }
 
@@ -135,7 +183,10 @@ async fn cancelled_waiters_leave_no_state_behind() {
         assert!(waiter.await.unwrap_err().is_cancelled());
     }
     let timed_out = registry
-        .lock(&key, LockOptions::default().wait_timeout(Duration::from_millis(20)))
+        .lock(
+            &key,
+            LockOptions::default().wait_timeout(Duration::from_millis(20)),
+        )
         .await;
     assert!(matches!(timed_out, Err(LockError::Timeout { .. })));
     guard.release().await.unwrap();
@@ -146,15 +197,32 @@ async fn cancelled_waiters_leave_no_state_behind() {
 #[tokio::test]
 async fn a_namespace_separates_registries_on_one_store() {
     let store = MemoryBackend::new();
-    let shop = LockRegistry::builder(store.clone()).namespace("shop").build().unwrap();
-    let billing = LockRegistry::builder(store.clone()).namespace("billing").build().unwrap();
+    let shop = LockRegistry::builder(store.clone())
+        .namespace("shop")
+        .build()
+        .unwrap();
+    let billing = LockRegistry::builder(store.clone())
+        .namespace("billing")
+        .build()
+        .unwrap();
     let plain = LockRegistry::builder(store).build().unwrap();
     let g1 = shop.lock("stock:1", LockOptions::default()).await.unwrap();
-    let g2 = billing.lock("stock:1", LockOptions::default()).await.unwrap();
+    let g2 = billing
+        .lock("stock:1", LockOptions::default())
+        .await
+        .unwrap();
     // A user key that spells another namespace's key does not reach it...
-    assert!(plain.try_lock("shop:stock:1", LockOptions::default()).await.unwrap().is_none());
+    assert!(
+        plain
+            .try_lock("shop:stock:1", LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
     // ...because namespaced keys are `ns:key` and a namespace has no colon.
-    let bad = LockRegistry::builder(MemoryBackend::new()).namespace("a:b").build();
+    let bad = LockRegistry::builder(MemoryBackend::new())
+        .namespace("a:b")
+        .build();
     assert!(matches!(bad, Err(LockError::InvalidKey { .. })));
     g1.release().await.unwrap();
     g2.release().await.unwrap();
@@ -167,9 +235,15 @@ async fn invalid_options_name_the_key_and_problem() {
         .lock("report", LockOptions::default().ttl(Duration::ZERO))
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "invalid options for lock `report`: ttl 0ns is shorter than 1ms");
+    assert_eq!(
+        err.to_string(),
+        "invalid options for lock `report`: ttl 0ns is shorter than 1ms"
+    );
     let err = registry
-        .try_lock("report", LockOptions::default().wait_timeout(Duration::from_secs(1)))
+        .try_lock(
+            "report",
+            LockOptions::default().wait_timeout(Duration::from_secs(1)),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");

@@ -79,7 +79,11 @@ async fn thirty_two_tasks_sell_exactly_the_stock() {
     let mut sold = stock.sold.lock().unwrap().clone();
     sold.sort_unstable();
     assert_eq!(stock.level.load(Ordering::SeqCst), 0);
-    assert_eq!(sold, (1..=200).collect::<Vec<_>>(), "each level sold exactly once");
+    assert_eq!(
+        sold,
+        (1..=200).collect::<Vec<_>>(),
+        "each level sold exactly once"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -88,11 +92,18 @@ async fn the_same_sale_without_the_lock_oversells() {
     let stock = Stock::new(200);
     sell_out(stock.clone(), unique_key("oversell"), 32, false).await;
     let sold = stock.sold.lock().unwrap().len();
-    assert!(sold > 200, "expected an oversell without the lock, sold {sold}");
+    assert!(
+        sold > 200,
+        "expected an oversell without the lock, sold {sold}"
+    );
 }
 
 #[distributed_lock(key = "job:{name}", mode = "skip", ttl = "10s")]
-async fn job(name: &str, entered: Option<oneshot::Sender<()>>, go: Option<oneshot::Receiver<()>>) -> u32 {
+async fn job(
+    name: &str,
+    entered: Option<oneshot::Sender<()>>,
+    go: Option<oneshot::Receiver<()>>,
+) -> u32 {
     if let Some(entered) = entered {
         entered.send(()).unwrap();
     }
@@ -126,7 +137,10 @@ async fn impatient(k: &str) {}
 async fn wait_timeout_gives_timeout() {
     let registry = setup();
     let k = unique_key("timeout");
-    let guard = registry.lock(&format!("timeout:{k}"), LockOptions::default()).await.unwrap();
+    let guard = registry
+        .lock(&format!("timeout:{k}"), LockOptions::default())
+        .await
+        .unwrap();
     let started = Instant::now();
     match impatient(&k).await {
         Err(LockError::Timeout { key, waited }) => {
@@ -157,11 +171,23 @@ async fn watchdog_keeps_a_short_lease_through_a_long_body() {
     };
     for at in [300, 600, 900] {
         tokio::time::sleep_until(Instant::now() + Duration::from_millis(300)).await;
-        let attempt = registry.try_lock(&key, LockOptions::default()).await.unwrap();
-        assert!(attempt.is_none(), "lock free at ~{at}ms although the body runs");
+        let attempt = registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap();
+        assert!(
+            attempt.is_none(),
+            "lock free at ~{at}ms although the body runs"
+        );
     }
     assert_eq!(body.await.unwrap().unwrap(), "done");
-    assert!(registry.try_lock(&key, LockOptions::default()).await.unwrap().is_some());
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[distributed_lock(key = "nodog:{k}", ttl = "200ms", watchdog = false)]
@@ -187,10 +213,19 @@ async fn expired_holder_without_watchdog_gets_lost_and_spares_the_next_holder() 
         Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
         other => panic!("expected Lost, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(1), "the body was cancelled, not run out");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the body was cancelled, not run out"
+    );
     // The first holder's release did not free the second holder's lock.
     assert!(second.is_held());
-    assert!(registry.try_lock(&key, LockOptions::default()).await.unwrap().is_none());
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
     second.release().await.unwrap();
 }
 
@@ -212,10 +247,24 @@ async fn max_hold_cancels_the_body_and_returns_lost() {
         other => panic!("expected Lost, got {other:?}"),
     }
     let held_for = started.elapsed();
-    assert!(held_for >= Duration::from_millis(300) && held_for < Duration::from_millis(400), "{held_for:?}");
-    assert_eq!(MAX_HOLD_REACHED_END.load(Ordering::SeqCst), 0, "body was cancelled");
+    assert!(
+        held_for >= Duration::from_millis(300) && held_for < Duration::from_millis(400),
+        "{held_for:?}"
+    );
+    assert_eq!(
+        MAX_HOLD_REACHED_END.load(Ordering::SeqCst),
+        0,
+        "body was cancelled"
+    );
     let key = format!("maxhold:{k}");
-    assert!(registry.try_lock(&key, LockOptions::default()).await.unwrap().is_some(), "released");
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_some(),
+        "released"
+    );
 }
 
 #[distributed_lock(key = "exit:{k}", ttl = "30s")]
@@ -250,7 +299,10 @@ async fn dropping_the_future_mid_body_releases_promptly() {
     let (_, entered) = tokio::join!(caller, entered_rx);
     entered.unwrap();
     let waited = time_to_reacquire(registry, &format!("exit:{k}")).await;
-    assert!(waited < Duration::from_millis(10), "reacquired after {waited:?}, ttl is 30s");
+    assert!(
+        waited < Duration::from_millis(10),
+        "reacquired after {waited:?}, ttl is 30s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -265,7 +317,10 @@ async fn a_panicking_body_releases_promptly() {
     entered_rx.await.unwrap();
     assert!(task.await.unwrap_err().is_panic());
     let waited = time_to_reacquire(registry, &format!("exit:{k}")).await;
-    assert!(waited < Duration::from_millis(10), "reacquired after {waited:?}, ttl is 30s");
+    assert!(
+        waited < Duration::from_millis(10),
+        "reacquired after {waited:?}, ttl is 30s"
+    );
 }
 
 #[distributed_lock(key = "ledger:{k}")]
@@ -301,14 +356,20 @@ async fn same_key_nested_calls_are_reentrant() {
 async fn reentrancy_is_per_task_not_per_process() {
     let registry = setup();
     let k = unique_key("reentrant");
-    let guard = registry.lock(&format!("ledger:{k}"), LockOptions::default()).await.unwrap();
+    let guard = registry
+        .lock(&format!("ledger:{k}"), LockOptions::default())
+        .await
+        .unwrap();
     // Another task (not the holder) must wait, and times out.
     let other = tokio::spawn({
         let k = k.clone();
         async move { inner(&k).await }
     });
     tokio::time::pause();
-    assert!(matches!(other.await.unwrap(), Err(LockError::Timeout { .. })));
+    assert!(matches!(
+        other.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
     guard.release().await.unwrap();
 }
 
@@ -338,7 +399,10 @@ async fn fencing_tokens_strictly_increase() {
     }
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 200);
-    assert!(seen.windows(2).all(|w| w[0] < w[1]), "tokens in holding order must increase: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens in holding order must increase: {seen:?}"
+    );
     assert_eq!(fencing_token(), None, "no token outside a locked body");
 }
 
@@ -355,5 +419,8 @@ async fn bad_runtime_keys_are_errors_not_panics() {
     let long = "x".repeat(lock_runtime::MAX_KEY_LEN + 1);
     let err = named(&long).await.unwrap_err();
     assert!(matches!(err, LockError::InvalidKey { .. }));
-    assert!(err.to_string().len() < 400, "a long key is shortened in the message: {err}");
+    assert!(
+        err.to_string().len() < 400,
+        "a long key is shortened in the message: {err}"
+    );
 }

@@ -14,7 +14,7 @@ async fn distinct_keys_leave_no_state_behind() {
     let store = MemoryBackend::new();
     lock_runtime::init(LockRegistry::builder(store.clone()).build().unwrap()).unwrap();
     let registry = lock_runtime::registry().unwrap();
-    const KEYS: u64 = 50_000;
+    const KEYS: u64 = 1_000_000;
     let mut tasks = Vec::new();
     for worker in 0..8 {
         tasks.push(tokio::spawn(async move {

@@ -10,10 +10,17 @@ async fn early() -> u8 {
 #[tokio::test]
 async fn not_initialized_then_initialized_once() {
     assert!(matches!(early().await, Err(LockError::NotInitialized)));
-    assert!(matches!(lock_runtime::registry(), Err(LockError::NotInitialized)));
+    assert!(matches!(
+        lock_runtime::registry(),
+        Err(LockError::NotInitialized)
+    ));
     lock_runtime::init(LockRegistry::memory()).unwrap();
     assert_eq!(early().await.unwrap(), 1);
     let again = lock_runtime::init(LockRegistry::memory());
     assert!(matches!(again, Err(LockError::AlreadyInitialized)));
-    assert_eq!(early().await.unwrap(), 1, "the first registry stays in place");
+    assert_eq!(
+        early().await.unwrap(),
+        1,
+        "the first registry stays in place"
+    );
 }

@@ -75,18 +75,18 @@ impl MemoryBackend {
     fn table(&self) -> MutexGuard<'_, Table> {
         // The table stays consistent across a panic (every update is one
         // assignment), so a poisoned lock is still safe to use.
-        self.shared.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.shared
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn try_acquire(&self, key: &str, token: LockToken, ttl: Duration) -> Acquire {
         let now = Instant::now();
         let mut table = self.table();
-        if let Some(slot) = table.slots.get(key) {
-            if let Some((_, expires)) = slot.live_holder(now) {
-                return Acquire::Held {
-                    remaining: Some(expires - now),
-                };
-            }
+        if let Some((_, expires)) = table.slots.get(key).and_then(|slot| slot.live_holder(now)) {
+            return Acquire::Held {
+                remaining: Some(expires - now),
+            };
         }
         table.sweep(now);
         table.fencing += 1;
@@ -168,7 +168,11 @@ impl Drop for Unwatch {
     fn drop(&mut self) {
         let now = Instant::now();
         let mut table = self.store.table();
-        if table.slots.get(&self.key).is_some_and(|slot| slot.unused(now)) {
+        if table
+            .slots
+            .get(&self.key)
+            .is_some_and(|slot| slot.unused(now))
+        {
             table.slots.remove(&self.key);
         }
     }
