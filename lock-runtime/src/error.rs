@@ -55,11 +55,13 @@ pub enum LockError {
     },
 
     /// The store could not be reached or answered with an error.
-    #[error("lock backend failed on `{key}` while trying to {action}")]
+    #[error("lock backend failed to {action} `{key}`")]
     Backend {
-        /// The key of the lock.
+        /// The key of the lock; for a failed connection, the store's address
+        /// (without its password).
         key: String,
-        /// What was being done: "acquire", "renew", "release", "watch".
+        /// What was being done: "acquire", "renew", "release", "watch",
+        /// "connect to".
         action: &'static str,
         /// The backend's own error.
         #[source]

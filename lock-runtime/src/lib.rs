@@ -36,13 +36,16 @@
 //! # Backends
 //!
 //! A [`LockRegistry`] wraps one [`Backend`]. [`LockRegistry::memory`] keeps
-//! locks in this process (tests, single-instance services). Everything else
+//! locks in this process (tests, single-instance services);
+//! [`LockRegistry::redis`] shares them between every process that uses one
+//! Redis server. Everything else
 //! (waiting, the watchdog, re-entrancy, release on every exit) is written once
 //! on top of the trait.
 //!
 //! # Features
 //!
 //! - `macros` (default): the `#[distributed_lock]` attribute.
+//! - `redis` (default): [`RedisBackend`] and [`LockRegistry::redis`].
 
 #![warn(
     missing_docs,
@@ -62,6 +65,8 @@ mod registry;
 mod watchdog;
 
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use backend::redis::RedisBackend;
 pub use backend::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
 pub use context::fencing_token;
 pub use error::{BackendError, LockError};

@@ -143,6 +143,26 @@ impl LockRegistry {
         LockRegistry::from_backend(Arc::new(MemoryBackend::new()))
     }
 
+    /// A registry over one Redis server (`redis://[:password@]host:port[/db]`),
+    /// with the [`RedisBackend`](crate::RedisBackend) defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the URL (password redacted) when the URL
+    /// is invalid or the server cannot be reached or refuses the credentials.
+    #[cfg(feature = "redis")]
+    pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
+        let backend = crate::RedisBackend::builder(url)
+            .connect()
+            .await
+            .map_err(|source| LockError::Backend {
+                key: crate::backend::redis::redact(url),
+                action: "connect to",
+                source,
+            })?;
+        LockRegistry::builder(backend).build()
+    }
+
     /// Starts building a registry over `backend`.
     pub fn builder(backend: impl Backend) -> RegistryBuilder {
         RegistryBuilder {

@@ -5,6 +5,12 @@
 
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod redis_server;
+mod worker;
+
+pub use redis_server::{RedisServer, RedisServers};
+pub use worker::{Worker, field};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 

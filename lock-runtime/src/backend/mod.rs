@@ -15,6 +15,8 @@ use tokio::sync::watch;
 use crate::BackendError;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// A boxed, sendable future: what [`Backend`]'s methods return, so the trait
 /// stays object-safe and the registry can hold an `Arc<dyn Backend>`.

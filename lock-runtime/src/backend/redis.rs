@@ -1,0 +1,594 @@
+//! One Redis (or anything that speaks to one through the `redis` crate).
+//!
+//! # Protocol
+//!
+//! - Acquire is one script, one round trip: `SET key token NX PX ttl`, and on
+//!   success `INCR` of the key's fencing counter; when the key is held, the
+//!   holder's `PTTL`.
+//! - Renew and release are owner-checked scripts (`GET` = token, then
+//!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. Release publishes a
+//!   wake-up on the key's channel; a release that must linger
+//!   (`hold_at_least`) shortens the lease instead.
+//! - Scripts run by `EVALSHA`, and are loaded again after `SCRIPT FLUSH` or a
+//!   server restart (`NOSCRIPT`).
+//!
+//! # Keys
+//!
+//! A lock on `stock:7` uses the Redis key `lock:{stock:7}`, its fencing
+//! counter `lock:{stock:7}:fence` and the channel `lock:{stock:7}:released`.
+//! The part between the braces is a hash tag, so on Redis Cluster all of them
+//! live in one slot and the scripts work. `%`, `{` and `}` in the lock key are
+//! written as `%25`, `%7B` and `%7D`, so a key can neither end the hash tag
+//! nor be made to collide with another key's counter; any other bytes
+//! (colons, unicode) are kept as they are.
+//!
+//! # Fencing counters
+//!
+//! Each key that was ever locked keeps its counter, so tokens strictly
+//! increase across holders, processes and lease expiry. A counter costs about
+//! 70 bytes of Redis memory plus the key's length. With many short-lived
+//! distinct keys, bound that with [`Fencing::ExpireAfter`] (tokens then
+//! increase as long as a key is locked again within that time) or turn the
+//! counters off with [`Fencing::Off`] (tokens are then always 0).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use ::redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream,
+};
+use ::redis::{Client, Script};
+use futures_util::StreamExt;
+use once_cell::sync::Lazy;
+use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::task::AbortHandle;
+
+use super::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
+use crate::BackendError;
+
+/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode (0 off, -1
+/// forever, else the counter's expiry in ms).
+/// Returns `{1, fencing}` when acquired, `{0, pttl}` when held.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local mode = tonumber(ARGV[3])
+  if mode == 0 then return {1, 0} end
+  local fencing = redis.call('INCR', KEYS[2])
+  if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
+  return {1, fencing}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// `KEYS`: lock. `ARGV`: token, ttl ms. Returns 1 when renewed.
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// `KEYS`: lock. `ARGV`: token, linger ms, channel. Returns 1 when released
+/// (or shortened to the linger).
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], '')
+return 1
+";
+
+static ACQUIRE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(ACQUIRE));
+static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
+static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
+
+/// What fencing counters cost and promise. See the [module docs](self).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// One counter per key, kept forever: tokens strictly increase.
+    #[default]
+    PerKey,
+    /// Counters expire this long after their key was last locked: tokens
+    /// strictly increase as long as the key is locked again within it.
+    ExpireAfter(Duration),
+    /// No counters: every fencing token is 0.
+    Off,
+}
+
+impl Fencing {
+    fn mode_arg(self) -> i64 {
+        match self {
+            Fencing::PerKey => -1,
+            Fencing::Off => 0,
+            Fencing::ExpireAfter(after) => {
+                i64::try_from(after.as_millis()).unwrap_or(i64::MAX).max(1)
+            }
+        }
+    }
+}
+
+/// Configures and connects a [`RedisBackend`].
+#[derive(Debug)]
+pub struct RedisBackendBuilder {
+    url: String,
+    fencing: Fencing,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl RedisBackendBuilder {
+    /// How fencing counters are kept (default [`Fencing::PerKey`]).
+    pub fn fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// How long a command may take before it fails (default 2 s). A command
+    /// against a server that stopped answering fails after this long.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take before it fails (default 1 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects (one command connection, reconnected as needed; the
+    /// subscriber connection is made on the first wait).
+    ///
+    /// # Errors
+    ///
+    /// The `redis` crate's error when the URL is invalid or the server cannot
+    /// be reached or refuses the credentials. Never contains the password.
+    pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+        let client = Client::open(self.url.as_str())?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1));
+        let mut conn = client.get_connection_manager_with_config(config).await?;
+        // Surface a missing password or a wrong database now, not at the first lock.
+        ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        let subscriber = Subscriber::new(client, self.connection_timeout);
+        Ok(RedisBackend {
+            conn,
+            subscriber,
+            fencing: self.fencing,
+            shown_url: redact(&self.url),
+        })
+    }
+}
+
+/// The Redis backend. Cheap to clone; clones share the connections.
+///
+/// # Examples
+///
+/// ```no_run
+/// use lock_runtime::{LockRegistry, RedisBackend, backend::redis::Fencing};
+///
+/// # async fn run() -> Result<(), lock_runtime::LockError> {
+/// // Through the registry, with defaults:
+/// let registry = LockRegistry::redis("redis://127.0.0.1:6379").await?;
+///
+/// // Or configured:
+/// let backend = RedisBackend::builder("redis://:secret@10.0.0.5:6379/0")
+///     .fencing(Fencing::Off)
+///     .connect()
+///     .await
+///     .map_err(|source| lock_runtime::LockError::Backend {
+///         key: "redis".into(),
+///         action: "connect to",
+///         source,
+///     })?;
+/// let registry = LockRegistry::builder(backend).namespace("shop").build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend<C = ConnectionManager> {
+    conn: C,
+    subscriber: Arc<Subscriber>,
+    fencing: Fencing,
+    shown_url: String,
+}
+
+impl RedisBackend {
+    /// Starts configuring a backend for `url` (`redis://[:password@]host:port[/db]`,
+    /// `rediss://` for TLS when the `redis` crate is built with it).
+    pub fn builder(url: &str) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.to_owned(),
+            fencing: Fencing::default(),
+            response_timeout: Duration::from_secs(2),
+            connection_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl<C> RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Uses any `redis` connection for commands (a cluster connection, say,
+    /// from `redis::cluster_async`), and `pubsub` (a client of one node, or
+    /// of the cluster's nodes) for release notifications.
+    pub fn with_connection(conn: C, pubsub: Client, fencing: Fencing) -> Self {
+        RedisBackend {
+            conn,
+            subscriber: Subscriber::new(pubsub, Duration::from_secs(1)),
+            fencing,
+            shown_url: "custom connection".into(),
+        }
+    }
+}
+
+/// The Redis names of one lock.
+struct Names {
+    lock: Vec<u8>,
+    counter: Vec<u8>,
+}
+
+/// `lock:{<escaped key>}`: the escaped key is the hash tag.
+fn lock_name(key: &str) -> Vec<u8> {
+    let mut name = Vec::with_capacity(key.len() + 8);
+    name.extend_from_slice(b"lock:{");
+    for byte in key.bytes() {
+        match byte {
+            b'%' => name.extend_from_slice(b"%25"),
+            b'{' => name.extend_from_slice(b"%7B"),
+            b'}' => name.extend_from_slice(b"%7D"),
+            other => name.push(other),
+        }
+    }
+    name.push(b'}');
+    name
+}
+
+fn names(key: &str) -> Names {
+    let lock = lock_name(key);
+    let mut counter = lock.clone();
+    counter.extend_from_slice(b":fence");
+    Names { lock, counter }
+}
+
+fn channel(key: &str) -> Vec<u8> {
+    let mut channel = lock_name(key);
+    channel.extend_from_slice(b":released");
+    channel
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl<C> Backend for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let names = names(key);
+            let mut conn = self.conn.clone();
+            let (acquired, value): (i64, i64) = ACQUIRE_SCRIPT
+                .key(names.lock)
+                .key(names.counter)
+                .arg(token.to_string())
+                .arg(millis(ttl))
+                .arg(self.fencing.mode_arg())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(if acquired == 1 {
+                Acquire::Acquired {
+                    fencing: u64::try_from(value).unwrap_or(0),
+                }
+            } else {
+                Acquire::Held {
+                    remaining: u64::try_from(value).ok().map(Duration::from_millis),
+                }
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let renewed: i64 = RENEW_SCRIPT
+                .key(lock_name(key))
+                .arg(token.to_string())
+                .arg(millis(ttl))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(renewed == 1)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let released: i64 = RELEASE_SCRIPT
+                .key(lock_name(key))
+                .arg(token.to_string())
+                .arg(millis(linger))
+                .arg(channel(key))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(released == 1)
+        })
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(self.subscriber.watch(channel(key)))
+    }
+}
+
+impl<C> fmt::Debug for RedisBackend<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &self.shown_url)
+            .field("fencing", &self.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs and `Debug`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The one subscriber connection of a backend: per-key channels subscribed
+/// while someone waits on the key, and a task that dispatches messages.
+struct Subscriber {
+    client: Client,
+    connect_timeout: Duration,
+    state: Mutex<SubscriberState>,
+    /// Serialises SUBSCRIBE/UNSUBSCRIBE, so an unsubscribe of a channel
+    /// nobody watches can never overtake a new watcher's subscribe.
+    ops: AsyncMutex<()>,
+}
+
+#[derive(Default)]
+struct SubscriberState {
+    channels: HashMap<Vec<u8>, watch::Sender<()>>,
+    sink: Option<PubSubSink>,
+    /// The dispatch task, stopped when the backend goes away.
+    dispatcher: Option<AbortHandle>,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        if let Some(dispatcher) = self.state().dispatcher.take() {
+            dispatcher.abort();
+        }
+    }
+}
+
+impl Subscriber {
+    fn new(client: Client, connect_timeout: Duration) -> Arc<Self> {
+        Arc::new(Subscriber {
+            client,
+            connect_timeout,
+            state: Mutex::default(),
+            ops: AsyncMutex::new(()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, SubscriberState> {
+        // Each update is one map or field assignment: consistent after a panic.
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Subscribes to `channel` and returns once Redis confirmed it.
+    async fn watch(self: &Arc<Self>, channel: Vec<u8>) -> Result<ReleaseWatch, BackendError> {
+        let rx = self
+            .state()
+            .channels
+            .entry(channel.clone())
+            .or_insert_with(|| watch::Sender::new(()))
+            .subscribe();
+        // From here on, dropping (on error or cancellation) unwatches.
+        let unwatch = Unwatch {
+            subscriber: Arc::downgrade(self),
+            channel: channel.clone(),
+        };
+        let _serial = self.ops.lock().await;
+        let mut sink = self.sink().await?;
+        sink.subscribe(&channel).await?;
+        Ok(ReleaseWatch::new(rx, Some(Box::new(unwatch))))
+    }
+
+    /// The current subscriber connection, connecting if there is none.
+    /// Called with `ops` held, so only one caller connects.
+    async fn sink(self: &Arc<Self>) -> Result<PubSubSink, BackendError> {
+        if let Some(sink) = self.state().sink.clone() {
+            return Ok(sink);
+        }
+        let (sink, stream) = self.connect().await?;
+        let dispatcher = tokio::spawn(dispatch(Arc::downgrade(self), stream)).abort_handle();
+        let mut state = self.state();
+        state.sink = Some(sink.clone());
+        if let Some(previous) = state.dispatcher.replace(dispatcher) {
+            previous.abort();
+        }
+        Ok(sink)
+    }
+
+    async fn connect(&self) -> Result<(PubSubSink, PubSubStream), BackendError> {
+        let pubsub = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| "timed out connecting the subscriber connection")??;
+        Ok(pubsub.split())
+    }
+
+    /// Wakes every watcher: used when notifications may have been missed.
+    fn wake_all(&self) {
+        for sender in self.state().channels.values() {
+            sender.send_replace(());
+        }
+    }
+}
+
+/// Reads messages until the connection ends, then reconnects and
+/// resubscribes while anyone watches; stops when the backend is dropped.
+async fn dispatch(subscriber: Weak<Subscriber>, mut stream: PubSubStream) {
+    loop {
+        while let Some(msg) = stream.next().await {
+            let Some(subscriber) = subscriber.upgrade() else {
+                return;
+            };
+            let state = subscriber.state();
+            if let Some(sender) = state.channels.get(msg.get_channel_name().as_bytes()) {
+                sender.send_replace(());
+            }
+        }
+        let Some(strong) = subscriber.upgrade() else {
+            return;
+        };
+        tracing::warn!(
+            "lock subscriber connection lost; waiters fall back to lease expiry until it is back"
+        );
+        strong.state().sink = None;
+        // Releases may have been missed: let every waiter try again now.
+        strong.wake_all();
+        drop(strong);
+        match resubscribe(&subscriber).await {
+            Some(next) => stream = next,
+            None => return,
+        }
+    }
+}
+
+/// Reconnects with backoff and subscribes every watched channel again.
+/// `None` when the backend is gone, or nobody is watching any more (the next
+/// watcher then connects).
+async fn resubscribe(subscriber: &Weak<Subscriber>) -> Option<PubSubStream> {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        let strong = subscriber.upgrade()?;
+        let _serial = strong.ops.lock().await;
+        let channels: Vec<Vec<u8>> = strong.state().channels.keys().cloned().collect();
+        if channels.is_empty() {
+            return None;
+        }
+        let Ok((mut sink, stream)) = strong.connect().await else {
+            continue;
+        };
+        if sink.subscribe(&channels).await.is_err() {
+            continue;
+        }
+        strong.state().sink = Some(sink);
+        tracing::info!(
+            channels = channels.len(),
+            "lock subscriber connection restored"
+        );
+        strong.wake_all();
+        return Some(stream);
+    }
+}
+
+/// Drops the channel (and unsubscribes) when its last watcher goes away.
+struct Unwatch {
+    subscriber: Weak<Subscriber>,
+    channel: Vec<u8>,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        let Some(subscriber) = self.subscriber.upgrade() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let channel = std::mem::take(&mut self.channel);
+        runtime.spawn(async move {
+            let _serial = subscriber.ops.lock().await;
+            let sink = {
+                let mut state = subscriber.state();
+                match state.channels.get(&channel) {
+                    Some(sender) if sender.receiver_count() == 0 => {
+                        state.channels.remove(&channel);
+                        state.sink.clone()
+                    }
+                    // Watched again meanwhile (or already gone): keep it.
+                    _ => None,
+                }
+            };
+            if let Some(mut sink) = sink {
+                if let Err(error) = sink.unsubscribe(&channel).await {
+                    tracing::debug!(%error, "unsubscribe failed");
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braces_and_percent_are_escaped_so_keys_cannot_collide() {
+        assert_eq!(lock_name("stock:7"), b"lock:{stock:7}");
+        assert_eq!(lock_name("a}b{c%"), b"lock:{a%7Db%7Bc%25}");
+        // A key that spells another key's counter stays a different name.
+        let counter = names("k").counter;
+        assert_eq!(counter, b"lock:{k}:fence");
+        assert_ne!(lock_name("k}:fence"), counter);
+        assert_ne!(lock_name("%7D"), lock_name("}"));
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("redis://app:hunter2@host/1"),
+            "redis://app:***@host/1"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

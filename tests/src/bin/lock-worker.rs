@@ -1,0 +1,162 @@
+//! A worker process for the multi-process tests. It prints one event per
+//! line on stdout (`acquired fencing=3 at_ms=…`), which the test reads.
+//!
+//! Usage: `lock-worker SCENARIO REDIS_URL KEY [ARGS…]`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// One purchase: a non-atomic read, pause, write of the stock level.
+async fn sell_one(conn: &mut MultiplexedConnection, item: &str) -> redis::RedisResult<Option<i64>> {
+    let level: i64 = conn.get(format!("oversell:{item}:level")).await?;
+    if level <= 0 {
+        return Ok(None);
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let () = conn
+        .set(format!("oversell:{item}:level"), level - 1)
+        .await?;
+    let _: i64 = conn.rpush(format!("oversell:{item}:sold"), level).await?;
+    Ok(Some(level))
+}
+
+#[distributed_lock(key = "stock:{item}", ttl = "10s")]
+async fn buy(conn: &mut MultiplexedConnection, item: &str) -> redis::RedisResult<Option<i64>> {
+    sell_one(conn, item).await
+}
+
+async fn hold(hold: Duration) {
+    println!(
+        "acquired fencing={} at_ms={}",
+        fencing_token().unwrap_or(0),
+        now_ms()
+    );
+    tokio::time::sleep(hold).await;
+    println!("releasing at_ms={}", now_ms());
+}
+
+#[distributed_lock(key = "{key}", ttl = "1s")]
+async fn hold_1s(key: &str, duration: Duration) {
+    let _ = key;
+    hold(duration).await;
+}
+
+#[distributed_lock(key = "{key}", ttl = "30s")]
+async fn hold_30s(key: &str, duration: Duration) {
+    let _ = key;
+    hold(duration).await;
+}
+
+#[distributed_lock(key = "{key}", mode = "skip", ttl = "10s")]
+async fn run_once(key: &str) {
+    println!("ran at_ms={}", now_ms());
+}
+
+#[distributed_lock(key = "{key}", ttl = "10s")]
+async fn record_fencing(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<u64> {
+    let token = fencing_token().unwrap_or(0);
+    let _: i64 = conn.rpush(format!("fence:{key}"), token).await?;
+    Ok(token)
+}
+
+fn arg(args: &[String], i: usize, what: &str) -> String {
+    args.get(i)
+        .cloned()
+        .unwrap_or_else(|| panic!("missing argument {i}: {what}"))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let args: Vec<String> = std::env::args().collect();
+    let scenario = arg(&args, 1, "scenario");
+    let url = arg(&args, 2, "redis url");
+    let key = arg(&args, 3, "key");
+    lock_runtime::init(LockRegistry::redis(&url).await?)?;
+    let data = redis::Client::open(url.as_str()).expect("url");
+    println!("ready pid={}", std::process::id());
+    match scenario.as_str() {
+        "oversell" | "oversell-unlocked" => {
+            let tasks: usize = arg(&args, 4, "tasks").parse().expect("tasks");
+            let locked = scenario == "oversell";
+            let mut handles = Vec::new();
+            for _ in 0..tasks {
+                let mut conn = data
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("data connection");
+                let item = key.clone();
+                handles.push(tokio::spawn(async move {
+                    let mut sold = 0;
+                    loop {
+                        let outcome = if locked {
+                            buy(&mut conn, &item).await.expect("lock")
+                        } else {
+                            sell_one(&mut conn, &item).await
+                        };
+                        match outcome.expect("redis data command") {
+                            Some(_) => sold += 1,
+                            None => break sold,
+                        }
+                    }
+                }));
+            }
+            let mut sold = 0;
+            for handle in handles {
+                sold += handle.await.expect("task");
+            }
+            println!("done sold={sold}");
+        }
+        "hold-1s" | "hold-30s" => {
+            let ms: u64 = arg(&args, 4, "hold ms").parse().expect("hold ms");
+            let result = if scenario == "hold-1s" {
+                hold_1s(&key, Duration::from_millis(ms)).await
+            } else {
+                hold_30s(&key, Duration::from_millis(ms)).await
+            };
+            match result {
+                Ok(()) => println!("released at_ms={}", now_ms()),
+                Err(err) => println!("error {err}"),
+            }
+        }
+        "skip" => {
+            if run_once(&key).await?.is_none() {
+                println!("skipped at_ms={}", now_ms());
+            }
+        }
+        "wait" => {
+            let guard = lock_runtime::registry()?
+                .lock(&key, lock_runtime::LockOptions::default())
+                .await?;
+            println!(
+                "acquired fencing={} at_ms={}",
+                guard.fencing_token(),
+                now_ms()
+            );
+            guard.release().await?;
+        }
+        "fence" => {
+            let rounds: usize = arg(&args, 4, "rounds").parse().expect("rounds");
+            let mut conn = data
+                .get_multiplexed_async_connection()
+                .await
+                .expect("data connection");
+            for _ in 0..rounds {
+                record_fencing(&mut conn, &key)
+                    .await?
+                    .expect("redis data command");
+            }
+            println!("done");
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    Ok(())
+}

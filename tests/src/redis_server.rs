@@ -1,0 +1,263 @@
+//! `redis-server` processes for tests: started on free loopback ports,
+//! stopped, killed and restarted on purpose, cleaned up on drop.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer its first PING.
+const READY_DEADLINE: Duration = Duration::from_secs(5);
+
+/// One `redis-server` process on `127.0.0.1`, with its own temporary
+/// directory. Killed (SIGKILL) and its directory removed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    password: Option<String>,
+    child: Option<Child>,
+}
+
+/// The binary to run: `LOCK_TEST_REDIS_BIN`, else `redis-server` on `PATH`.
+fn binary() -> String {
+    std::env::var("LOCK_TEST_REDIS_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// A port that was free a moment ago. Another process may take it before
+/// the server binds it, which is why spawning retries.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+fn temp_dir() -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "lock-tests-redis-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the server's temporary directory");
+    dir
+}
+
+impl RedisServer {
+    /// Starts a server with no password.
+    pub fn new() -> RedisServer {
+        RedisServer::start(None)
+    }
+
+    /// Starts a server that requires `password` (`requirepass`).
+    pub fn with_password(password: &str) -> RedisServer {
+        RedisServer::start(Some(password.to_owned()))
+    }
+
+    fn start(password: Option<String>) -> RedisServer {
+        let dir = temp_dir();
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let mut server = RedisServer {
+                port: free_port(),
+                dir: dir.clone(),
+                password: password.clone(),
+                child: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(log) => {
+                    last_log = log;
+                    // Keep the directory for the next attempt.
+                    server.dir = PathBuf::new();
+                }
+            }
+        }
+        panic!("redis-server did not start in 3 attempts; last log:\n{last_log}");
+    }
+
+    /// Spawns the process on `self.port` and waits for it to answer.
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = self.dir.join("redis.log");
+        let mut command = Command::new(binary());
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command.spawn().unwrap_or_else(|err| {
+            panic!(
+                "cannot run `{}`: {err}; install redis-server (apt-get install -y redis-server) \
+                 or point LOCK_TEST_REDIS_BIN at it",
+                binary()
+            )
+        });
+        self.child = Some(child);
+        if self.wait_ready() {
+            return Ok(());
+        }
+        self.kill();
+        Err(std::fs::read_to_string(&log).unwrap_or_else(|err| format!("(no log: {err})")))
+    }
+
+    /// True once the server answers PING (or asks for a password).
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + READY_DEADLINE;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false; // exited: port taken, say
+                }
+            }
+            if let Ok(reply) = self.raw_command("PING") {
+                if reply.starts_with("+PONG") || reply.starts_with("-NOAUTH") {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// Sends one inline command over a fresh TCP connection; returns the
+    /// first reply line.
+    fn raw_command(&self, command: &str) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+        stream.write_all(format!("{command}\r\n").as_bytes())?;
+        let mut line = String::new();
+        BufReader::new(&mut stream).read_line(&mut line)?;
+        Ok(line)
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`, with the password if there is one.
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// A client for inspecting and changing the server from the test.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid test URL")
+    }
+
+    /// A blocking connection, for setting up and checking data.
+    pub fn connection(&self) -> redis::Connection {
+        self.client()
+            .get_connection()
+            .unwrap_or_else(|err| panic!("connect to test redis on port {}: {err}", self.port))
+    }
+
+    /// Kills the server (SIGKILL): connections drop, data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..3 {
+            if self.spawn().is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a server frozen by [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("server is running");
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Default for RedisServer {
+    fn default() -> Self {
+        RedisServer::new()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // SIGKILL ends a frozen (SIGSTOPped) server too.
+        self.kill();
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Several independent servers (for Redlock), each stoppable on its own.
+#[derive(Debug)]
+pub struct RedisServers {
+    servers: Vec<RedisServer>,
+}
+
+impl RedisServers {
+    /// Starts `n` servers.
+    pub fn spawn(n: usize) -> RedisServers {
+        RedisServers {
+            servers: (0..n).map(|_| RedisServer::new()).collect(),
+        }
+    }
+
+    /// Their URLs, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// Kills server `i`.
+    pub fn stop(&mut self, i: usize) {
+        self.servers[i].kill();
+    }
+
+    /// Restarts server `i` on its port.
+    pub fn restart(&mut self, i: usize) {
+        self.servers[i].restart();
+    }
+
+    /// Server `i`.
+    pub fn get(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+}

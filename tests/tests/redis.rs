@@ -1,0 +1,412 @@
+//! The Redis backend through the manual API, each test against its own
+//! `redis-server` started on a free loopback port.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
+use lock_tests::{RedisServer, backend_contract, unique_key};
+use redis::Commands;
+
+async fn redis_backend() -> (RedisBackend, RedisServer) {
+    let server = RedisServer::new();
+    let backend = RedisBackend::builder(&server.url())
+        .connect()
+        .await
+        .unwrap();
+    (backend, server)
+}
+
+backend_contract!(redis_contract, redis_backend);
+
+async fn registry(server: &RedisServer) -> LockRegistry {
+    LockRegistry::redis(&server.url()).await.unwrap()
+}
+
+/// Calls of each command since the last `CONFIG RESETSTAT`.
+fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .filter(|(name, _)| !matches!(name.as_str(), "info" | "config"))
+        .collect()
+}
+
+fn reset_stats(server: &RedisServer) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.connection())
+        .unwrap();
+}
+
+#[tokio::test]
+async fn uncontended_lock_and_release_are_one_round_trip_each() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    // The first use loads the scripts (NOSCRIPT, then EVAL); measure after.
+    let warm = registry
+        .lock(&unique_key("warm"), LockOptions::default())
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    reset_stats(&server);
+    let guard = registry
+        .lock(&unique_key("rt"), LockOptions::default())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let mut calls = command_calls(&server);
+    calls.retain(|(name, _)| name != "config|resetstat");
+    calls.sort();
+    // Two top-level commands; the rest ran inside the acquire and release scripts.
+    let expected = [
+        ("del", 1),
+        ("evalsha", 2),
+        ("get", 1),
+        ("incr", 1),
+        ("publish", 1),
+        ("set", 1),
+    ];
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|&(name, n)| (name.to_owned(), n))
+        .collect();
+    assert_eq!(calls, expected);
+}
+
+#[tokio::test]
+async fn scripts_survive_script_flush() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("flush");
+    registry
+        .lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_with_braces_colons_unicode_and_4kb_stay_distinct() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let long = "k".repeat(4096);
+    let keys = [
+        "a{b}c",
+        "a%7Bb%7Dc",
+        "}{",
+        "{",
+        "}",
+        "x:y:z",
+        "x:y",
+        "ключ:🔒:{id}",
+        "%",
+        "%25",
+        long.as_str(),
+    ];
+    let mut guards = Vec::new();
+    for key in keys {
+        let guard = registry
+            .try_lock(key, LockOptions::default())
+            .await
+            .unwrap();
+        guards.push(guard.unwrap_or_else(|| panic!("{key:?} collided with an earlier key")));
+    }
+    for key in keys {
+        assert!(
+            registry
+                .try_lock(key, LockOptions::default())
+                .await
+                .unwrap()
+                .is_none(),
+            "{key:?}"
+        );
+    }
+    let mut conn = server.connection();
+    let names: Vec<Vec<u8>> = conn.keys("lock:*").unwrap();
+    let locks: Vec<_> = names
+        .iter()
+        .filter(|name| !name.ends_with(b":fence"))
+        .collect();
+    assert_eq!(locks.len(), keys.len());
+    for name in &locks {
+        // One hash tag per lock: the first `{` ... the first `}` is the whole key.
+        let text = String::from_utf8_lossy(name);
+        let open = text.find('{').unwrap();
+        let close = text.find('}').unwrap();
+        assert_eq!(close, text.len() - 1, "hash tag ends the name: {text:?}");
+        assert!(open < close);
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
+    let mut server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("down");
+    registry
+        .lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.kill();
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
+    let err = registry.lock(&key, opts.clone()).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains(&key), "{err}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the redis error is kept"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "failed fast, not at the timeout: {took:?}"
+    );
+    assert!(matches!(
+        registry.try_lock(&key, LockOptions::default()).await,
+        Err(LockError::Backend { .. })
+    ));
+    server.restart();
+    // The connection comes back by itself; allow it a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match registry.lock(&key, opts.clone()).await {
+            Ok(guard) => break guard,
+            Err(err) if Instant::now() < deadline => {
+                assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery after restart: {err}"),
+        }
+    };
+    assert!(
+        registry
+            .try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_frozen_server_never_holds_a_caller_past_wait_timeout() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("frozen");
+    registry
+        .lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.pause();
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_millis(500));
+    let err = registry.lock(&key, opts).await.unwrap_err();
+    let took = started.elapsed();
+    server.resume();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    assert!(took < Duration::from_millis(900), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_held_lock_is_lost_when_the_server_dies() {
+    let mut server = RedisServer::new();
+    let registry = registry(&server).await;
+    let opts = LockOptions::default().ttl(Duration::from_millis(600));
+    let guard = registry.lock(&unique_key("dies"), opts).await.unwrap();
+    server.kill();
+    let started = Instant::now();
+    while guard.is_held() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "loss not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        started.elapsed() <= Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(guard.release().await.is_err());
+}
+
+#[tokio::test]
+async fn an_expired_holder_gets_lost_and_leaves_the_new_holders_lock() {
+    let server = RedisServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("expired");
+    let short = LockOptions::default()
+        .ttl(Duration::from_millis(200))
+        .watchdog(false);
+    let first = a.lock(&key, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = b.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
+    assert!(second.is_held());
+    assert!(
+        a.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "second lock intact"
+    );
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn tasks_of_one_process_send_one_contender_to_redis() {
+    let server = RedisServer::new();
+    let (holder, waiters) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("queue");
+    // Warm up the scripts and the subscriber, then hold the lock.
+    let warm = waiters.lock(&key, LockOptions::default()).await.unwrap();
+    warm.release().await.unwrap();
+    let held = holder.lock(&key, LockOptions::default()).await.unwrap();
+    reset_stats(&server);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (waiters, key) = (waiters.clone(), key.clone());
+            tokio::spawn(async move {
+                let guard = waiters.lock(&key, LockOptions::default()).await.unwrap();
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let calls = command_calls(&server);
+    let evalsha = calls
+        .iter()
+        .find(|(name, _)| name == "evalsha")
+        .map_or(0, |(_, n)| *n);
+    // One contender: its attempt, and its retry after subscribing.
+    assert!(
+        evalsha <= 2,
+        "8 waiting tasks sent {evalsha} acquire attempts: {calls:?}"
+    );
+    held.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn subscriptions_are_dropped_once_nobody_waits() {
+    let server = RedisServer::new();
+    let (holder, waiter) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("unsub");
+    let held = holder.lock(&key, LockOptions::default()).await.unwrap();
+    let task = tokio::spawn({
+        let key = key.clone();
+        async move {
+            waiter
+                .lock(&key, LockOptions::default())
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        }
+    });
+    let channels = || -> Vec<String> {
+        redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    let started = Instant::now();
+    while channels().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    task.await.unwrap();
+    let started = Instant::now();
+    while !channels().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still subscribed: {:?}",
+            channels()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_password_in_the_url_works_and_never_shows() {
+    let secret = "s3cret-Pa55word";
+    let server = RedisServer::with_password(secret);
+    let registry = LockRegistry::redis(&server.url()).await.unwrap();
+    let guard = registry
+        .lock(&unique_key("auth"), LockOptions::default())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(!format!("{registry:?}").contains(secret), "{registry:?}");
+
+    let wrong = format!("redis://:wrong-{secret}@127.0.0.1:{}", server.port());
+    let err = LockRegistry::redis(&wrong).await.unwrap_err();
+    let shown = format!(
+        "{err} / {:?} / {}",
+        err,
+        std::error::Error::source(&err).unwrap()
+    );
+    assert!(!shown.contains(secret), "password leaked: {shown}");
+    assert!(
+        shown.to_lowercase().contains("auth") || shown.contains("WRONGPASS"),
+        "{shown}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("lock backend failed to connect to `redis://:***@127.0.0.1:"),
+        "{err}"
+    );
+
+    let missing = format!("redis://127.0.0.1:{}", server.port());
+    let err = LockRegistry::redis(&missing).await.unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        shown.contains("NOAUTH") || shown.to_lowercase().contains("auth"),
+        "{shown}"
+    );
+}
