@@ -1,5 +1,8 @@
-//! The quick start: the attribute in wait and skip mode on the in-memory
-//! backend. Run with `cargo run -p examples --example quick_start`.
+//! The quick start: the attribute in wait and skip mode.
+//!
+//! `cargo run -p examples --example quick_start` runs on the in-memory
+//! backend; add `-- --redis redis://127.0.0.1:6379` to lock through Redis,
+//! and start it in several terminals at once to see the processes take turns.
 
 use std::time::Duration;
 
@@ -25,7 +28,21 @@ async fn nightly_report() -> usize {
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    lock_runtime::init(LockRegistry::memory())?;
+    let args: Vec<String> = std::env::args().collect();
+    let registry = match args.iter().position(|arg| arg == "--redis") {
+        Some(at) => {
+            let url = args
+                .get(at + 1)
+                .map_or("redis://127.0.0.1:6379", String::as_str);
+            println!("locking through Redis at {url}");
+            LockRegistry::redis(url).await?
+        }
+        None => {
+            println!("locking in memory (pass --redis URL to lock through Redis)");
+            LockRegistry::memory()
+        }
+    };
+    lock_runtime::init(registry)?;
 
     // Four buyers of one item: the lock runs them one at a time.
     let buyers: Vec<_> = (1..=4).map(|qty| tokio::spawn(buy(7, qty))).collect();

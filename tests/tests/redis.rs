@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::backend::redis::Fencing;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
 use lock_tests::{RedisServer, backend_contract, unique_key};
 use redis::Commands;
@@ -409,4 +410,104 @@ async fn a_password_in_the_url_works_and_never_shows() {
         shown.contains("NOAUTH") || shown.to_lowercase().contains("auth"),
         "{shown}"
     );
+}
+
+#[tokio::test]
+async fn fencing_counters_can_be_bounded_or_turned_off() {
+    let server = RedisServer::new();
+    let build = |fencing| {
+        let url = server.url();
+        async move {
+            let backend = RedisBackend::builder(&url)
+                .fencing(fencing)
+                .connect()
+                .await
+                .unwrap();
+            LockRegistry::builder(backend).build().unwrap()
+        }
+    };
+    let mut conn = server.connection();
+
+    let off = build(Fencing::Off).await;
+    let key = unique_key("off");
+    let guard = off.lock(&key, LockOptions::default()).await.unwrap();
+    assert_eq!(guard.fencing_token(), 0);
+    guard.release().await.unwrap();
+    let counter: bool = conn.exists(format!("lock:{{{key}}}:fence")).unwrap();
+    assert!(!counter, "no counter kept with Fencing::Off");
+
+    let bounded = build(Fencing::ExpireAfter(Duration::from_secs(60))).await;
+    let key = unique_key("bounded");
+    let first = bounded.lock(&key, LockOptions::default()).await.unwrap();
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = bounded.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(second.fencing_token() > token);
+    second.release().await.unwrap();
+    let pttl: i64 = conn.pttl(format!("lock:{{{key}}}:fence")).unwrap();
+    assert!(
+        pttl > 50_000 && pttl <= 60_000,
+        "counter expires: pttl {pttl}"
+    );
+}
+
+#[tokio::test]
+async fn waiters_are_woken_again_after_the_server_restarts() {
+    let mut server = RedisServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("restart");
+    // B waits on A's lock, so B's subscriber connection is up.
+    let held = a.lock(&key, LockOptions::default()).await.unwrap();
+    let waiting = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move { b.lock(&key, LockOptions::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.restart();
+    // B is woken by the lost subscription and retries at once: it gets the
+    // lock (the restart lost A's lease) or, while its command connection is
+    // still down, a Backend error. Either way it does not wait out the 30 s.
+    let outcome = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    match outcome {
+        Ok(guard) => guard.release().await.unwrap(),
+        Err(err) => assert!(matches!(err, LockError::Backend { .. }), "{err:?}"),
+    }
+    assert!(matches!(
+        held.release().await,
+        Err(LockError::Lost { .. }) | Err(LockError::Backend { .. })
+    ));
+
+    // Notifications work again: a 30 s lease hands off on release, not on expiry.
+    let key = unique_key("restart");
+    let held = loop {
+        match a.lock(&key, LockOptions::default()).await {
+            Ok(guard) => break guard,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            b.lock(&key, LockOptions::default())
+                .await
+                .map(|g| (Instant::now(), g))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let handoff = acquired_at - released_at;
+    assert!(
+        handoff < Duration::from_secs(1),
+        "hand-off took {handoff:?}: no notification"
+    );
+    guard.release().await.unwrap();
 }

@@ -26,7 +26,8 @@
 //!
 //! Each key that was ever locked keeps its counter, so tokens strictly
 //! increase across holders, processes and lease expiry. A counter costs about
-//! 70 bytes of Redis memory plus the key's length. With many short-lived
+//! 50 bytes of Redis memory plus its name (the lock key plus 13 bytes):
+//! `MEMORY USAGE` reports 72 bytes for the counter of `stock:12345`. With many short-lived
 //! distinct keys, bound that with [`Fencing::ExpireAfter`] (tokens then
 //! increase as long as a key is locked again within that time) or turn the
 //! counters off with [`Fencing::Off`] (tokens are then always 0).
@@ -554,10 +555,9 @@ impl Drop for Unwatch {
                     _ => None,
                 }
             };
-            if let Some(mut sink) = sink {
-                if let Err(error) = sink.unsubscribe(&channel).await {
-                    tracing::debug!(%error, "unsubscribe failed");
-                }
+            let Some(mut sink) = sink else { return };
+            if let Err(error) = sink.unsubscribe(&channel).await {
+                tracing::debug!(%error, "unsubscribe failed");
             }
         });
     }

@@ -1,0 +1,144 @@
+//! The attribute over Redis in one process: the global registry points at
+//! one server that this single test owns (so it is killed when the test
+//! ends), and each scenario below runs against it in turn.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockRegistry, distributed_lock};
+use lock_tests::{RedisServer, unique_key};
+use redis::Commands;
+use tokio::sync::oneshot;
+
+#[distributed_lock(key = "{key}", ttl = "600ms")]
+async fn long_body(key: &str, entered: oneshot::Sender<()>) -> &'static str {
+    entered.send(()).unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    "finished"
+}
+
+#[distributed_lock(key = "{key}", ttl = "30s")]
+async fn enter_then(key: &str, entered: oneshot::Sender<()>, panic: bool) {
+    entered.send(()).unwrap();
+    if panic {
+        panic!("body failed");
+    }
+    std::future::pending::<()>().await;
+}
+
+#[distributed_lock(key = "{key}", mode = "skip", ttl = "30s")]
+async fn skip_job(key: &str) -> u8 {
+    1
+}
+
+/// The Redis name of the lock on `key` (no namespace, no special bytes).
+fn lock_name(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+/// Removes the lease under a running body (as FLUSHALL or a stray DEL would):
+/// the watchdog's next renewal is refused, the body is cancelled and the
+/// call returns `Lost`, within about a third of the ttl.
+async fn lease_removed_under_the_body(server: &RedisServer, flush: bool) {
+    let key = unique_key("removed");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let key = key.clone();
+        async move { long_body(&key, entered_tx).await }
+    });
+    entered_rx.await.unwrap();
+    let mut conn = server.connection();
+    let removed_at = Instant::now();
+    if flush {
+        let () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    } else {
+        let removed: i64 = conn.del(lock_name(&key)).unwrap();
+        assert_eq!(removed, 1);
+    }
+    match call.await.unwrap() {
+        Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    let noticed = removed_at.elapsed();
+    // Renewals run every 200 ms; allow scheduling slack, far below the 30 s body.
+    assert!(
+        noticed < Duration::from_millis(450),
+        "noticed after {noticed:?}"
+    );
+}
+
+/// How long until the key is gone from Redis after `since`.
+async fn freed_after(server: &RedisServer, key: &str, since: Instant) -> Duration {
+    let mut conn = server.connection();
+    loop {
+        let exists: bool = conn.exists(lock_name(key)).unwrap();
+        if !exists {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "lock never released"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn cancellation_releases_promptly(server: &RedisServer) {
+    let key = unique_key("cancel");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let key = key.clone();
+        async move { enter_then(&key, entered_tx, false).await }
+    });
+    entered_rx.await.unwrap();
+    let dropped_at = Instant::now();
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    let freed = freed_after(server, &key, dropped_at).await;
+    assert!(
+        freed < Duration::from_millis(500),
+        "freed {freed:?} after the drop; ttl is 30s"
+    );
+}
+
+async fn panic_releases_promptly(server: &RedisServer) {
+    let key = unique_key("panic");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let key = key.clone();
+        async move { enter_then(&key, entered_tx, true).await }
+    });
+    entered_rx.await.unwrap();
+    let panicked_at = Instant::now();
+    assert!(call.await.unwrap_err().is_panic());
+    let freed = freed_after(server, &key, panicked_at).await;
+    assert!(
+        freed < Duration::from_millis(500),
+        "freed {freed:?} after the panic; ttl is 30s"
+    );
+}
+
+async fn skip_while_held(server: &RedisServer) {
+    let key = unique_key("skip");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let holder = tokio::spawn({
+        let key = key.clone();
+        async move { enter_then(&key, entered_tx, false).await }
+    });
+    entered_rx.await.unwrap();
+    assert_eq!(skip_job(&key).await.unwrap(), None);
+    holder.abort();
+    let _ = holder.await;
+    freed_after(server, &key, Instant::now()).await;
+    assert_eq!(skip_job(&key).await.unwrap(), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_over_redis() {
+    let server = RedisServer::new();
+    lock_runtime::init(LockRegistry::redis(&server.url()).await.unwrap()).unwrap();
+    lease_removed_under_the_body(&server, false).await;
+    lease_removed_under_the_body(&server, true).await;
+    cancellation_releases_promptly(&server).await;
+    panic_releases_promptly(&server).await;
+    skip_while_held(&server).await;
+}
