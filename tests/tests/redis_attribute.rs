@@ -129,6 +129,17 @@ async fn skip_while_held(server: &RedisServer) {
     holder.abort();
     let _ = holder.await;
     freed_after(server, &key, Instant::now()).await;
+    // The release on drop runs in a spawned task: it deletes the key, then
+    // lets go of this process's queue for it. Wait for both.
+    let registry = lock_runtime::registry().unwrap();
+    let since = Instant::now();
+    while registry.local_keys() > 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "local queue never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert_eq!(skip_job(&key).await.unwrap(), Some(1));
 }
 
