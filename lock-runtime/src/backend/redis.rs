@@ -176,23 +176,27 @@ impl RedisBackendBuilder {
 /// # Examples
 ///
 /// ```no_run
-/// use lock_runtime::{LockRegistry, RedisBackend, backend::redis::Fencing};
+/// use lock_runtime::backend::redis::Fencing;
+/// use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
 ///
-/// # async fn run() -> Result<(), lock_runtime::LockError> {
-/// // Through the registry, with defaults:
-/// let registry = LockRegistry::redis("redis://127.0.0.1:6379").await?;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// // The registry the attribute uses, with defaults:
+/// lock_runtime::init(LockRegistry::redis("redis://127.0.0.1:6379").await?)?;
 ///
-/// // Or configured:
+/// // A configured one, for the manual API:
 /// let backend = RedisBackend::builder("redis://:secret@10.0.0.5:6379/0")
 ///     .fencing(Fencing::Off)
 ///     .connect()
 ///     .await
-///     .map_err(|source| lock_runtime::LockError::Backend {
-///         key: "redis".into(),
+///     .map_err(|source| LockError::Backend {
+///         key: "redis://:***@10.0.0.5:6379/0".into(),
 ///         action: "connect to",
 ///         source,
 ///     })?;
-/// let registry = LockRegistry::builder(backend).namespace("shop").build()?;
+/// let shop = LockRegistry::builder(backend).namespace("shop").build()?;
+/// let guard = shop.lock("stock:7", LockOptions::default()).await?;
+/// guard.release().await?;
 /// # Ok(())
 /// # }
 /// ```
