@@ -161,3 +161,27 @@ fn a_waiter_in_another_process_is_woken_by_the_release() {
     assert!(handoff < 1000, "hand-off took {handoff} ms");
     eprintln!("cross-process hand-off: {handoff} ms");
 }
+
+#[test]
+fn an_expired_holder_gets_lost_and_leaves_the_next_process_lock_alone() {
+    let server = RedisServer::new();
+    let key = unique_key("expired");
+    // A holds a 500 ms lease without the watchdog for a 3 s body.
+    let mut first = worker("hold-unrenewed", &server, &key, &["3000"]);
+    first.expect("acquired", STARTUP);
+    // B waits, and takes the lock once A's lease has expired.
+    let mut second = worker("hold-30s", &server, &key, &["2000"]);
+    second.expect("acquired", STARTUP);
+    let lost = first.expect("error", STARTUP);
+    assert!(lost.contains("was lost"), "{lost}");
+    let (status, lines) = first.finish(STARTUP);
+    assert!(status.success(), "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("releasing")),
+        "A's body was cancelled: {lines:?}"
+    );
+    // A's exit left B's lease in place.
+    let pttl: i64 = server.connection().pttl(lock_name(&key)).unwrap();
+    assert!(pttl > 20_000, "B's 30 s lease is intact (pttl {pttl})");
+    second.expect("released", STARTUP);
+}

@@ -56,6 +56,12 @@ async fn hold_30s(key: &str, duration: Duration) {
     hold(duration).await;
 }
 
+#[distributed_lock(key = "{key}", ttl = "500ms", watchdog = false)]
+async fn hold_unrenewed(key: &str, duration: Duration) {
+    let _ = key;
+    hold(duration).await;
+}
+
 #[distributed_lock(key = "{key}", mode = "skip", ttl = "10s")]
 async fn run_once(key: &str) {
     println!("ran at_ms={}", now_ms());
@@ -115,12 +121,13 @@ async fn main() -> Result<(), LockError> {
             }
             println!("done sold={sold}");
         }
-        "hold-1s" | "hold-30s" => {
+        "hold-1s" | "hold-30s" | "hold-unrenewed" => {
             let ms: u64 = arg(&args, 4, "hold ms").parse().expect("hold ms");
-            let result = if scenario == "hold-1s" {
-                hold_1s(&key, Duration::from_millis(ms)).await
-            } else {
-                hold_30s(&key, Duration::from_millis(ms)).await
+            let duration = Duration::from_millis(ms);
+            let result = match scenario.as_str() {
+                "hold-1s" => hold_1s(&key, duration).await,
+                "hold-30s" => hold_30s(&key, duration).await,
+                _ => hold_unrenewed(&key, duration).await,
             };
             match result {
                 Ok(()) => println!("released at_ms={}", now_ms()),
