@@ -45,7 +45,8 @@
 //! # Features
 //!
 //! - `macros` (default): the `#[distributed_lock]` attribute.
-//! - `redis` (default): [`RedisBackend`] and [`LockRegistry::redis`].
+//! - `redis` (default): [`RedisBackend`], [`RedlockBackend`],
+//!   [`LockRegistry::redis`] and [`LockRegistry::redlock`].
 
 #![warn(
     missing_docs,
@@ -67,6 +68,8 @@ mod watchdog;
 pub use backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
+#[cfg(feature = "redis")]
+pub use backend::redlock::RedlockBackend;
 pub use backend::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
 pub use context::fencing_token;
 pub use error::{BackendError, LockError};

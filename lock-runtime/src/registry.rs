@@ -163,6 +163,31 @@ impl LockRegistry {
         LockRegistry::builder(backend).build()
     }
 
+    /// A registry over N ≥ 3 independent Redis masters with the Redlock
+    /// algorithm; see [`RedlockBackend`](crate::RedlockBackend) for what it
+    /// promises and what it needs.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the nodes (passwords redacted) for fewer
+    /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
+    /// majority reachable.
+    #[cfg(feature = "redis")]
+    pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
+        let backend = crate::RedlockBackend::connect(urls)
+            .await
+            .map_err(|source| LockError::Backend {
+                key: urls
+                    .iter()
+                    .map(|url| crate::backend::redis::redact(url))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                action: "connect to",
+                source,
+            })?;
+        LockRegistry::builder(backend).build()
+    }
+
     /// Starts building a registry over `backend`.
     pub fn builder(backend: impl Backend) -> RegistryBuilder {
         RegistryBuilder {
@@ -259,6 +284,16 @@ impl LockRegistry {
         mode: Mode,
     ) -> Result<Option<LockGuard>, LockError> {
         opts.validate(key, mode)?;
+        let min_ttl = self.inner.backend.min_ttl();
+        if opts.ttl < min_ttl {
+            return Err(LockError::invalid_options(
+                key,
+                format!(
+                    "ttl {:?} is shorter than this backend's minimum {min_ttl:?}",
+                    opts.ttl
+                ),
+            ));
+        }
         let started = Instant::now();
         let deadline = opts.wait_timeout.map(|timeout| started + timeout);
         let timed_out = || LockError::Timeout {

@@ -41,7 +41,11 @@ pub(crate) fn spawn(lease: Lease, held: watch::Sender<bool>) -> AbortHandle {
 
 /// Runs until the lease is lost; returns why.
 async fn watch_lease(lease: &Lease) -> &'static str {
-    let mut valid_until = lease.acquired_at + lease.ttl;
+    // The lease as this process may count on it: the ttl less the store's drift.
+    let valid_for = lease
+        .ttl
+        .saturating_sub(lease.backend.clock_drift(lease.ttl));
+    let mut valid_until = lease.acquired_at + valid_for;
     if !lease.renew {
         sleep_until(valid_until).await;
         return "ttl passed with the watchdog off";
@@ -60,7 +64,7 @@ async fn watch_lease(lease: &Lease) -> &'static str {
         match timeout_at(valid_until, renewal).await {
             Ok(Ok(true)) => {
                 tracing::trace!(key = %lease.key, "lease renewed");
-                valid_until = sent_at + lease.ttl;
+                valid_until = sent_at + valid_for;
                 next = sent_at + interval;
             }
             Ok(Ok(false)) => return "the store no longer has it (expired or taken over)",

@@ -18,6 +18,7 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     password: Option<String>,
+    persistent: bool,
     child: Option<Child>,
 }
 
@@ -47,15 +48,22 @@ fn temp_dir() -> PathBuf {
 impl RedisServer {
     /// Starts a server with no password.
     pub fn new() -> RedisServer {
-        RedisServer::start(None)
+        RedisServer::start(None, false)
     }
 
     /// Starts a server that requires `password` (`requirepass`).
     pub fn with_password(password: &str) -> RedisServer {
-        RedisServer::start(Some(password.to_owned()))
+        RedisServer::start(Some(password.to_owned()), false)
     }
 
-    fn start(password: Option<String>) -> RedisServer {
+    /// Starts a server that writes every change to its append-only file
+    /// before answering (`appendfsync always`), so a kill and restart keeps
+    /// its data.
+    pub fn persistent() -> RedisServer {
+        RedisServer::start(None, true)
+    }
+
+    fn start(password: Option<String>, persistent: bool) -> RedisServer {
         let dir = temp_dir();
         let mut last_log = String::new();
         for _ in 0..3 {
@@ -63,6 +71,7 @@ impl RedisServer {
                 port: free_port(),
                 dir: dir.clone(),
                 password: password.clone(),
+                persistent,
                 child: None,
             };
             match server.spawn() {
@@ -84,7 +93,7 @@ impl RedisServer {
         command
             .arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -92,6 +101,11 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if self.persistent {
+            command.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            command.args(["--appendonly", "no"]);
+        }
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
@@ -240,6 +254,23 @@ impl RedisServers {
         RedisServers {
             servers: (0..n).map(|_| RedisServer::new()).collect(),
         }
+    }
+
+    /// Starts `n` servers that keep their data across a kill and restart.
+    pub fn spawn_persistent(n: usize) -> RedisServers {
+        RedisServers {
+            servers: (0..n).map(|_| RedisServer::persistent()).collect(),
+        }
+    }
+
+    /// How many servers there are.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
     }
 
     /// Their URLs, in order.

@@ -38,8 +38,15 @@ struct Table {
     sweep_at: usize,
 }
 
+#[derive(Clone, Copy)]
+struct Holder {
+    token: LockToken,
+    expires: Instant,
+    fencing: u64,
+}
+
 struct Slot {
-    holder: Option<(LockToken, Instant)>,
+    holder: Option<Holder>,
     released: watch::Sender<()>,
 }
 
@@ -51,9 +58,9 @@ impl Slot {
         }
     }
 
-    /// The holder's token and deadline, if the lease has not expired.
-    fn live_holder(&self, now: Instant) -> Option<(LockToken, Instant)> {
-        self.holder.filter(|&(_, expires)| expires > now)
+    /// The holder, if its lease has not expired.
+    fn live_holder(&self, now: Instant) -> Option<Holder> {
+        self.holder.filter(|holder| holder.expires > now)
     }
 
     fn unused(&self, now: Instant) -> bool {
@@ -83,10 +90,22 @@ impl MemoryBackend {
     fn try_acquire(&self, key: &str, token: LockToken, ttl: Duration) -> Acquire {
         let now = Instant::now();
         let mut table = self.table();
-        if let Some((_, expires)) = table.slots.get(key).and_then(|slot| slot.live_holder(now)) {
-            return Acquire::Held {
-                remaining: Some(expires - now),
-            };
+        if let Some(slot) = table.slots.get_mut(key) {
+            if let Some(holder) = slot.live_holder(now) {
+                if holder.token != token {
+                    return Acquire::Held {
+                        remaining: Some(holder.expires - now),
+                    };
+                }
+                // The same token again (a retried request): the same answer.
+                slot.holder = Some(Holder {
+                    expires: now + ttl,
+                    ..holder
+                });
+                return Acquire::Acquired {
+                    fencing: holder.fencing,
+                };
+            }
         }
         table.sweep(now);
         table.fencing += 1;
@@ -95,7 +114,11 @@ impl MemoryBackend {
             Some(slot) => slot,
             None => table.slots.entry(key.to_owned()).or_insert_with(Slot::new),
         };
-        slot.holder = Some((token, now + ttl));
+        slot.holder = Some(Holder {
+            token,
+            expires: now + ttl,
+            fencing,
+        });
         Acquire::Acquired { fencing }
     }
 
@@ -103,11 +126,17 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut table = self.table();
         match table.slots.get_mut(key) {
-            Some(slot) if slot.live_holder(now).is_some_and(|(t, _)| t == token) => {
-                slot.holder = Some((token, now + ttl));
-                true
-            }
-            _ => false,
+            Some(slot) => match slot.live_holder(now) {
+                Some(holder) if holder.token == token => {
+                    slot.holder = Some(Holder {
+                        expires: now + ttl,
+                        ..holder
+                    });
+                    true
+                }
+                _ => false,
+            },
+            None => false,
         }
     }
 
@@ -117,11 +146,14 @@ impl MemoryBackend {
         let Some(slot) = table.slots.get_mut(key) else {
             return false;
         };
-        if !slot.live_holder(now).is_some_and(|(t, _)| t == token) {
+        let Some(holder) = slot.live_holder(now).filter(|holder| holder.token == token) else {
             return false;
-        }
+        };
         if !linger.is_zero() {
-            slot.holder = Some((token, now + linger));
+            slot.holder = Some(Holder {
+                expires: now + linger,
+                ..holder
+            });
             return true;
         }
         slot.holder = None;

@@ -17,6 +17,8 @@ use crate::BackendError;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redlock;
 
 /// A boxed, sendable future: what [`Backend`]'s methods return, so the trait
 /// stays object-safe and the registry can hold an `Arc<dyn Backend>`.
@@ -142,4 +144,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Subscribes to release notifications for `key`.
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
+
+    /// How much of a `ttl` lease to treat as already gone, for clock drift
+    /// between this process and the store(s). The holder's lease is taken to
+    /// end at `sent + ttl - drift`, where `sent` is when the acquire or renew
+    /// request was sent. Zero by default.
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        let _ = ttl;
+        Duration::ZERO
+    }
+
+    /// The shortest `ttl` this store can honour; shorter ones are refused as
+    /// invalid options. 1 ms by default.
+    fn min_ttl(&self) -> Duration {
+        Duration::from_millis(1)
+    }
 }

@@ -51,8 +51,14 @@ use crate::BackendError;
 
 /// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode (0 off, -1
 /// forever, else the counter's expiry in ms).
-/// Returns `{1, fencing}` when acquired, `{0, pttl}` when held.
+/// Returns `{1, fencing}` when acquired, `{0, pttl}` when held. Idempotent:
+/// run again by the same token (a retry after a dropped reply), it answers
+/// as the first run did, so a retry cannot lock the caller out.
 const ACQUIRE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local mode = tonumber(ARGV[3])
   if mode == 0 then return {1, 0} end
@@ -84,7 +90,16 @@ redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
 
+/// `KEYS`: counter. `ARGV`: floor. Raises the counter to at least the floor
+/// (Redlock: every node learns the token just handed out).
+const RAISE: &str = r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+";
+
 static ACQUIRE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(ACQUIRE));
+static RAISE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RAISE));
 static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
 
@@ -238,6 +253,58 @@ where
     }
 }
 
+impl<C> RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Raises `key`'s fencing counter to at least `floor`.
+    pub(crate) async fn raise_fencing(&self, key: &str, floor: u64) -> Result<(), BackendError> {
+        let mut script = RAISE_SCRIPT.key(names(key).counter);
+        script.arg(floor);
+        let _: i64 = invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
+        Ok(())
+    }
+}
+
+/// Which failed calls may be sent once more at once.
+#[derive(Clone, Copy)]
+enum Retry {
+    /// Idempotent scripts (acquire, renew): after any connection failure.
+    IfConnectionFailed,
+    /// Release: only when the command surely never reached the server.
+    IfNeverSent,
+}
+
+impl Retry {
+    fn allows(self, err: &::redis::RedisError) -> bool {
+        match self {
+            Retry::IfConnectionFailed => {
+                err.is_connection_refusal() || err.is_connection_dropped() || err.is_io_error()
+            }
+            Retry::IfNeverSent => err.is_connection_refusal(),
+        }
+    }
+}
+
+/// Runs a script; after a connection failure that `retry` allows, once more
+/// on the reconnected connection. A failed reconnect is reported to the first
+/// caller after the server is back; the retry spares that caller the error.
+async fn invoke<C, T>(
+    conn: &C,
+    script: ::redis::ScriptInvocation<'_>,
+    retry: Retry,
+) -> Result<T, ::redis::RedisError>
+where
+    C: ConnectionLike + Clone,
+    T: ::redis::FromRedisValue,
+{
+    let mut conn = conn.clone();
+    match script.invoke_async(&mut conn).await {
+        Err(err) if retry.allows(&err) => script.invoke_async(&mut conn).await,
+        other => other,
+    }
+}
+
 /// The Redis names of one lock.
 struct Names {
     lock: Vec<u8>,
@@ -289,15 +356,14 @@ where
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
         Box::pin(async move {
             let names = names(key);
-            let mut conn = self.conn.clone();
-            let (acquired, value): (i64, i64) = ACQUIRE_SCRIPT
-                .key(names.lock)
+            let mut script = ACQUIRE_SCRIPT.key(names.lock);
+            script
                 .key(names.counter)
                 .arg(token.to_string())
                 .arg(millis(ttl))
-                .arg(self.fencing.mode_arg())
-                .invoke_async(&mut conn)
-                .await?;
+                .arg(self.fencing.mode_arg());
+            let (acquired, value): (i64, i64) =
+                invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
             Ok(if acquired == 1 {
                 Acquire::Acquired {
                     fencing: u64::try_from(value).unwrap_or(0),
@@ -317,13 +383,9 @@ where
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let renewed: i64 = RENEW_SCRIPT
-                .key(lock_name(key))
-                .arg(token.to_string())
-                .arg(millis(ttl))
-                .invoke_async(&mut conn)
-                .await?;
+            let mut script = RENEW_SCRIPT.key(lock_name(key));
+            script.arg(token.to_string()).arg(millis(ttl));
+            let renewed: i64 = invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
             Ok(renewed == 1)
         })
     }
@@ -335,14 +397,12 @@ where
         linger: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let released: i64 = RELEASE_SCRIPT
-                .key(lock_name(key))
+            let mut script = RELEASE_SCRIPT.key(lock_name(key));
+            script
                 .arg(token.to_string())
                 .arg(millis(linger))
-                .arg(channel(key))
-                .invoke_async(&mut conn)
-                .await?;
+                .arg(channel(key));
+            let released: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
             Ok(released == 1)
         })
     }

@@ -74,6 +74,32 @@ async fn record_fencing(conn: &mut MultiplexedConnection, key: &str) -> redis::R
     Ok(token)
 }
 
+/// A critical section that records entry and exit in the data store; an
+/// entry that finds someone inside is an overlap.
+#[distributed_lock(key = "{key}", ttl = "1s", wait_timeout = "3s")]
+async fn chaos_section(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    inside: &std::sync::atomic::AtomicBool,
+) -> redis::RedisResult<()> {
+    let token = fencing_token().unwrap_or(0);
+    let active: i64 = conn.incr(format!("chaos:{key}:active"), 1).await?;
+    inside.store(true, std::sync::atomic::Ordering::SeqCst);
+    if active != 1 {
+        let _: i64 = conn
+            .rpush(
+                format!("chaos:{key}:overlaps"),
+                format!("token {token} found {active} inside"),
+            )
+            .await?;
+    }
+    let _: i64 = conn.rpush(format!("chaos:{key}:tokens"), token).await?;
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    let _: i64 = conn.decr(format!("chaos:{key}:active"), 1).await?;
+    inside.store(false, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
 fn arg(args: &[String], i: usize, what: &str) -> String {
     args.get(i)
         .cloned()
@@ -86,8 +112,18 @@ async fn main() -> Result<(), LockError> {
     let scenario = arg(&args, 1, "scenario");
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
-    lock_runtime::init(LockRegistry::redis(&url).await?)?;
-    let data = redis::Client::open(url.as_str()).expect("url");
+    // Several comma-separated URLs: Redlock over them.
+    let registry = if url.contains(',') {
+        let urls: Vec<&str> = url.split(',').collect();
+        LockRegistry::redlock(&urls).await?
+    } else {
+        LockRegistry::redis(&url).await?
+    };
+    lock_runtime::init(registry)?;
+    // Shared data lives on LOCK_WORKER_DATA_URL, else on the (first) lock server.
+    let data_url = std::env::var("LOCK_WORKER_DATA_URL")
+        .unwrap_or_else(|_| url.split(',').next().unwrap_or_default().to_owned());
+    let data = redis::Client::open(data_url.as_str()).expect("url");
     println!("ready pid={}", std::process::id());
     match scenario.as_str() {
         "oversell" | "oversell-unlocked" => {
@@ -162,6 +198,53 @@ async fn main() -> Result<(), LockError> {
                     .expect("redis data command");
             }
             println!("done");
+        }
+        "chaos" => {
+            let secs: u64 = arg(&args, 4, "seconds").parse().expect("seconds");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+            let mut handles = Vec::new();
+            for _ in 0..2 {
+                let mut conn = data
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("data connection");
+                let key = key.clone();
+                handles.push(tokio::spawn(async move {
+                    let (mut entries, mut errors) = (0u64, 0u64);
+                    let inside = std::sync::atomic::AtomicBool::new(false);
+                    while tokio::time::Instant::now() < deadline {
+                        match chaos_section(&mut conn, &key, &inside).await {
+                            Ok(result) => {
+                                result.expect("data store");
+                                entries += 1;
+                            }
+                            Err(_) => {
+                                errors += 1;
+                                // A body cancelled by a lost lease: undo its entry mark.
+                                if inside.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                                    let _: i64 = conn
+                                        .decr(format!("chaos:{key}:active"), 1)
+                                        .await
+                                        .expect("data store");
+                                    let _: i64 = conn
+                                        .rpush(format!("chaos:{key}:lost"), 1)
+                                        .await
+                                        .expect("data store");
+                                }
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                    (entries, errors)
+                }));
+            }
+            let (mut entries, mut errors) = (0, 0);
+            for handle in handles {
+                let (e, x) = handle.await.expect("task");
+                entries += e;
+                errors += x;
+            }
+            println!("done entries={entries} errors={errors}");
         }
         other => panic!("unknown scenario {other}"),
     }

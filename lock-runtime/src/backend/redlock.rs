@@ -1,0 +1,376 @@
+//! Redlock: one lock over N independent Redis masters, held while a majority
+//! of them grant it.
+//!
+//! # Algorithm
+//!
+//! - **Acquire**: the single-node acquire script runs on all N nodes at once,
+//!   each bounded by a per-node timeout of `ttl / 10` (between 5 ms and 1 s).
+//!   The lock is ours when a majority (N/2 + 1) granted it and time is left:
+//!   validity = `ttl` − elapsed (monotonic clock) − drift, with drift =
+//!   `ttl × 0.01 + 2 ms`. Otherwise it is released on every node, those that
+//!   failed included, and the caller retries: when the holder's lease ends,
+//!   on a release notification, or after a short random delay when no one won
+//!   the vote.
+//! - **Renew** (the watchdog, every `ttl / 3`) re-acquires on every node: an
+//!   owner-checked extension where the lease is still ours, the acquire
+//!   script where a node lost it (a restart, say). It counts only with a
+//!   majority within the current validity; otherwise the lease is lost and
+//!   the body is cancelled, as on one node.
+//! - **Release** runs on every node, owner-checked.
+//! - **Wake-ups**: each node's release notification wakes waiters.
+//!
+//! # What the fencing token guarantees
+//!
+//! On acquire, each granting node increments its counter for the key; the
+//! token is the largest of those, and before the lock is handed out every
+//! reachable node's counter is raised to it (a majority must confirm). Any two
+//! majorities share a node, so the token strictly increases from one holder
+//! to the next **as long as a majority of the nodes that confirmed the raise
+//! keeps its data until the next acquisition**. Nodes that restart without
+//! persistence lose their counters (and their leases): if a majority does so
+//! between two acquisitions, a token can repeat or go down, and two holders
+//! can overlap. Run the nodes with `appendonly yes` and `appendfsync always`,
+//! or keep a crashed node down for longer than the largest ttl before
+//! restarting it (the Redlock paper's "delayed restart").
+//!
+//! Redlock rests on timing assumptions (bounded clock drift, bounded pauses of
+//! the holder); see Martin Kleppmann's "How to do distributed locking" for
+//! when those do not hold. N nodes of one Redis Cluster, or one master and its
+//! replicas, are **not** independent: use separate masters.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::{OnceCell, watch};
+use tokio::time::{Instant, timeout};
+
+use super::redis::{RedisBackend, redact};
+use super::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
+use crate::BackendError;
+
+/// The shortest lease Redlock accepts: shorter ones leave too little validity
+/// after the node round trips and the drift allowance.
+const MIN_TTL: Duration = Duration::from_millis(20);
+
+/// One Redis master, connected on first use (so a node that is down when the
+/// registry is built can join later).
+struct Node {
+    url: String,
+    shown: String,
+    backend: OnceCell<RedisBackend>,
+}
+
+impl Node {
+    async fn backend(&self) -> Result<&RedisBackend, BackendError> {
+        self.backend
+            .get_or_try_init(|| RedisBackend::builder(&self.url).connect())
+            .await
+    }
+}
+
+/// The Redlock backend over N ≥ 3 independent Redis masters. Cheap to clone.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    nodes: Arc<[Node]>,
+}
+
+/// A node's answer, or why there was none.
+type NodeResult<T> = Result<T, BackendError>;
+
+impl RedlockBackend {
+    /// Connects to the nodes at `urls`.
+    ///
+    /// # Errors
+    ///
+    /// Fewer than 3 nodes, an address given twice (same host, port and
+    /// database), an invalid URL, or fewer than a majority of the nodes
+    /// reachable now. Nodes that are down but not a majority are connected
+    /// when they come back.
+    pub async fn connect(urls: &[&str]) -> Result<RedlockBackend, BackendError> {
+        if urls.len() < 3 {
+            return Err(format!(
+                "redlock needs at least 3 independent Redis masters, got {}",
+                urls.len()
+            )
+            .into());
+        }
+        let mut seen = HashSet::new();
+        for url in urls {
+            let info = ::redis::Client::open(*url)
+                .map_err(|err| format!("invalid node URL `{}`: {err}", redact(url)))?
+                .get_connection_info()
+                .clone();
+            let address = format!("{}/{}", info.addr(), info.redis_settings().db());
+            if !seen.insert(address.clone()) {
+                return Err(format!(
+                    "redlock node {address} is given twice; the nodes must be independent"
+                )
+                .into());
+            }
+        }
+        let backend = RedlockBackend {
+            nodes: urls
+                .iter()
+                .map(|url| Node {
+                    url: (*url).to_owned(),
+                    shown: redact(url),
+                    backend: OnceCell::new(),
+                })
+                .collect(),
+        };
+        let reached = join_all(backend.nodes.iter().map(|node| async move {
+            timeout(Duration::from_secs(2), node.backend())
+                .await
+                .map_err(|_| -> BackendError { "timed out".into() })
+                .and_then(|result| result.map(|_| ()))
+        }))
+        .await;
+        let up = reached.iter().filter(|result| result.is_ok()).count();
+        if up < backend.quorum() {
+            return Err(backend.no_quorum("connect", up, &reached).into());
+        }
+        Ok(backend)
+    }
+
+    /// How many nodes must agree: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// The per-node timeout for a lease of `ttl`: a small fraction of it.
+    fn node_timeout(ttl: Duration) -> Duration {
+        (ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
+    }
+
+    fn drift(ttl: Duration) -> Duration {
+        ttl / 100 + Duration::from_millis(2)
+    }
+
+    /// Runs `op` on every node at once, each within `limit`.
+    async fn on_all<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<NodeResult<T>>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: std::future::Future<Output = NodeResult<T>> + 'a,
+    {
+        join_all(self.nodes.iter().map(|node| {
+            let op = &op;
+            async move {
+                let call = async move { op(node.backend().await?).await };
+                match timeout(limit, call).await {
+                    Ok(result) => result,
+                    Err(_) => Err(format!("no answer within {limit:?}").into()),
+                }
+            }
+        }))
+        .await
+    }
+
+    /// Releases on every node, ignoring failures (an undo after a lost vote).
+    async fn release_everywhere(&self, key: &str, token: LockToken, ttl: Duration) {
+        let _ = self
+            .on_all(Self::node_timeout(ttl), |node| {
+                node.release(key, token, Duration::ZERO)
+            })
+            .await;
+    }
+
+    /// Describes a failed quorum with each node's error.
+    fn no_quorum<T>(&self, action: &str, ok: usize, results: &[NodeResult<T>]) -> String {
+        let errors: Vec<String> = self
+            .nodes
+            .iter()
+            .zip(results)
+            .filter_map(|(node, result)| {
+                result
+                    .as_ref()
+                    .err()
+                    .map(|err| format!("{}: {err}", node.shown))
+            })
+            .collect();
+        format!(
+            "redlock could not {action} on a majority: {ok} of {} nodes answered, {} needed; {}",
+            self.nodes.len(),
+            self.quorum(),
+            errors.join("; ")
+        )
+    }
+}
+
+/// A random pause for a split vote, so contenders do not collide again.
+fn split_vote_delay(ttl: Duration) -> Duration {
+    let max = (ttl / 20).clamp(Duration::from_millis(2), Duration::from_millis(50));
+    Duration::from_micros(rand::random_range(1_000..=max.as_micros() as u64))
+}
+
+impl Backend for RedlockBackend {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let limit = Self::node_timeout(ttl);
+            let results = self
+                .on_all(limit, |node| node.acquire(key, token, ttl))
+                .await;
+            let mut fencing = Vec::new();
+            let mut held = Vec::new();
+            for result in &results {
+                match result {
+                    Ok(Acquire::Acquired { fencing: f }) => fencing.push(*f),
+                    Ok(Acquire::Held { remaining }) => held.push(*remaining),
+                    Err(_) => {}
+                }
+            }
+            let validity = ttl
+                .checked_sub(started.elapsed())
+                .and_then(|left| left.checked_sub(Self::drift(ttl)));
+            if fencing.len() >= self.quorum() && validity.is_some_and(|v| !v.is_zero()) {
+                let token_value = fencing.iter().copied().max().unwrap_or(0);
+                let raised = self
+                    .on_all(limit, |node| node.raise_fencing(key, token_value))
+                    .await;
+                if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
+                    return Ok(Acquire::Acquired {
+                        fencing: token_value,
+                    });
+                }
+            }
+            self.release_everywhere(key, token, ttl).await;
+            if fencing.len() + held.len() < self.quorum() {
+                return Err(self
+                    .no_quorum("acquire", fencing.len() + held.len(), &results)
+                    .into());
+            }
+            // Held by someone with a majority: retry when their lease ends.
+            // A split vote (or a slow round): retry after a random pause.
+            let remaining = if held.len() >= self.quorum() {
+                let mut ends: Vec<Duration> =
+                    held.iter().map(|r| r.unwrap_or(Duration::ZERO)).collect();
+                ends.sort_unstable();
+                // The lease stands while a majority still has it.
+                Some(ends[ends.len() - self.quorum()])
+            } else {
+                Some(split_vote_delay(ttl))
+            };
+            Ok(Acquire::Held { remaining })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let limit = Self::node_timeout(ttl);
+            let results = self.on_all(limit, |node| node.renew(key, token, ttl)).await;
+            let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
+            let answered = results.iter().filter(|r| r.is_ok()).count();
+            let in_time = started.elapsed() + Self::drift(ttl) < ttl;
+            if renewed >= self.quorum() && in_time {
+                if renewed < self.nodes.len() {
+                    // Still ours on a majority: take it again on the nodes that
+                    // lost it (a restart, say), so the majority stays wide.
+                    let lost: Vec<&Node> = self
+                        .nodes
+                        .iter()
+                        .zip(&results)
+                        .filter(|(_, r)| !matches!(r, Ok(true)))
+                        .map(|(node, _)| node)
+                        .collect();
+                    join_all(lost.into_iter().map(|node| async move {
+                        let again = async { node.backend().await?.acquire(key, token, ttl).await };
+                        let _ = timeout(limit, again).await;
+                    }))
+                    .await;
+                }
+                return Ok(true);
+            }
+            if answered < self.quorum() {
+                return Err(self.no_quorum("renew", answered, &results).into());
+            }
+            Ok(false)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let limit = Self::node_timeout(linger.max(Duration::from_secs(1)));
+            let results = self
+                .on_all(limit, |node| node.release(key, token, linger))
+                .await;
+            let released = results.iter().filter(|r| matches!(r, Ok(true))).count();
+            if released >= self.quorum() {
+                return Ok(true);
+            }
+            let answered = results.iter().filter(|r| r.is_ok()).count();
+            if answered < self.quorum() {
+                return Err(self.no_quorum("release", answered, &results).into());
+            }
+            Ok(false)
+        })
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(async move {
+            let results = self
+                .on_all(Duration::from_secs(1), |node| node.watch(key))
+                .await;
+            let (tx, rx) = watch::channel(());
+            let mut subscribed = 0;
+            for inner in results.into_iter().flatten() {
+                subscribed += 1;
+                tokio::spawn(forward(inner, tx.clone()));
+            }
+            if subscribed == 0 {
+                return Err(
+                    "redlock could not subscribe to release notifications on any node".into(),
+                );
+            }
+            Ok(ReleaseWatch::new(rx, None))
+        })
+    }
+
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        Self::drift(ttl)
+    }
+
+    fn min_ttl(&self) -> Duration {
+        MIN_TTL
+    }
+}
+
+/// Forwards one node's releases to the combined watch until it is dropped.
+async fn forward(mut inner: ReleaseWatch, tx: watch::Sender<()>) {
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            () = inner.released() => {
+                tx.send_replace(());
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<&str> = self.nodes.iter().map(|node| node.shown.as_str()).collect();
+        f.debug_struct("RedlockBackend")
+            .field("nodes", &nodes)
+            .field("quorum", &self.quorum())
+            .finish()
+    }
+}

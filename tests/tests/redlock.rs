@@ -1,0 +1,197 @@
+//! The Redlock backend against several real `redis-server` processes, some
+//! of them killed and restarted on purpose.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockBackend};
+use lock_tests::{RedisServers, backend_contract, unique_key};
+
+async fn redlock_backend() -> (RedlockBackend, RedisServers) {
+    let servers = RedisServers::spawn(3);
+    let urls = servers.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend = RedlockBackend::connect(&urls).await.unwrap();
+    (backend, servers)
+}
+
+backend_contract!(redlock_contract, redlock_backend);
+
+async fn registry(servers: &RedisServers) -> LockRegistry {
+    let urls = servers.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    LockRegistry::redlock(&urls).await.unwrap()
+}
+
+#[tokio::test]
+async fn construction_refuses_too_few_or_repeated_nodes() {
+    let servers = RedisServers::spawn(3);
+    let urls = servers.urls();
+    let two = LockRegistry::redlock(&[&urls[0], &urls[1]])
+        .await
+        .unwrap_err();
+    assert!(two.to_string().contains("connect to"), "{two}");
+    let source = std::error::Error::source(&two).unwrap().to_string();
+    assert!(source.contains("at least 3"), "{source}");
+    let same = urls[0].replace("127.0.0.1", "127.0.0.1");
+    let repeated = LockRegistry::redlock(&[&urls[0], &urls[1], &same])
+        .await
+        .unwrap_err();
+    let source = std::error::Error::source(&repeated).unwrap().to_string();
+    assert!(source.contains("given twice"), "{source}");
+}
+
+#[tokio::test]
+async fn a_majority_must_be_reachable_at_construction() {
+    let mut servers = RedisServers::spawn(3);
+    servers.stop(0);
+    servers.stop(1);
+    let urls = servers.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let err = LockRegistry::redlock(&urls).await.unwrap_err();
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(
+        source.contains("1 of 3 nodes answered, 2 needed"),
+        "{source}"
+    );
+}
+
+#[tokio::test]
+async fn ttls_too_short_to_leave_validity_are_refused() {
+    let servers = RedisServers::spawn(3);
+    let registry = registry(&servers).await;
+    let err = registry
+        .lock(
+            "short",
+            LockOptions::default().ttl(Duration::from_millis(10)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");
+    assert!(err.to_string().contains("minimum"), "{err}");
+}
+
+#[tokio::test]
+async fn five_nodes_survive_two_failures_and_fail_clearly_on_three() {
+    let mut servers = RedisServers::spawn(5);
+    let (a, b) = (registry(&servers).await, registry(&servers).await);
+    let key = unique_key("quorum");
+    servers.stop(0);
+    servers.stop(1);
+    // Two of five down: acquire works and is exclusive.
+    let guard = a.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(
+        b.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    let guard = b
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .expect("free after release");
+    guard.release().await.unwrap();
+
+    // Three of five down: a clear error well within wait_timeout, no hang.
+    servers.stop(2);
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
+    let err = a.lock(&key, opts.clone()).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(
+        source.contains("2 of 5 nodes answered, 3 needed"),
+        "{source}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+
+    // Back up: works again.
+    for i in 0..3 {
+        servers.restart(i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match a.lock(&key, opts.clone()).await {
+            Ok(guard) => break guard,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(err) => panic!("no recovery: {err}"),
+        }
+    };
+    assert!(
+        b.try_lock(&key, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_lease_is_lost_when_a_majority_goes_away() {
+    let mut servers = RedisServers::spawn(3);
+    let registry = registry(&servers).await;
+    let opts = LockOptions::default().ttl(Duration::from_millis(600));
+    let guard = registry.lock(&unique_key("majority"), opts).await.unwrap();
+    servers.stop(0);
+    servers.stop(1);
+    let started = Instant::now();
+    while guard.is_held() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "loss not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The documented claim: tokens strictly increase while a majority of nodes
+/// keeps its data. Each round wipes one node of three (a kill and restart
+/// without persistence), so two of three always keep theirs.
+#[tokio::test]
+async fn fencing_tokens_increase_while_a_majority_keeps_its_data() {
+    let mut servers = RedisServers::spawn(3);
+    let registry = registry(&servers).await;
+    let key = unique_key("fence");
+    let mut last = 0;
+    for round in 0..12 {
+        let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+        let token = guard.fencing_token();
+        assert!(token > last, "round {round}: {last} then {token}");
+        last = token;
+        guard.release().await.unwrap();
+        servers.restart(round % 3);
+    }
+}
+
+#[tokio::test]
+async fn a_release_on_any_node_wakes_the_waiter() {
+    let servers = RedisServers::spawn(3);
+    let (a, b) = (registry(&servers).await, registry(&servers).await);
+    let key = unique_key("wake");
+    let held = a.lock(&key, LockOptions::default()).await.unwrap();
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            b.lock(&key, LockOptions::default())
+                .await
+                .map(|g| (Instant::now(), g))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (acquired_at, guard) = waiter.await.unwrap().unwrap();
+    let handoff = acquired_at - released_at;
+    // The 30 s lease had ~29.7 s left: only a notification explains this.
+    assert!(handoff < Duration::from_secs(1), "{handoff:?}");
+    guard.release().await.unwrap();
+}
