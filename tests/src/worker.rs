@@ -18,8 +18,14 @@ pub struct Worker {
 impl Worker {
     /// Starts `exe` (pass `env!("CARGO_BIN_EXE_lock-worker")`) with `args`.
     pub fn spawn(exe: &str, args: &[&str]) -> Worker {
+        Worker::spawn_with_env(exe, args, &[])
+    }
+
+    /// As [`spawn`](Self::spawn), with extra environment variables.
+    pub fn spawn_with_env(exe: &str, args: &[&str], env: &[(&str, &str)]) -> Worker {
         let mut child = Command::new(exe)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -32,7 +32,8 @@ async fn construction_refuses_too_few_or_repeated_nodes() {
     assert!(two.to_string().contains("connect to"), "{two}");
     let source = std::error::Error::source(&two).unwrap().to_string();
     assert!(source.contains("at least 3"), "{source}");
-    let same = urls[0].replace("127.0.0.1", "127.0.0.1");
+    // The same node spelled differently: database 0 is the default.
+    let same = format!("{}/0", urls[0]);
     let repeated = LockRegistry::redlock(&[&urls[0], &urls[1], &same])
         .await
         .unwrap_err();

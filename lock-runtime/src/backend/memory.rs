@@ -90,22 +90,22 @@ impl MemoryBackend {
     fn try_acquire(&self, key: &str, token: LockToken, ttl: Duration) -> Acquire {
         let now = Instant::now();
         let mut table = self.table();
-        if let Some(slot) = table.slots.get_mut(key) {
-            if let Some(holder) = slot.live_holder(now) {
-                if holder.token != token {
-                    return Acquire::Held {
-                        remaining: Some(holder.expires - now),
-                    };
-                }
-                // The same token again (a retried request): the same answer.
-                slot.holder = Some(Holder {
-                    expires: now + ttl,
-                    ..holder
-                });
-                return Acquire::Acquired {
-                    fencing: holder.fencing,
+        if let Some(slot) = table.slots.get_mut(key)
+            && let Some(holder) = slot.live_holder(now)
+        {
+            if holder.token != token {
+                return Acquire::Held {
+                    remaining: Some(holder.expires - now),
                 };
             }
+            // The same token again (a retried request): the same answer.
+            slot.holder = Some(Holder {
+                expires: now + ttl,
+                ..holder
+            });
+            return Acquire::Acquired {
+                fencing: holder.fencing,
+            };
         }
         table.sweep(now);
         table.fencing += 1;

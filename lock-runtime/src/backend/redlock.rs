@@ -38,9 +38,9 @@
 //! when those do not hold. N nodes of one Redis Cluster, or one master and its
 //! replicas, are **not** independent: use separate masters.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -75,6 +75,10 @@ impl Node {
 #[derive(Clone)]
 pub struct RedlockBackend {
     nodes: Arc<[Node]>,
+    /// Until when each lease this process holds is valid (by the monotonic
+    /// clock): renewal may take the lock again on nodes that lost it only
+    /// inside this window, and a release inside it cannot report a loss.
+    validity: Arc<Mutex<HashMap<(String, LockToken), Instant>>>,
 }
 
 /// A node's answer, or why there was none.
@@ -120,6 +124,7 @@ impl RedlockBackend {
                     backend: OnceCell::new(),
                 })
                 .collect(),
+            validity: Arc::default(),
         };
         let reached = join_all(backend.nodes.iter().map(|node| async move {
             timeout(Duration::from_secs(2), node.backend())
@@ -133,6 +138,31 @@ impl RedlockBackend {
             return Err(backend.no_quorum("connect", up, &reached).into());
         }
         Ok(backend)
+    }
+
+    fn validity(&self) -> MutexGuard<'_, HashMap<(String, LockToken), Instant>> {
+        // One insert or remove per use: consistent even after a panic.
+        self.validity
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Records that `key`/`token` is valid until `until`.
+    fn set_valid_until(&self, key: &str, token: LockToken, until: Instant) {
+        let mut validity = self.validity();
+        if validity.len() >= 1024 {
+            // Leases whose release never came (no runtime at drop): forget them.
+            let now = Instant::now();
+            validity.retain(|_, until| *until > now);
+        }
+        validity.insert((key.to_owned(), token), until);
+    }
+
+    /// Whether `key`/`token` is still inside its validity window.
+    fn is_valid(&self, key: &str, token: LockToken) -> bool {
+        self.validity()
+            .get(&(key.to_owned(), token))
+            .is_some_and(|until| *until > Instant::now())
     }
 
     /// How many nodes must agree: N/2 + 1.
@@ -236,6 +266,7 @@ impl Backend for RedlockBackend {
                     .on_all(limit, |node| node.raise_fencing(key, token_value))
                     .await;
                 if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
+                    self.set_valid_until(key, token, started + ttl - Self::drift(ttl));
                     return Ok(Acquire::Acquired {
                         fencing: token_value,
                     });
@@ -271,33 +302,35 @@ impl Backend for RedlockBackend {
         Box::pin(async move {
             let started = Instant::now();
             let limit = Self::node_timeout(ttl);
-            let results = self.on_all(limit, |node| node.renew(key, token, ttl)).await;
-            let renewed = results.iter().filter(|r| matches!(r, Ok(true))).count();
-            let answered = results.iter().filter(|r| r.is_ok()).count();
-            let in_time = started.elapsed() + Self::drift(ttl) < ttl;
-            if renewed >= self.quorum() && in_time {
-                if renewed < self.nodes.len() {
-                    // Still ours on a majority: take it again on the nodes that
-                    // lost it (a restart, say), so the majority stays wide.
-                    let lost: Vec<&Node> = self
-                        .nodes
-                        .iter()
-                        .zip(&results)
-                        .filter(|(_, r)| !matches!(r, Ok(true)))
-                        .map(|(node, _)| node)
-                        .collect();
-                    join_all(lost.into_iter().map(|node| async move {
-                        let again = async { node.backend().await?.acquire(key, token, ttl).await };
-                        let _ = timeout(limit, again).await;
-                    }))
-                    .await;
-                }
+            let mut results = self.on_all(limit, |node| node.renew(key, token, ttl)).await;
+            // Inside the validity window no one else can hold a majority, so
+            // taking the lock on nodes that do not have it (down when it was
+            // acquired, or restarted) is safe and keeps the majority wide.
+            if self.is_valid(key, token) {
+                let retake = self
+                    .nodes
+                    .iter()
+                    .zip(results.iter_mut())
+                    .filter(|(_, r)| matches!(r, Ok(false)));
+                join_all(retake.map(|(node, result)| async move {
+                    let again = async { node.backend().await?.acquire(key, token, ttl).await };
+                    if let Ok(Ok(Acquire::Acquired { .. })) = timeout(limit, again).await {
+                        *result = Ok(true);
+                    }
+                }))
+                .await;
+            }
+            let ours = results.iter().filter(|r| matches!(r, Ok(true))).count();
+            let not_ours = results.iter().filter(|r| matches!(r, Ok(false))).count();
+            if ours >= self.quorum() && started.elapsed() + Self::drift(ttl) < ttl {
+                self.set_valid_until(key, token, started + ttl - Self::drift(ttl));
                 return Ok(true);
             }
-            if answered < self.quorum() {
-                return Err(self.no_quorum("renew", answered, &results).into());
+            let answered = ours + not_ours;
+            if answered >= self.quorum() {
+                return Ok(false);
             }
-            Ok(false)
+            Err(self.no_quorum("renew", answered, &results).into())
         })
     }
 
@@ -308,19 +341,24 @@ impl Backend for RedlockBackend {
         linger: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            let was_valid = self.is_valid(key, token);
             let limit = Self::node_timeout(linger.max(Duration::from_secs(1)));
             let results = self
                 .on_all(limit, |node| node.release(key, token, linger))
                 .await;
+            self.validity().remove(&(key.to_owned(), token));
             let released = results.iter().filter(|r| matches!(r, Ok(true))).count();
-            if released >= self.quorum() {
+            let not_ours = results.iter().filter(|r| matches!(r, Ok(false))).count();
+            let answered = released + not_ours;
+            // Inside the validity window the lease was ours whatever some
+            // nodes say (those that never granted it answer "not ours").
+            if released >= self.quorum() || (was_valid && answered > 0) {
                 return Ok(true);
             }
-            let answered = results.iter().filter(|r| r.is_ok()).count();
-            if answered < self.quorum() {
-                return Err(self.no_quorum("release", answered, &results).into());
+            if answered >= self.quorum() {
+                return Ok(false);
             }
-            Ok(false)
+            Err(self.no_quorum("release", answered, &results).into())
         })
     }
 

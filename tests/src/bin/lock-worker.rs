@@ -218,8 +218,9 @@ async fn main() -> Result<(), LockError> {
                                 result.expect("data store");
                                 entries += 1;
                             }
-                            Err(_) => {
+                            Err(err) => {
                                 errors += 1;
+                                eprintln!("chaos worker {}: {err}", std::process::id());
                                 // A body cancelled by a lost lease: undo its entry mark.
                                 if inside.swap(false, std::sync::atomic::Ordering::SeqCst) {
                                     let _: i64 = conn
