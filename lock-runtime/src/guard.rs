@@ -1,6 +1,7 @@
 //! The guard of a held lock: releases on `release().await`, or on drop.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -37,9 +38,13 @@ struct Held {
     fencing: u64,
     acquired_at: Instant,
     hold_at_least: Option<Duration>,
+    full_key: String,
     lease: watch::Receiver<bool>,
     watchdog: AbortHandle,
-    permit: LocalPermit,
+    /// This process's turn at the key. Given back as soon as the lease is
+    /// known lost, so the process's other tasks are not held up by a guard
+    /// that no longer holds anything; otherwise at release.
+    permit: Arc<Mutex<Option<LocalPermit>>>,
 }
 
 impl LockGuard {
@@ -53,11 +58,17 @@ impl LockGuard {
         permit: LocalPermit,
     ) -> LockGuard {
         let (held_tx, lease) = watch::channel(true);
+        let full_key = permit.key().to_owned();
+        let permit = Arc::new(Mutex::new(Some(permit)));
+        let on_lost = {
+            let permit = permit.clone();
+            move || drop(take_permit(&permit))
+        };
         let watchdog = watchdog::spawn(
             Lease {
                 backend: registry.backend().clone(),
                 key: key.to_owned(),
-                full_key: permit.key().to_owned(),
+                full_key: full_key.clone(),
                 token,
                 ttl: opts.ttl_millis(),
                 renew: opts.watchdog,
@@ -65,6 +76,7 @@ impl LockGuard {
                 acquired_at,
             },
             held_tx,
+            on_lost,
         );
         LockGuard {
             held: Some(Held {
@@ -74,6 +86,7 @@ impl LockGuard {
                 fencing,
                 acquired_at,
                 hold_at_least: opts.hold_at_least,
+                full_key,
                 lease,
                 watchdog,
                 permit,
@@ -117,7 +130,7 @@ impl LockGuard {
     /// The registry and key, for the re-entrancy record.
     pub(crate) fn owner(&self) -> (usize, &str) {
         let held = self.held();
-        (held.registry.id(), held.permit.key())
+        (held.registry.id(), &held.full_key)
     }
 
     /// Releases the lock (or, with `hold_at_least`, shortens the lease to
@@ -150,8 +163,10 @@ impl Held {
         let released = self
             .registry
             .backend()
-            .release(self.permit.key(), self.token, linger)
+            .release(&self.full_key, self.token, linger)
             .await;
+        // The next local waiter goes ahead once the store has the release.
+        drop(take_permit(&self.permit));
         match released {
             Ok(true) if was_held => {
                 tracing::debug!(key = %self.key, linger_ms = linger.as_millis() as u64, "lock released");
@@ -164,6 +179,14 @@ impl Held {
             Err(source) => Err(LockError::backend(&self.key, "release", source)),
         }
     }
+}
+
+fn take_permit(permit: &Mutex<Option<LocalPermit>>) -> Option<LocalPermit> {
+    // `take` is the only operation: the slot is consistent after a panic.
+    permit
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .take()
 }
 
 impl Drop for LockGuard {

@@ -29,12 +29,18 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
 }
 
-/// Spawns the watchdog; `held` is set to `false` when the lease is lost.
-pub(crate) fn spawn(lease: Lease, held: watch::Sender<bool>) -> AbortHandle {
+/// Spawns the watchdog. When the lease is lost, `held` is set to `false`
+/// and `on_lost` runs.
+pub(crate) fn spawn(
+    lease: Lease,
+    held: watch::Sender<bool>,
+    on_lost: impl FnOnce() + Send + 'static,
+) -> AbortHandle {
     tokio::spawn(async move {
         let reason = watch_lease(&lease).await;
         tracing::warn!(key = %lease.key, reason, "lease lost");
         held.send_replace(false);
+        on_lost();
     })
     .abort_handle()
 }

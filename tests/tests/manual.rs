@@ -249,3 +249,22 @@ async fn invalid_options_name_the_key_and_problem() {
     assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");
     assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_guard_whose_lease_is_lost_no_longer_blocks_its_own_process() {
+    let registry = LockRegistry::memory();
+    let key = unique_key("lost-local");
+    let short = LockOptions::default()
+        .ttl(Duration::from_millis(200))
+        .watchdog(false);
+    let stale = registry.lock(&key, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stale.is_held());
+    // Same process, same task, stale guard not yet released: not blocked.
+    let opts = LockOptions::default().wait_timeout(Duration::from_millis(50));
+    let fresh = registry.lock(&key, opts).await.unwrap();
+    assert!(matches!(stale.release().await, Err(LockError::Lost { .. })));
+    assert!(fresh.is_held());
+    fresh.release().await.unwrap();
+    assert_eq!(registry.local_keys(), 0);
+}

@@ -1,0 +1,390 @@
+//! The flash sale: many buyers, a small stock, and a purchase that is a
+//! non-atomic read, pause, write, exactly the code that oversells without a
+//! lock.
+//!
+//! ```sh
+//! cargo run -p examples --example flash_sale                      # in memory, one process
+//! cargo run -p examples --example flash_sale -- --no-lock         # the same, oversold
+//! cargo run -p examples --example flash_sale -- --redis redis://127.0.0.1:6379 --processes 4
+//! ```
+//!
+//! Options: `--stock N` (100), `--buyers N` (32, spread over the processes),
+//! `--pause-ms N` (2, between read and write), `--redis URL`,
+//! `--processes N` (1; more needs `--redis`: the example starts them itself),
+//! `--no-lock`. Exits with status 1 if anything was oversold with the lock on.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{LockRegistry, distributed_lock};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone, Debug)]
+struct Args {
+    stock: u64,
+    buyers: usize,
+    pause: Duration,
+    redis: Option<String>,
+    processes: usize,
+    locked: bool,
+    /// Set in the processes the example starts: the sale's id.
+    worker: Option<String>,
+}
+
+fn parse_args() -> Result<Args, Error> {
+    let mut args = Args {
+        stock: 100,
+        buyers: 32,
+        pause: Duration::from_millis(2),
+        redis: None,
+        processes: 1,
+        locked: true,
+        worker: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--stock" => args.stock = value()?.parse()?,
+            "--buyers" => args.buyers = value()?.parse()?,
+            "--pause-ms" => args.pause = Duration::from_millis(value()?.parse()?),
+            "--redis" => args.redis = Some(value()?),
+            "--processes" => args.processes = value()?.parse()?,
+            "--no-lock" => args.locked = false,
+            "--worker" => args.worker = Some(value()?),
+            other => {
+                return Err(format!(
+                    "unknown option {other}; see the top of examples/flash_sale.rs"
+                )
+                .into());
+            }
+        }
+    }
+    if args.processes > 1 && args.redis.is_none() {
+        return Err(
+            "--processes needs --redis: processes can only share a lock through Redis".into(),
+        );
+    }
+    if args.buyers == 0 || args.processes == 0 {
+        return Err("--buyers and --processes must be at least 1".into());
+    }
+    Ok(args)
+}
+
+/// Where the stock and the orders live.
+#[derive(Clone)]
+enum Store {
+    Memory(Arc<MemoryShop>),
+    Redis {
+        conn: MultiplexedConnection,
+        sale: String,
+    },
+}
+
+#[derive(Default)]
+struct MemoryShop {
+    stock: AtomicU64,
+    orders: Mutex<Vec<u64>>,
+}
+
+impl Store {
+    async fn read_stock(&mut self) -> Result<u64, Error> {
+        Ok(match self {
+            Store::Memory(shop) => shop.stock.load(Ordering::SeqCst),
+            Store::Redis { conn, sale } => conn.get(format!("flash:{sale}:stock")).await?,
+        })
+    }
+
+    async fn write_stock(&mut self, level: u64) -> Result<(), Error> {
+        match self {
+            Store::Memory(shop) => shop.stock.store(level, Ordering::SeqCst),
+            Store::Redis { conn, sale } => conn.set(format!("flash:{sale}:stock"), level).await?,
+        }
+        Ok(())
+    }
+
+    /// Records an order for the item at stock level `level`.
+    async fn record_order(&mut self, level: u64) -> Result<(), Error> {
+        match self {
+            Store::Memory(shop) => shop.orders.lock().expect("orders").push(level),
+            Store::Redis { conn, sale } => {
+                let _: u64 = conn.rpush(format!("flash:{sale}:orders"), level).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn orders(&mut self) -> Result<Vec<u64>, Error> {
+        Ok(match self {
+            Store::Memory(shop) => shop.orders.lock().expect("orders").clone(),
+            Store::Redis { conn, sale } => {
+                conn.lrange(format!("flash:{sale}:orders"), 0, -1).await?
+            }
+        })
+    }
+
+    async fn order_count(&mut self) -> Result<u64, Error> {
+        Ok(match self {
+            Store::Memory(shop) => shop.orders.lock().expect("orders").len() as u64,
+            Store::Redis { conn, sale } => conn.llen(format!("flash:{sale}:orders")).await?,
+        })
+    }
+}
+
+/// One purchase, unprotected: read the stock, pause, write it back less one.
+async fn buy_one(store: &mut Store, pause: Duration) -> Result<Option<u64>, Error> {
+    let level = store.read_stock().await?;
+    if level == 0 {
+        return Ok(None);
+    }
+    tokio::time::sleep(pause).await;
+    store.write_stock(level - 1).await?;
+    store.record_order(level).await?;
+    Ok(Some(level))
+}
+
+/// The same purchase as a critical section, across every process of the sale.
+/// Also returns how long the caller waited for the lock.
+#[distributed_lock(key = "stock:{sale}", ttl = "10s")]
+async fn buy_one_locked(
+    sale: &str,
+    store: &mut Store,
+    pause: Duration,
+    called: Instant,
+) -> (Result<Option<u64>, Error>, Duration) {
+    let waited = called.elapsed();
+    (buy_one(store, pause).await, waited)
+}
+
+/// A buyer buys until the stock is gone; returns its lock waits.
+async fn buyer(mut store: Store, sale: String, args: Args) -> Result<Vec<Duration>, Error> {
+    let mut waits = Vec::new();
+    loop {
+        let bought = if args.locked {
+            let (bought, waited) =
+                buy_one_locked(&sale, &mut store, args.pause, Instant::now()).await?;
+            waits.push(waited);
+            bought?
+        } else {
+            buy_one(&mut store, args.pause).await?
+        };
+        if bought.is_none() {
+            return Ok(waits);
+        }
+    }
+}
+
+/// Runs `buyers` buyer tasks in this process; returns all their lock waits.
+async fn run_buyers(
+    store: &Store,
+    sale: &str,
+    args: &Args,
+    buyers: usize,
+) -> Result<Vec<Duration>, Error> {
+    let mut tasks = Vec::new();
+    for _ in 0..buyers {
+        let mut store = store.clone();
+        if let Store::Redis { conn, .. } = &mut store {
+            // One connection per buyer, as separate clients would have.
+            let url = args.redis.as_deref().unwrap_or_default();
+            *conn = redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?;
+        }
+        tasks.push(tokio::spawn(buyer(store, sale.to_owned(), args.clone())));
+    }
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.extend(task.await??);
+    }
+    Ok(waits)
+}
+
+/// Prints a progress line every 100 ms until the stock is gone.
+fn spawn_progress(mut store: Store, stock: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let (Ok(orders), Ok(left)) = (store.order_count().await, store.read_stock().await)
+            else {
+                continue;
+            };
+            println!("  ... {orders} orders, stock at {left} of {stock}");
+        }
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Starts the worker processes of a multi-process sale; returns their waits.
+fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
+    let exe = std::env::current_exe()?;
+    let url = args.redis.clone().unwrap_or_default();
+    let mut children = Vec::new();
+    for i in 0..args.processes {
+        // Spread the buyers; every process gets at least one.
+        let buyers =
+            (args.buyers / args.processes + usize::from(i < args.buyers % args.processes)).max(1);
+        let mut command = Command::new(&exe);
+        command
+            .args([
+                "--worker",
+                sale,
+                "--redis",
+                &url,
+                "--buyers",
+                &buyers.to_string(),
+            ])
+            .args(["--pause-ms", &args.pause.as_millis().to_string()])
+            .stdout(Stdio::piped());
+        if !args.locked {
+            command.arg("--no-lock");
+        }
+        children.push(command.spawn()?);
+    }
+    let mut waits = Vec::new();
+    for mut child in children {
+        let stdout = child.stdout.take().ok_or("no worker stdout")?;
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            if let Some(list) = line.strip_prefix("waits-us ") {
+                waits.extend(
+                    list.split(',')
+                        .filter_map(|us| us.parse().ok())
+                        .map(Duration::from_micros),
+                );
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(format!("a worker process failed: {status}").into());
+        }
+    }
+    Ok(waits)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args = parse_args()?;
+    let registry = match &args.redis {
+        Some(url) => LockRegistry::redis(url).await?,
+        None => LockRegistry::memory(),
+    };
+    lock_runtime::init(registry)?;
+
+    if let Some(sale) = &args.worker {
+        // A worker process: buy, then report the lock waits to the parent.
+        let url = args.redis.as_deref().ok_or("--worker needs --redis")?;
+        let conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let store = Store::Redis {
+            conn,
+            sale: sale.clone(),
+        };
+        let waits = run_buyers(&store, sale, &args, args.buyers).await?;
+        let list: Vec<String> = waits.iter().map(|w| w.as_micros().to_string()).collect();
+        println!("waits-us {}", list.join(","));
+        return Ok(());
+    }
+
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+    let sale = format!("{}-{stamp}", std::process::id());
+    let mut store = match &args.redis {
+        Some(url) => Store::Redis {
+            conn: redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+            sale: sale.clone(),
+        },
+        None => Store::Memory(Arc::default()),
+    };
+    store.write_stock(args.stock).await?;
+    let backend = if args.redis.is_some() {
+        "Redis"
+    } else {
+        "in-memory"
+    };
+    println!(
+        "flash sale: {} items, {} buyers in {} process(es), {} backend, lock {}",
+        args.stock,
+        args.buyers,
+        args.processes,
+        backend,
+        if args.locked { "on" } else { "OFF" }
+    );
+
+    let started = Instant::now();
+    let progress = spawn_progress(store.clone(), args.stock);
+    let waits = if args.processes > 1 {
+        let (args, sale) = (args.clone(), sale.clone());
+        tokio::task::spawn_blocking(move || run_processes(&args, &sale)).await??
+    } else {
+        run_buyers(&store, &sale, &args, args.buyers).await?
+    };
+    progress.abort();
+    let elapsed = started.elapsed();
+
+    let orders = store.orders().await?;
+    let left = store.read_stock().await?;
+    let distinct: HashSet<u64> = orders.iter().copied().collect();
+    let oversold = (orders.len() as u64).saturating_sub(args.stock);
+    let sold_twice = orders.len() - distinct.len();
+    let mut sorted = waits;
+    sorted.sort_unstable();
+    println!("  stock       {} -> {left}", args.stock);
+    println!(
+        "  orders      {} recorded, {} distinct items",
+        orders.len(),
+        distinct.len()
+    );
+    println!("  oversold    {oversold} ({sold_twice} items sold more than once)");
+    println!("  elapsed     {:.2} s", elapsed.as_secs_f64());
+    if args.locked {
+        println!(
+            "  lock waits  p50 {}, p99 {}, max {} over {} purchases",
+            ms(percentile(&sorted, 50.0)),
+            ms(percentile(&sorted, 99.0)),
+            ms(sorted.last().copied().unwrap_or_default()),
+            sorted.len()
+        );
+    }
+    match (oversold + sold_twice as u64, args.locked) {
+        (0, _) => println!("OK: every item sold exactly once."),
+        (_, false) => {
+            println!("OVERSOLD without the lock, as expected: run again without --no-lock.")
+        }
+        (_, true) => {
+            println!("FAILED: oversold with the lock on.");
+            std::process::exit(1);
+        }
+    }
+    if let Store::Redis { mut conn, sale } = store {
+        let _: u64 = conn
+            .del(&[
+                format!("flash:{sale}:stock"),
+                format!("flash:{sale}:orders"),
+            ])
+            .await?;
+    }
+    Ok(())
+}
