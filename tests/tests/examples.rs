@@ -1,0 +1,158 @@
+//! Runs every example with small parameters, in memory and over Redis, so
+//! none of them can rot. `cargo test --workspace` builds the examples before
+//! it runs any test.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use lock_tests::RedisServer;
+
+/// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the whole suite (./scripts/test.sh), or `cargo build -p examples --examples` first",
+        path.display()
+    );
+    path
+}
+
+/// Runs an example; returns its exit success and its stdout.
+fn run(name: &str, args: &[&str]) -> (bool, String) {
+    let output = Command::new(example(name))
+        .args(args)
+        .output()
+        .expect("run example");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("$ {name} {}\n{stdout}{stderr}", args.join(" "));
+    (output.status.success(), stdout)
+}
+
+#[test]
+fn flash_sale_in_memory_sells_exactly_the_stock() {
+    let (ok, out) = run("flash_sale", &["--stock", "30", "--buyers", "8"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("stock       30 -> 0"), "{out}");
+    assert!(
+        out.contains("orders      30 recorded, 30 distinct items"),
+        "{out}"
+    );
+    assert!(out.contains("oversold    0"), "{out}");
+    assert!(out.contains("lock waits  p50"), "{out}");
+    assert!(out.contains("OK: every item sold exactly once."), "{out}");
+}
+
+#[test]
+fn flash_sale_without_the_lock_shows_the_oversell() {
+    let (ok, out) = run(
+        "flash_sale",
+        &["--stock", "30", "--buyers", "8", "--no-lock"],
+    );
+    assert!(ok, "the demo of the oversell exits 0: {out}");
+    assert!(out.contains("OVERSOLD without the lock"), "{out}");
+}
+
+#[test]
+fn flash_sale_across_processes_on_redis() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let (ok, out) = run(
+        "flash_sale",
+        &[
+            "--redis",
+            &url,
+            "--processes",
+            "3",
+            "--stock",
+            "30",
+            "--buyers",
+            "6",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("6 buyers in 3 process(es), Redis backend, lock on"),
+        "{out}"
+    );
+    assert!(out.contains("stock       30 -> 0"), "{out}");
+    assert!(out.contains("OK: every item sold exactly once."), "{out}");
+}
+
+#[test]
+fn flash_sale_refuses_processes_without_redis() {
+    let (ok, out) = run("flash_sale", &["--processes", "2"]);
+    assert!(!ok, "{out}");
+}
+
+#[test]
+fn scheduled_job_runs_each_tick_once_in_memory() {
+    let (ok, out) = run("scheduled_job", &["--ticks", "2"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("tick 1: ran by #0 (once); skipped by #1, #2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("tick 2: ran by #0 (once); skipped by #1, #2"),
+        "{out}"
+    );
+    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+}
+
+#[test]
+fn scheduled_job_without_hold_at_least_runs_ticks_twice() {
+    let (ok, out) = run("scheduled_job", &["--ticks", "1", "--no-hold"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("tick 1: ran by #0, #1, #2 (WRONG)"), "{out}");
+}
+
+#[test]
+fn scheduled_job_runs_each_tick_once_across_processes() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let (ok, out) = run(
+        "scheduled_job",
+        &["--redis", &url, "--instances", "3", "--ticks", "2"],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("3 instances (processes on Redis)"), "{out}");
+    assert_eq!(out.matches("(once)").count(), 2, "{out}");
+    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+}
+
+#[test]
+fn manual_api_in_memory_and_on_redis() {
+    let server = RedisServer::new();
+    let url = server.url();
+    for args in [vec![], vec!["--redis", url.as_str()]] {
+        let (ok, out) = run("manual_api", &args);
+        assert!(ok, "{out}");
+        assert!(out.contains("try_lock while held: None"), "{out}");
+        assert!(out.contains("try_lock after release: got it"), "{out}");
+        assert!(
+            out.contains("A wrote: refused `A's stale invoice`"),
+            "{out}"
+        );
+        assert!(out.contains("B still holds it? true"), "{out}");
+        assert!(out.contains(r#"store holds ["B's invoice"]"#), "{out}");
+    }
+}
+
+#[test]
+fn quick_start_in_memory_and_on_redis() {
+    let server = RedisServer::new();
+    let url = server.url();
+    for args in [vec![], vec!["--redis", url.as_str()]] {
+        let (ok, out) = run("quick_start", &args);
+        assert!(ok, "{out}");
+        assert_eq!(out.matches("bought item 7").count(), 4, "{out}");
+        assert_eq!(out.matches("ran the report").count(), 1, "{out}");
+    }
+}
