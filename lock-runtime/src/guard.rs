@@ -5,13 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::backend::LockToken;
 use crate::registry::{LocalPermit, LockRegistry};
-use crate::watchdog::{self, Lease};
+use crate::watchdog::{Lease, LeaseSignal, Watch};
 use crate::{LockError, LockOptions};
 
 /// A held lock. Renewed in the background by the watchdog (unless turned
@@ -39,8 +37,8 @@ struct Held {
     acquired_at: Instant,
     hold_at_least: Option<Duration>,
     full_key: String,
-    lease: watch::Receiver<bool>,
-    watchdog: AbortHandle,
+    lease: Arc<LeaseSignal>,
+    watchdog: Watch,
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
     /// that no longer holds anything; otherwise at release.
@@ -57,14 +55,15 @@ impl LockGuard {
         opts: &LockOptions,
         permit: LocalPermit,
     ) -> LockGuard {
-        let (held_tx, lease) = watch::channel(true);
+        let lease = Arc::new(LeaseSignal::default());
         let full_key = permit.key().to_owned();
         let permit = Arc::new(Mutex::new(Some(permit)));
         let on_lost = {
             let permit = permit.clone();
             move || drop(take_permit(&permit))
         };
-        let watchdog = watchdog::spawn(
+        let watchdog = Watch::start(
+            registry.renewal_owner(),
             Lease {
                 backend: registry.backend().clone(),
                 key: key.to_owned(),
@@ -75,7 +74,7 @@ impl LockGuard {
                 max_hold: opts.max_hold,
                 acquired_at,
             },
-            held_tx,
+            lease.clone(),
             on_lost,
         );
         LockGuard {
@@ -115,16 +114,12 @@ impl LockGuard {
     /// did not get through in time, `max_hold` passed, or (watchdog off) the
     /// ttl passed.
     pub fn is_held(&self) -> bool {
-        *self.held().lease.borrow()
+        !self.held().lease.is_lost()
     }
 
     /// Completes when the lease is known to be lost.
     pub(crate) async fn lost(&self) {
-        let mut lease = self.held().lease.clone();
-        if lease.wait_for(|held| !*held).await.is_err() {
-            // The watchdog ended without a verdict: it was stopped for release.
-            std::future::pending::<()>().await;
-        }
+        self.held().lease.lost().await;
     }
 
     /// The registry and key, for the re-entrancy record.
@@ -152,8 +147,8 @@ impl LockGuard {
 
 impl Held {
     async fn release(self) -> Result<(), LockError> {
-        self.watchdog.abort();
-        let was_held = *self.lease.borrow();
+        self.watchdog.stop();
+        let was_held = !self.lease.is_lost();
         let linger = self
             .hold_at_least
             .map(|hold| hold.saturating_sub(self.acquired_at.elapsed()))
@@ -194,7 +189,7 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else {
             return;
         };
-        held.watchdog.abort();
+        held.watchdog.stop();
         match Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -218,7 +213,7 @@ impl fmt::Debug for LockGuard {
                 .debug_struct("LockGuard")
                 .field("key", &held.key)
                 .field("fencing_token", &held.fencing)
-                .field("is_held", &*held.lease.borrow())
+                .field("is_held", &!held.lease.is_lost())
                 .finish(),
             None => f.write_str("LockGuard(released)"),
         }

@@ -87,6 +87,8 @@ struct Inner {
     /// `"ns:"`, or empty without a namespace.
     prefix: String,
     local: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Identifies this registry to the per-thread lease renewers.
+    renewal_owner: Arc<()>,
 }
 
 /// Builds a [`LockRegistry`] over any [`Backend`].
@@ -131,6 +133,7 @@ impl RegistryBuilder {
                 backend: self.backend,
                 prefix,
                 local: Mutex::default(),
+                renewal_owner: Arc::default(),
             }),
         })
     }
@@ -202,6 +205,7 @@ impl LockRegistry {
                 backend,
                 prefix: String::new(),
                 local: Mutex::default(),
+                renewal_owner: Arc::default(),
             }),
         }
     }
@@ -250,6 +254,10 @@ impl LockRegistry {
     ) -> Result<Option<LockGuard>, LockError> {
         let full_key = self.full_key(key)?;
         self.acquire(key, full_key, &opts, Mode::Skip).await
+    }
+
+    pub(crate) fn renewal_owner(&self) -> &Arc<()> {
+        &self.inner.renewal_owner
     }
 
     /// An id that tells registries apart (clones share it).

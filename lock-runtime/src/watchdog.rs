@@ -1,19 +1,35 @@
-//! The task that keeps a lease alive while it is held, and says when it is
-//! lost.
+//! Keeps leases alive while they are held, and says when one is lost.
 //!
 //! Renews every `ttl / 3` (as Redisson's `RenewalTask` does). A renewal that
 //! is refused, or that cannot get through before the lease runs out, marks
-//! the lease lost; so does `max_hold`. With the watchdog off the task only
-//! marks the lease lost when its `ttl` has passed.
+//! the lease lost; so does `max_hold`. With the watchdog off the lease is
+//! marked lost when its `ttl` has passed.
+//!
+//! # No task per lock
+//!
+//! Most critical sections end long before their first renewal is due, so a
+//! lock must not pay for a task of its own. Each worker thread keeps one
+//! [`Renewer`] per registry: a timer queue served by one task on that
+//! thread's runtime (so a paused test clock is the clock it uses). Taking a
+//! lock inserts an entry, releasing removes it; neither wakes the task
+//! unless the entry is due before the task's next planned wake-up. Only a
+//! renewal that is actually due spawns a task, for its round trip.
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::{Backend, LockToken};
+
+/// How long the renewer task keeps waking on its own while idle, so that
+/// locks taken meanwhile need not wake it.
+const IDLE_LINGER: Duration = Duration::from_secs(1);
 
 /// What the watchdog needs to know about one lease.
 pub(crate) struct Lease {
@@ -29,60 +45,316 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
 }
 
-/// Spawns the watchdog. When the lease is lost, `held` is set to `false`
-/// and `on_lost` runs.
-pub(crate) fn spawn(
-    lease: Lease,
-    held: watch::Sender<bool>,
-    on_lost: impl FnOnce() + Send + 'static,
-) -> AbortHandle {
-    tokio::spawn(async move {
-        let reason = watch_lease(&lease).await;
-        tracing::warn!(key = %lease.key, reason, "lease lost");
-        held.send_replace(false);
-        on_lost();
-    })
-    .abort_handle()
+/// Says when a lease is known lost: a flag, and a wake-up for whoever waits.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseSignal {
+    lost: AtomicBool,
+    notify: Notify,
 }
 
-/// Runs until the lease is lost; returns why.
-async fn watch_lease(lease: &Lease) -> &'static str {
-    // The lease as this process may count on it: the ttl less the store's drift.
-    let valid_for = lease
-        .ttl
-        .saturating_sub(lease.backend.clock_drift(lease.ttl));
-    let mut valid_until = lease.acquired_at + valid_for;
-    if !lease.renew {
-        sleep_until(valid_until).await;
-        return "ttl passed with the watchdog off";
+impl LeaseSignal {
+    fn mark_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
     }
-    let interval = (lease.ttl / 3).max(Duration::from_millis(1));
-    let stop_at = lease.max_hold.map(|max_hold| lease.acquired_at + max_hold);
-    let mut next = lease.acquired_at + interval;
-    loop {
-        if let Some(stop_at) = stop_at.filter(|&stop_at| next >= stop_at) {
-            sleep_until(stop_at.min(valid_until)).await;
-            return "max_hold reached";
-        }
-        sleep_until(next).await;
-        let sent_at = Instant::now();
-        let renewal = lease.backend.renew(&lease.full_key, lease.token, lease.ttl);
-        match timeout_at(valid_until, renewal).await {
-            Ok(Ok(true)) => {
-                tracing::trace!(key = %lease.key, "lease renewed");
-                valid_until = sent_at + valid_for;
-                next = sent_at + interval;
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the lease is marked lost.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a mark in between is not missed.
+            notified.as_mut().enable();
+            if self.is_lost() {
+                return;
             }
-            Ok(Ok(false)) => return "the store no longer has it (expired or taken over)",
-            Ok(Err(error)) => {
-                tracing::warn!(key = %lease.key, %error, "lease renewal failed; retrying");
-                // Retry a few times before the lease runs out.
-                next = (Instant::now() + interval / 4).min(valid_until);
-                if next >= valid_until {
-                    return "renewals failed until the lease ran out";
+            notified.await;
+        }
+    }
+}
+
+/// One watched lease.
+struct Entry {
+    lease: Lease,
+    signal: Arc<LeaseSignal>,
+    on_lost: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Set when the guard releases: no more renewals, no verdicts.
+    stopped: AtomicBool,
+    /// Until when the lease is known valid (local clock, drift deducted).
+    valid_until: Mutex<Instant>,
+}
+
+impl Entry {
+    fn valid_for(&self) -> Duration {
+        let lease = &self.lease;
+        lease
+            .ttl
+            .saturating_sub(lease.backend.clock_drift(lease.ttl))
+    }
+
+    fn interval(&self) -> Duration {
+        (self.lease.ttl / 3).max(Duration::from_millis(1))
+    }
+
+    fn stop_at(&self) -> Option<Instant> {
+        self.lease
+            .max_hold
+            .map(|max_hold| self.lease.acquired_at + max_hold)
+    }
+
+    fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
+    /// When to act next, after a renewal (or the acquire) at `base`.
+    fn next_due(&self, base: Instant) -> Instant {
+        let valid_until = self.valid_until();
+        if !self.lease.renew {
+            return valid_until;
+        }
+        let next = base + self.interval();
+        match self.stop_at() {
+            Some(stop_at) if next >= stop_at => stop_at.min(valid_until),
+            _ => next.min(valid_until),
+        }
+    }
+
+    fn lose(&self, reason: &'static str) {
+        if self.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(key = %self.lease.key, reason, "lease lost");
+        self.signal.mark_lost();
+        if let Some(on_lost) = lock(&self.on_lost).take() {
+            on_lost();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a single update: consistent after a panic.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// A timer queue of leases, served by one task.
+pub(crate) struct Renewer {
+    state: Mutex<Queue>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Queue {
+    due: BTreeMap<(Instant, u64), Arc<Entry>>,
+    when: HashMap<u64, Instant>,
+    next_id: u64,
+    /// When the task will look at the queue next on its own; `None` while it
+    /// sleeps until woken.
+    planned: Option<Instant>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        // Let the task see that the renewer is gone, and end.
+        self.wake.notify_one();
+    }
+}
+
+thread_local! {
+    /// This thread's renewers, one per registry (told apart by `owner`).
+    static RENEWERS: RefCell<Vec<(Weak<()>, Arc<Renewer>)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Renewer {
+    /// This thread's renewer for the registry whose liveness `owner` tracks.
+    fn for_this_thread(owner: &Arc<()>) -> Arc<Renewer> {
+        RENEWERS.with(|renewers| {
+            let mut renewers = renewers.borrow_mut();
+            renewers.retain(|(registry, _)| registry.strong_count() > 0);
+            if let Some((_, renewer)) = renewers.iter().find(|(registry, _)| {
+                registry
+                    .upgrade()
+                    .is_some_and(|registry| Arc::ptr_eq(&registry, owner))
+            }) {
+                return renewer.clone();
+            }
+            let renewer = Arc::new(Renewer {
+                state: Mutex::default(),
+                wake: Arc::new(Notify::new()),
+            });
+            renewers.push((Arc::downgrade(owner), renewer.clone()));
+            renewer
+        })
+    }
+
+    /// Queues `entry` at `due`; wakes the task only if it would look later.
+    fn schedule(self: &Arc<Self>, id: u64, entry: Arc<Entry>, due: Instant) {
+        let mut queue = lock(&self.state);
+        if entry.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(old) = queue.when.insert(id, due) {
+            queue.due.remove(&(old, id));
+        }
+        queue.due.insert((due, id), entry);
+        // A task from a runtime that has shut down is gone: start another.
+        let alive = queue.task.as_ref().is_some_and(|task| !task.is_finished());
+        if !alive {
+            queue.planned = Some(due);
+            queue.task = Some(tokio::spawn(serve(Arc::downgrade(self), self.wake.clone())));
+        } else if queue.planned.is_none_or(|planned| due < planned) {
+            queue.planned = Some(due);
+            self.wake.notify_one();
+        }
+    }
+
+    fn unschedule(&self, id: u64) {
+        let mut queue = lock(&self.state);
+        if let Some(due) = queue.when.remove(&id) {
+            queue.due.remove(&(due, id));
+        }
+    }
+}
+
+/// The renewer's task: acts on due entries, then sleeps until the next one.
+async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let Some(strong) = renewer.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let (ready, next) = {
+            let mut queue = lock(&strong.state);
+            let mut ready = Vec::new();
+            while let Some(entry) = queue.due.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let ((_, id), entry) = entry.remove_entry();
+                queue.when.remove(&id);
+                ready.push((id, entry));
+            }
+            let next = match queue.due.first_key_value() {
+                Some(((due, _), _)) => {
+                    idle_since = None;
+                    Some(*due)
+                }
+                None => {
+                    let since = *idle_since.get_or_insert(now);
+                    // Keep waking for a while, so locks taken meanwhile need
+                    // not wake the task; then sleep until woken.
+                    (now < since + IDLE_LINGER).then(|| now + IDLE_LINGER / 4)
+                }
+            };
+            queue.planned = next;
+            (ready, next)
+        };
+        for (id, entry) in ready {
+            act(&strong, id, entry);
+        }
+        drop(strong);
+        match next {
+            Some(next) => {
+                tokio::select! {
+                    () = sleep_until(next) => {}
+                    () = wake.notified() => {}
                 }
             }
-            Err(_) => return "no renewal got through before the lease ran out",
+            None => wake.notified().await,
         }
+    }
+}
+
+/// An entry is due: lose it, or renew it in a task of its own.
+fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
+    if entry.stopped.load(Ordering::SeqCst) {
+        return;
+    }
+    let now = Instant::now();
+    if !entry.lease.renew {
+        return entry.lose("ttl passed with the watchdog off");
+    }
+    if entry.stop_at().is_some_and(|stop_at| now >= stop_at) {
+        return entry.lose("max_hold reached");
+    }
+    if now >= entry.valid_until() {
+        return entry.lose("no renewal got through before the lease ran out");
+    }
+    let renewer = renewer.clone();
+    tokio::spawn(async move {
+        let lease = &entry.lease;
+        let sent_at = Instant::now();
+        let renewal = lease.backend.renew(&lease.full_key, lease.token, lease.ttl);
+        match timeout_at(entry.valid_until(), renewal).await {
+            Ok(Ok(true)) => {
+                tracing::trace!(key = %lease.key, "lease renewed");
+                *lock(&entry.valid_until) = sent_at + entry.valid_for();
+                let due = entry.next_due(sent_at);
+                renewer.schedule(id, entry, due);
+            }
+            Ok(Ok(false)) => entry.lose("the store no longer has it (expired or taken over)"),
+            Ok(Err(error)) => {
+                tracing::warn!(key = %lease.key, %error, "lease renewal failed; retrying");
+                let retry = (Instant::now() + entry.interval() / 4).min(entry.valid_until());
+                renewer.schedule(id, entry, retry);
+            }
+            Err(_) => entry.lose("no renewal got through before the lease ran out"),
+        }
+    });
+}
+
+/// A lease being watched; stopping it (or dropping it) ends the watch.
+pub(crate) struct Watch {
+    renewer: Arc<Renewer>,
+    id: u64,
+    entry: Arc<Entry>,
+}
+
+impl Watch {
+    /// Starts watching `lease`. When it is lost, `signal` is marked and
+    /// `on_lost` runs. `owner` identifies the registry.
+    pub(crate) fn start(
+        owner: &Arc<()>,
+        lease: Lease,
+        signal: Arc<LeaseSignal>,
+        on_lost: impl FnOnce() + Send + 'static,
+    ) -> Watch {
+        let renewer = Renewer::for_this_thread(owner);
+        let valid_for = lease
+            .ttl
+            .saturating_sub(lease.backend.clock_drift(lease.ttl));
+        let acquired_at = lease.acquired_at;
+        let entry = Arc::new(Entry {
+            valid_until: Mutex::new(acquired_at + valid_for),
+            lease,
+            signal,
+            on_lost: Mutex::new(Some(Box::new(on_lost))),
+            stopped: AtomicBool::new(false),
+        });
+        let id = {
+            let mut queue = lock(&renewer.state);
+            queue.next_id += 1;
+            queue.next_id
+        };
+        let due = entry.next_due(acquired_at);
+        renewer.schedule(id, entry.clone(), due);
+        Watch { renewer, id, entry }
+    }
+
+    /// Stops renewing; no verdict is given after this.
+    pub(crate) fn stop(&self) {
+        self.entry.stopped.store(true, Ordering::SeqCst);
+        self.renewer.unschedule(self.id);
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

@@ -74,7 +74,7 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
     let expected = [
         ("del", 1),
         ("evalsha", 2),
-        ("get", 2),
+        ("get", 1),
         ("incr", 1),
         ("publish", 1),
         ("set", 1),

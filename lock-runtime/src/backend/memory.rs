@@ -47,14 +47,15 @@ struct Holder {
 
 struct Slot {
     holder: Option<Holder>,
-    released: watch::Sender<()>,
+    /// Created by the first watcher: most locks are never waited for.
+    released: Option<watch::Sender<()>>,
 }
 
 impl Slot {
     fn new() -> Self {
         Slot {
             holder: None,
-            released: watch::Sender::new(()),
+            released: None,
         }
     }
 
@@ -64,7 +65,13 @@ impl Slot {
     }
 
     fn unused(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none() && self.released.receiver_count() == 0
+        self.live_holder(now).is_none() && self.watchers() == 0
+    }
+
+    fn watchers(&self) -> usize {
+        self.released
+            .as_ref()
+            .map_or(0, watch::Sender::receiver_count)
     }
 }
 
@@ -157,8 +164,11 @@ impl MemoryBackend {
             return true;
         }
         slot.holder = None;
-        slot.released.send_replace(());
-        if slot.released.receiver_count() == 0 {
+        if slot.watchers() > 0 {
+            if let Some(released) = &slot.released {
+                released.send_replace(());
+            }
+        } else {
             table.slots.remove(key);
         }
         true
@@ -170,7 +180,10 @@ impl MemoryBackend {
             Some(slot) => slot,
             None => table.slots.entry(key.to_owned()).or_insert_with(Slot::new),
         };
-        let rx = slot.released.subscribe();
+        let rx = slot
+            .released
+            .get_or_insert_with(|| watch::Sender::new(()))
+            .subscribe();
         let unwatch = Unwatch {
             store: self.clone(),
             key: key.to_owned(),

@@ -55,16 +55,16 @@ use crate::BackendError;
 /// run again by the same token (a retry after a dropped reply), it answers
 /// as the first run did, so a retry cannot lock the caller out.
 const ACQUIRE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
-end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local mode = tonumber(ARGV[3])
   if mode == 0 then return {1, 0} end
   local fencing = redis.call('INCR', KEYS[2])
   if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
   return {1, fencing}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ";

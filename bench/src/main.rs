@@ -1,0 +1,852 @@
+//! Lock throughput and latency: lock-runtime beside the raw Redis floor and
+//! rslock, interleaved in one run against one `redis-server` this program
+//! starts on a free loopback port.
+//!
+//! ```sh
+//! cargo run --release --manifest-path bench/Cargo.toml            # full run: BENCHMARKS.md + BENCHMARKS.svg
+//! cargo run --release --manifest-path bench/Cargo.toml -- --quick # under a minute, written to bench/target/
+//! ```
+//!
+//! Contenders:
+//! - `floor`: `SET key token NX PX ttl`, retried at once while held, then an
+//!   owner-checked delete script, on one multiplexed connection;
+//! - `lock-runtime`: `LockRegistry::lock` + `LockGuard::release` (and the
+//!   attribute in scenario 7);
+//! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
+//!   settings, on the same server.
+//!
+//! Every critical section does the same small fixed work (about 2 µs of
+//! arithmetic).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{LockOptions, LockRegistry, distributed_lock};
+use lock_tests::RedisServer;
+use redis::aio::MultiplexedConnection;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The fixed work inside every critical section.
+fn work() {
+    let mut x = 0u64;
+    for i in 0..2_000u64 {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+    std::hint::black_box(x);
+}
+
+/// A lock implementation under test.
+#[derive(Clone)]
+enum Lib {
+    Floor(MultiplexedConnection),
+    Ours(LockRegistry),
+    Rslock(rslock::LockManager),
+    /// In-process baseline: one tokio mutex per key.
+    TokioMutex(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>),
+    /// `#[distributed_lock]` over the global (memory) registry.
+    Attribute,
+}
+
+static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+#[distributed_lock(key = "{key}", ttl = "30s")]
+async fn attribute_section(key: &str, called: Instant) -> Duration {
+    let waited = called.elapsed();
+    work();
+    waited
+}
+
+impl Lib {
+    /// One critical section on `key`; returns how long acquiring took.
+    async fn section(&self, key: &str) -> Result<Duration, Error> {
+        let called = Instant::now();
+        match self {
+            Lib::Floor(conn) => {
+                let mut conn = conn.clone();
+                let token = format!("{:032x}", rand_u128());
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await?;
+                    if set.is_some() {
+                        break;
+                    }
+                }
+                let waited = called.elapsed();
+                work();
+                let _: i64 = RELEASE.key(key).arg(&token).invoke_async(&mut conn).await?;
+                Ok(waited)
+            }
+            Lib::Ours(registry) => {
+                let guard = registry.lock(key, LockOptions::default().ttl(TTL)).await?;
+                let waited = called.elapsed();
+                work();
+                guard.release().await?;
+                Ok(waited)
+            }
+            Lib::Rslock(manager) => {
+                let lock = manager
+                    .acquire_no_guard(key, TTL)
+                    .await
+                    .map_err(|e| format!("rslock: {e:?}"))?;
+                let waited = called.elapsed();
+                work();
+                manager.unlock(&lock).await;
+                Ok(waited)
+            }
+            Lib::TokioMutex(map) => {
+                let mutex = map
+                    .lock()
+                    .expect("map")
+                    .entry(key.to_owned())
+                    .or_default()
+                    .clone();
+                let guard = mutex.lock().await;
+                let waited = called.elapsed();
+                work();
+                drop(guard);
+                Ok(waited)
+            }
+            Lib::Attribute => Ok(attribute_section(key, called).await?),
+        }
+    }
+}
+
+fn rand_u128() -> u128 {
+    lock_runtime::LockToken::random().as_u128()
+}
+
+/// The result of one contender in one scenario.
+struct Measured {
+    scenario: String,
+    lib: String,
+    ops: u64,
+    elapsed: Duration,
+    waits: Vec<Duration>,
+    /// For scenario rows that are not throughput (hand-off, memory growth).
+    note: Option<String>,
+}
+
+impl Measured {
+    fn throughput(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn pct(&self, p: f64) -> Duration {
+        percentile(&self.waits, p)
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// `tasks` tasks, `ops` sections each, on distinct keys or one hot key.
+async fn run_tasks(
+    lib: &Lib,
+    scenario: &str,
+    name: &str,
+    tasks: usize,
+    ops: u64,
+    hot: bool,
+) -> Result<Measured, Error> {
+    let run = rand_u128() as u32;
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let lib = lib.clone();
+        let key = if hot {
+            format!("bench:{run}:hot")
+        } else {
+            format!("bench:{run}:{t}")
+        };
+        handles.push(tokio::spawn(async move {
+            let mut waits = Vec::with_capacity(ops as usize);
+            for _ in 0..ops {
+                waits.push(lib.section(&key).await?);
+            }
+            Ok::<_, Error>(waits)
+        }));
+    }
+    let mut waits = Vec::new();
+    for handle in handles {
+        waits.extend(handle.await??);
+    }
+    let elapsed = started.elapsed();
+    waits.sort_unstable();
+    Ok(Measured {
+        scenario: scenario.into(),
+        lib: name.into(),
+        ops: tasks as u64 * ops,
+        elapsed,
+        waits,
+        note: None,
+    })
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// Builds a contender by name in a worker process.
+async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
+    Ok(match name {
+        "floor" => Lib::Floor(
+            redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?,
+        ),
+        "lock-runtime" => Lib::Ours(LockRegistry::redis(url).await?),
+        "rslock" => Lib::Rslock(rslock::LockManager::new(vec![url.to_owned()])),
+        "memory" => Lib::Ours(LockRegistry::memory()),
+        other => return Err(format!("unknown contender {other}").into()),
+    })
+}
+
+/// Worker process: `--worker hot LIB URL KEY TASKS OPS START_NS` or
+/// `--worker handoff LIB URL KEY ROUNDS START_NS`.
+async fn worker(args: &[String]) -> Result<(), Error> {
+    let [kind, lib, url, key, count, start] = args else {
+        return Err("worker arguments: KIND LIB URL KEY COUNT START_NS".into());
+    };
+    let lib = make_lib(lib, url).await?;
+    let count: u64 = count.parse()?;
+    let start: u128 = start.parse()?;
+    // Start together with the other processes.
+    let wait = start.saturating_sub(now_ns());
+    tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+    match kind.as_str() {
+        "hot" => {
+            let began = now_ns();
+            let mut handles = Vec::new();
+            for _ in 0..4 {
+                let (lib, key) = (lib.clone(), key.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut waits = Vec::new();
+                    for _ in 0..count {
+                        waits.push(lib.section(&key).await?.as_nanos());
+                    }
+                    Ok::<_, Error>(waits)
+                }));
+            }
+            let mut waits = Vec::new();
+            for handle in handles {
+                waits.extend(handle.await??);
+            }
+            let ended = now_ns();
+            let list: Vec<String> = waits.iter().map(u128::to_string).collect();
+            println!("span {began} {ended}");
+            println!("waits {}", list.join(","));
+        }
+        "handoff" => {
+            // Hold 5 ms, release, pause 1 ms so the other process (already
+            // waiting) takes over, then queue again behind it.
+            for _ in 0..count {
+                let called = Instant::now();
+                match &lib {
+                    Lib::Ours(registry) => {
+                        let guard = registry.lock(key, LockOptions::default().ttl(TTL)).await?;
+                        let acquired = now_ns();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let released = now_ns();
+                        guard.release().await?;
+                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                    }
+                    Lib::Rslock(manager) => {
+                        let lock = manager
+                            .acquire_no_guard(key.as_str(), TTL)
+                            .await
+                            .map_err(|e| format!("{e:?}"))?;
+                        let acquired = now_ns();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let released = now_ns();
+                        manager.unlock(&lock).await;
+                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                    }
+                    Lib::Floor(conn) => {
+                        let mut conn = conn.clone();
+                        let token = format!("{:032x}", rand_u128());
+                        loop {
+                            let set: Option<String> = redis::cmd("SET")
+                                .arg(key)
+                                .arg(&token)
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(30_000)
+                                .query_async(&mut conn)
+                                .await?;
+                            if set.is_some() {
+                                break;
+                            }
+                        }
+                        let acquired = now_ns();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let released = now_ns();
+                        let _: i64 = RELEASE.key(key).arg(&token).invoke_async(&mut conn).await?;
+                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                    }
+                    _ => return Err("no hand-off for this contender".into()),
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        other => return Err(format!("unknown worker kind {other}").into()),
+    }
+    Ok(())
+}
+
+/// Starts `processes` worker processes; returns their stdout lines.
+fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, Error> {
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        children.push(
+            Command::new(&exe)
+                .arg("--worker")
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()?,
+        );
+    }
+    let mut outputs = Vec::new();
+    for mut child in children {
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let lines: Vec<String> = BufReader::new(stdout).lines().collect::<Result<_, _>>()?;
+        if !child.wait()?.success() {
+            return Err("a worker process failed".into());
+        }
+        outputs.push(lines);
+    }
+    Ok(outputs)
+}
+
+/// Scenario 4: 4 processes x 4 tasks on one hot key.
+fn run_processes(name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
+    let key = format!("bench:{}:procs", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    let args: Vec<String> = ["hot", name, url, &key, &ops.to_string(), &start.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let outputs = spawn_workers(4, &args)?;
+    let (mut first, mut last) = (u128::MAX, 0u128);
+    let mut waits = Vec::new();
+    for lines in &outputs {
+        for line in lines {
+            if let Some(span) = line.strip_prefix("span ") {
+                let mut parts = span.split(' ').filter_map(|p| p.parse::<u128>().ok());
+                first = first.min(parts.next().unwrap_or(u128::MAX));
+                last = last.max(parts.next().unwrap_or(0));
+            } else if let Some(list) = line.strip_prefix("waits ") {
+                waits.extend(
+                    list.split(',')
+                        .filter_map(|w| w.parse::<u64>().ok())
+                        .map(Duration::from_nanos),
+                );
+            }
+        }
+    }
+    waits.sort_unstable();
+    Ok(Measured {
+        scenario: "4. 4 processes x 4 tasks, one hot key".into(),
+        lib: name.into(),
+        ops: waits.len() as u64,
+        elapsed: Duration::from_nanos(last.saturating_sub(first) as u64),
+        waits,
+        note: None,
+    })
+}
+
+/// Scenario 5: release in one process to acquire in the other.
+fn run_handoff(name: &str, url: &str, rounds: u64) -> Result<Measured, Error> {
+    let key = format!("bench:{}:handoff", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    let args: Vec<String> = [
+        "handoff",
+        name,
+        url,
+        &key,
+        &rounds.to_string(),
+        &start.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let outputs = spawn_workers(2, &args)?;
+    let mut holds: Vec<(u128, u128, usize)> = Vec::new();
+    for (process, lines) in outputs.iter().enumerate() {
+        for line in lines {
+            if let Some(rest) = line.strip_prefix("hold ") {
+                let parts: Vec<u128> = rest.split(' ').filter_map(|p| p.parse().ok()).collect();
+                if let [acquired, released, _] = parts[..] {
+                    holds.push((acquired, released, process));
+                }
+            }
+        }
+    }
+    holds.sort_unstable();
+    let mut handoffs: Vec<Duration> = holds
+        .windows(2)
+        .filter(|w| w[0].2 != w[1].2 && w[1].0 >= w[0].1)
+        .map(|w| Duration::from_nanos((w[1].0 - w[0].1) as u64))
+        .collect();
+    handoffs.sort_unstable();
+    let count = handoffs.len();
+    Ok(Measured {
+        scenario: "5. hand-off: release in A to acquire in waiting B".into(),
+        lib: name.into(),
+        ops: count as u64,
+        elapsed: Duration::ZERO,
+        waits: handoffs,
+        note: Some(format!("{count} hand-offs")),
+    })
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Scenario 8: RSS growth after `keys` distinct keys locked and released.
+async fn run_growth(lib: &Lib, name: &str, keys: u64) -> Result<Measured, Error> {
+    let before = rss_bytes();
+    let started = Instant::now();
+    let tasks = 64u64;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let lib = lib.clone();
+        handles.push(tokio::spawn(async move {
+            let mut k = t;
+            while k < keys {
+                lib.section(&format!("bench:growth:{k}")).await?;
+                k += tasks;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    let elapsed = started.elapsed();
+    let after = rss_bytes();
+    let grown = after as i64 - before as i64;
+    Ok(Measured {
+        scenario: format!("8. RSS growth after {keys} distinct keys"),
+        lib: name.into(),
+        ops: keys,
+        elapsed,
+        waits: Vec::new(),
+        note: Some(format!(
+            "{:+.1} MB (RSS {:.1} -> {:.1} MB)",
+            grown as f64 / 1e6,
+            before as f64 / 1e6,
+            after as f64 / 1e6
+        )),
+    })
+}
+
+/// Median PING round trip.
+async fn round_trip(conn: &MultiplexedConnection) -> Result<Duration, Error> {
+    let mut conn = conn.clone();
+    let mut samples = Vec::new();
+    for _ in 0..2_000 {
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        samples.push(t.elapsed());
+    }
+    samples.sort_unstable();
+    Ok(percentile(&samples, 50.0))
+}
+
+fn fmt_d(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else if us >= 100.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .map_or(0.0, |kb| kb as f64 / 1024.0 / 1024.0);
+    let redis = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{date}; {cores} cores ({cpu}), {mem:.0} GiB; Linux {}; {redis}; redis-server on loopback",
+        kernel.trim()
+    )
+}
+
+/// Writes the wait-time CDFs of the two hot-key scenarios as an SVG.
+fn chart(path: &std::path::Path, panels: &[(&str, Vec<&Measured>)]) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1100, 460)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let areas = root.split_evenly((1, panels.len()));
+    for (area, (title, rows)) in areas.iter().zip(panels) {
+        let max_us = rows
+            .iter()
+            .filter_map(|m| m.waits.last())
+            .map(|d| d.as_secs_f64() * 1e6)
+            .fold(10.0, f64::max);
+        let mut chart = ChartBuilder::on(area)
+            .caption(*title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((1f64..max_us * 1.2).log_scale(), 0f64..100f64)?;
+        chart
+            .configure_mesh()
+            .x_desc("acquire wait (µs, log scale)")
+            .y_desc("% of acquisitions at or below")
+            .draw()?;
+        for (i, m) in rows.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let n = m.waits.len().max(1) as f64;
+            let step = (m.waits.len() / 400).max(1);
+            let points: Vec<(f64, f64)> = m
+                .waits
+                .iter()
+                .enumerate()
+                .step_by(step)
+                .map(|(j, w)| ((w.as_secs_f64() * 1e6).max(1.0), (j + 1) as f64 * 100.0 / n))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                .label(m.lib.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--worker") {
+        return worker(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("--profile") {
+        // `--profile LIB OPS`: scenario 1 alone, for perf or callgrind.
+        let server = RedisServer::new();
+        let lib = make_lib(&args[1], &server.url()).await?;
+        let ops: u64 = args[2].parse()?;
+        let m = run_tasks(&lib, "profile", &args[1], 1, ops, false).await?;
+        println!("{}: {:.0}/s", args[1], m.throughput());
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut server.connection())?;
+        for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+            println!("  {line}");
+        }
+        return Ok(());
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let scale = if quick { 10 } else { 1 };
+
+    let server = RedisServer::new();
+    let url = server.url();
+    let conn = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let floor = Lib::Floor(conn.clone());
+    let ours = Lib::Ours(LockRegistry::redis(&url).await?);
+    let rslock = Lib::Rslock(rslock::LockManager::new(vec![url.clone()]));
+    let memory = LockRegistry::memory();
+    lock_runtime::init(memory.clone())?;
+    let contenders = [
+        ("floor", &floor),
+        ("lock-runtime", &ours),
+        ("rslock", &rslock),
+    ];
+
+    let rtt = round_trip(&conn).await?;
+    println!("round trip (PING p50): {}", fmt_d(rtt));
+    // Warm up connections and scripts.
+    for (_, lib) in contenders {
+        run_tasks(lib, "warm-up", "", 1, 200, false).await?;
+    }
+
+    let mut results: Vec<Measured> = Vec::new();
+    let mut push = |m: Measured| {
+        println!(
+            "{:<48} {:<14} {:>10.0}/s  p50 {:>9}  p99 {:>9}  max {:>9} {}",
+            m.scenario,
+            m.lib,
+            m.throughput(),
+            fmt_d(m.pct(50.0)),
+            fmt_d(m.pct(99.0)),
+            fmt_d(m.waits.last().copied().unwrap_or_default()),
+            m.note.clone().unwrap_or_default()
+        );
+        results.push(m);
+    };
+
+    // Interleaved: each scenario runs every contender, round-robin, twice;
+    // the better of the two runs is kept to damp noise from the other processes.
+    let repeat = 2;
+    let scenarios: [(&str, usize, u64, bool); 3] = [
+        ("1. 1 task, uncontended", 1, 20_000 / scale, false),
+        ("2. 64 tasks, distinct keys", 64, 1_000 / scale, false),
+        ("3. 16 tasks, one hot key", 16, 500 / scale, true),
+    ];
+    for (scenario, tasks, ops, hot) in scenarios {
+        let mut best: HashMap<&str, Measured> = HashMap::new();
+        for _ in 0..repeat {
+            for (name, lib) in contenders {
+                let m = run_tasks(lib, scenario, name, tasks, ops, hot).await?;
+                if best
+                    .get(name)
+                    .is_none_or(|b| m.throughput() > b.throughput())
+                {
+                    best.insert(name, m);
+                }
+            }
+        }
+        for (name, _) in contenders {
+            if let Some(m) = best.remove(name) {
+                push(m);
+            }
+        }
+    }
+    for (name, _) in contenders {
+        let ops = 500 / scale;
+        let m = tokio::task::spawn_blocking({
+            let url = url.clone();
+            move || run_processes(name, &url, ops)
+        })
+        .await??;
+        push(m);
+    }
+    for name in ["floor", "lock-runtime", "rslock"] {
+        let rounds = if quick { 30 } else { 200 };
+        let m = tokio::task::spawn_blocking({
+            let url = url.clone();
+            move || run_handoff(name, &url, rounds)
+        })
+        .await??;
+        push(m);
+    }
+    let tokio_mutex = Lib::TokioMutex(Arc::default());
+    let mem = Lib::Ours(memory.clone());
+    for (scenario, tasks, ops, hot) in [
+        (
+            "6a. memory backend, 1 task uncontended",
+            1usize,
+            200_000 / scale,
+            false,
+        ),
+        (
+            "6b. memory backend, 16 tasks one hot key",
+            16,
+            5_000 / scale,
+            true,
+        ),
+    ] {
+        push(run_tasks(&tokio_mutex, scenario, "tokio Mutex", tasks, ops, hot).await?);
+        push(run_tasks(&mem, scenario, "lock-runtime", tasks, ops, hot).await?);
+    }
+    let ops = 200_000 / scale;
+    push(
+        run_tasks(
+            &mem,
+            "7. attribute vs manual (memory)",
+            "manual API",
+            1,
+            ops,
+            false,
+        )
+        .await?,
+    );
+    push(
+        run_tasks(
+            &Lib::Attribute,
+            "7. attribute vs manual (memory)",
+            "#[distributed_lock]",
+            1,
+            ops,
+            false,
+        )
+        .await?,
+    );
+    push(run_growth(&mem, "lock-runtime (memory)", 1_000_000).await?);
+    push(
+        run_growth(
+            &ours,
+            "lock-runtime (redis)",
+            if quick { 20_000 } else { 200_000 },
+        )
+        .await?,
+    );
+
+    // The table.
+    let floor_of = |scenario: &str| {
+        results
+            .iter()
+            .find(|m| {
+                m.scenario == scenario
+                    && (m.lib == "floor" || m.lib == "tokio Mutex" || m.lib == "manual API")
+            })
+            .map(Measured::throughput)
+    };
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| scenario | library | sections/s | wait p50 | wait p99 | wait max | vs floor |"
+    )?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
+    for m in &results {
+        let (rate, ratio) = match &m.note {
+            Some(note) if m.scenario.starts_with('5') => (
+                note.clone(),
+                format!(
+                    "{:.1} RTT (p50)",
+                    m.pct(50.0).as_secs_f64() / rtt.as_secs_f64()
+                ),
+            ),
+            Some(note) => (note.clone(), String::new()),
+            None => {
+                let ratio = floor_of(&m.scenario)
+                    .map_or(String::new(), |f| format!("{:.2}x", m.throughput() / f));
+                (format!("{:.0}", m.throughput()), ratio)
+            }
+        };
+        let waits = |d: Duration| {
+            if m.waits.is_empty() {
+                "-".to_owned()
+            } else {
+                fmt_d(d)
+            }
+        };
+        writeln!(
+            table,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            m.scenario,
+            m.lib,
+            rate,
+            waits(m.pct(50.0)),
+            waits(m.pct(99.0)),
+            waits(m.waits.last().copied().unwrap_or_default()),
+            ratio
+        )?;
+    }
+    let uncontended_floor = floor_of("1. 1 task, uncontended").unwrap_or(0.0);
+    let mut report = String::new();
+    writeln!(report, "# Benchmarks\n")?;
+    writeln!(report, "Machine: {}.\n", machine())?;
+    writeln!(
+        report,
+        "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
+         Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
+         interleaved, keeping the faster run. \"vs floor\" is throughput over the floor's in the same \
+         scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
+         backend; the manual API for the attribute); for hand-offs it is the median in round trips.\n",
+        if quick {
+            "--quick (figures are rough)"
+        } else {
+            "full"
+        },
+        fmt_d(rtt),
+        uncontended_floor
+    )?;
+    report.push_str(&table);
+    report.push_str("\nWait-time distributions: `BENCHMARKS.svg`.\n");
+    println!("\n{table}");
+
+    let (md, svg) = if quick {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        std::fs::create_dir_all(&dir)?;
+        (
+            dir.join("BENCHMARKS-quick.md"),
+            dir.join("BENCHMARKS-quick.svg"),
+        )
+    } else {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        (root.join("BENCHMARKS.md"), root.join("BENCHMARKS.svg"))
+    };
+    std::fs::write(&md, report)?;
+    let panel = |prefix: &str| {
+        results
+            .iter()
+            .filter(|m| m.scenario.starts_with(prefix))
+            .collect::<Vec<_>>()
+    };
+    chart(
+        &svg,
+        &[
+            ("16 tasks, one hot key", panel("3.")),
+            ("4 processes x 4 tasks, one hot key", panel("4.")),
+        ],
+    )?;
+    println!("wrote {} and {}", md.display(), svg.display());
+    Ok(())
+}
