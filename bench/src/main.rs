@@ -60,6 +60,35 @@ static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(||
     )
 });
 
+/// The floor's acquire: `SET key token NX PX ttl`, retried at once while
+/// held; returns the token.
+async fn floor_acquire(conn: &mut MultiplexedConnection, key: &str) -> Result<String, Error> {
+    let token = format!("{:032x}", rand_u128());
+    loop {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(TTL.as_millis() as u64)
+            .query_async(conn)
+            .await?;
+        if set.is_some() {
+            return Ok(token);
+        }
+    }
+}
+
+/// The floor's release: the owner-checked delete script.
+async fn floor_release(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    token: &str,
+) -> Result<(), Error> {
+    let _: i64 = RELEASE.key(key).arg(token).invoke_async(conn).await?;
+    Ok(())
+}
+
 #[distributed_lock(key = "{key}", ttl = "30s")]
 async fn attribute_section(key: &str, called: Instant) -> Duration {
     let waited = called.elapsed();
@@ -74,23 +103,10 @@ impl Lib {
         match self {
             Lib::Floor(conn) => {
                 let mut conn = conn.clone();
-                let token = format!("{:032x}", rand_u128());
-                loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(key)
-                        .arg(&token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async(&mut conn)
-                        .await?;
-                    if set.is_some() {
-                        break;
-                    }
-                }
+                let token = floor_acquire(&mut conn, key).await?;
                 let waited = called.elapsed();
                 work();
-                let _: i64 = RELEASE.key(key).arg(&token).invoke_async(&mut conn).await?;
+                floor_release(&mut conn, key, &token).await?;
                 Ok(waited)
             }
             Lib::Ours(registry) => {
@@ -287,24 +303,11 @@ async fn worker(args: &[String]) -> Result<(), Error> {
                     }
                     Lib::Floor(conn) => {
                         let mut conn = conn.clone();
-                        let token = format!("{:032x}", rand_u128());
-                        loop {
-                            let set: Option<String> = redis::cmd("SET")
-                                .arg(key)
-                                .arg(&token)
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(30_000)
-                                .query_async(&mut conn)
-                                .await?;
-                            if set.is_some() {
-                                break;
-                            }
-                        }
+                        let token = floor_acquire(&mut conn, key).await?;
                         let acquired = now_ns();
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         let released = now_ns();
-                        let _: i64 = RELEASE.key(key).arg(&token).invoke_async(&mut conn).await?;
+                        floor_release(&mut conn, key, &token).await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
                     _ => return Err("no hand-off for this contender".into()),

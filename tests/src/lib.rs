@@ -176,3 +176,66 @@ macro_rules! backend_contract {
         }
     };
 }
+
+/// True when `registry` cannot take `key` right now: someone holds it.
+pub async fn is_held(registry: &lock_runtime::LockRegistry, key: &str) -> bool {
+    let attempt = registry
+        .try_lock(key, lock_runtime::LockOptions::default())
+        .await
+        .expect("try_lock");
+    match attempt {
+        Some(guard) => {
+            guard.release().await.expect("release");
+            false
+        }
+        None => true,
+    }
+}
+
+/// Measures a hand-off on Redis: `holder` holds `key`, `waiter` waits for it
+/// in a task; once the waiter's subscription shows on `server` (`PUBSUB
+/// NUMSUB`), the holder releases. Returns the time from the release call to
+/// the waiter holding the lock.
+pub async fn measure_handoff(
+    holder: &lock_runtime::LockRegistry,
+    waiter: lock_runtime::LockRegistry,
+    key: &str,
+    server: &RedisServer,
+) -> std::time::Duration {
+    use std::time::{Duration, Instant};
+    let opts = lock_runtime::LockOptions::default;
+    let held = holder.lock(key, opts()).await.expect("holder locks");
+    let waiting = tokio::spawn({
+        let key = key.to_owned();
+        async move {
+            let guard = waiter.lock(&key, opts()).await.expect("waiter locks");
+            let at = Instant::now();
+            guard.release().await.expect("waiter releases");
+            at
+        }
+    });
+    let channel = format!("lock:{{{key}}}:released");
+    let since = Instant::now();
+    loop {
+        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.connection())
+            .expect("PUBSUB NUMSUB");
+        if counts.first().is_some_and(|(_, n)| *n > 0) {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let released_at = Instant::now();
+    held.release().await.expect("holder releases");
+    let acquired_at = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("waiter acquires within 10 s")
+        .expect("waiter task");
+    acquired_at - released_at
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryBackend};
-use lock_tests::{backend_contract, unique_key};
+use lock_tests::{backend_contract, is_held, unique_key};
 use tokio::time::Instant;
 
 async fn memory() -> (MemoryBackend, ()) {
@@ -82,13 +82,7 @@ async fn a_holder_whose_lease_expired_gets_lost_and_leaves_the_next_lock_alone()
     assert!(second.fencing_token() > first.fencing_token());
     assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
     assert!(second.is_held());
-    assert!(
-        a.try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none(),
-        "second lock intact"
-    );
+    assert!(is_held(&a, &key).await, "second lock intact");
     second.release().await.unwrap();
 }
 
@@ -102,21 +96,9 @@ async fn hold_at_least_keeps_the_lock_after_an_early_release() {
     let guard = a.lock(&key, opts).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     guard.release().await.unwrap();
-    assert!(
-        b.try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none(),
-        "held for the minimum"
-    );
+    assert!(is_held(&b, &key).await, "held for the minimum");
     tokio::time::sleep(Duration::from_millis(1400)).await;
-    assert!(
-        b.try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none(),
-        "still within 2s"
-    );
+    assert!(is_held(&b, &key).await, "still within 2s");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         b.try_lock(&key, LockOptions::default())
@@ -144,13 +126,7 @@ async fn tasks_of_one_process_queue_locally_in_order() {
         // Let waiter i queue before waiter i + 1 starts.
         tokio::task::yield_now().await;
     }
-    assert!(
-        registry
-            .try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(is_held(&registry, &key).await);
     first.release().await.unwrap();
     for waiter in waiters {
         waiter.await.unwrap();

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::Fencing;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
-use lock_tests::{RedisServer, backend_contract, unique_key};
+use lock_tests::{RedisServer, backend_contract, is_held, measure_handoff, unique_key};
 use redis::Commands;
 
 async fn redis_backend() -> (RedisBackend, RedisServer) {
@@ -103,13 +103,7 @@ async fn scripts_survive_script_flush() {
         .query(&mut server.connection())
         .unwrap();
     let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
-    assert!(
-        registry
-            .try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(is_held(&registry, &key).await);
     guard.release().await.unwrap();
 }
 
@@ -213,13 +207,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
             Err(err) => panic!("no recovery after restart: {err}"),
         }
     };
-    assert!(
-        registry
-            .try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(is_held(&registry, &key).await);
     guard.release().await.unwrap();
 }
 
@@ -282,13 +270,7 @@ async fn an_expired_holder_gets_lost_and_leaves_the_new_holders_lock() {
     assert!(second.fencing_token() > first.fencing_token());
     assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
     assert!(second.is_held());
-    assert!(
-        a.try_lock(&key, LockOptions::default())
-            .await
-            .unwrap()
-            .is_none(),
-        "second lock intact"
-    );
+    assert!(is_held(&a, &key).await, "second lock intact");
     second.release().await.unwrap();
 }
 
@@ -482,32 +464,14 @@ async fn waiters_are_woken_again_after_the_server_restarts() {
 
     // Notifications work again: a 30 s lease hands off on release, not on expiry.
     let key = unique_key("restart");
-    let held = loop {
-        match a.lock(&key, LockOptions::default()).await {
-            Ok(guard) => break guard,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    let waiting = tokio::spawn({
-        let key = key.clone();
-        async move {
-            b.lock(&key, LockOptions::default())
-                .await
-                .map(|g| (Instant::now(), g))
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    let (acquired_at, guard) = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let handoff = acquired_at - released_at;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.try_lock(&key, LockOptions::default()).await.is_err() {
+        assert!(Instant::now() < deadline, "no recovery after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let handoff = measure_handoff(&a, b, &key, &server).await;
     assert!(
         handoff < Duration::from_secs(1),
         "hand-off took {handoff:?}: no notification"
     );
-    guard.release().await.unwrap();
 }
