@@ -219,7 +219,7 @@ async fn expired_holder_without_watchdog_gets_lost_and_spares_the_next_holder() 
     );
     // The first holder's release did not free the second holder's lock.
     assert!(second.is_held());
-    assert!(is_held(&registry, &key).await);
+    assert!(is_held(registry, &key).await);
     second.release().await.unwrap();
 }
 
