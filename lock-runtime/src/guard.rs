@@ -8,7 +8,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::backend::LockToken;
-use crate::registry::{LocalPermit, LockRegistry};
+use crate::registry::{Baton, LocalPermit, LockRegistry, MAX_HAND_OVERS};
 use crate::watchdog::{Lease, LeaseSignal, Watch};
 use crate::{LockError, LockOptions};
 
@@ -36,6 +36,9 @@ struct Held {
     fencing: u64,
     acquired_at: Instant,
     hold_at_least: Option<Duration>,
+    ttl: Duration,
+    /// Hand-overs in a row that led to this lease.
+    chain: u32,
     full_key: String,
     lease: Arc<LeaseSignal>,
     watchdog: Watch,
@@ -85,12 +88,22 @@ impl LockGuard {
                 fencing,
                 acquired_at,
                 hold_at_least: opts.hold_at_least,
+                ttl: opts.ttl_millis(),
+                chain: 0,
                 full_key,
                 lease,
                 watchdog,
                 permit,
             }),
         }
+    }
+
+    /// Records that this lease came through `chain` hand-overs in a row.
+    pub(crate) fn with_chain(mut self, chain: u32) -> Self {
+        if let Some(held) = self.held.as_mut() {
+            held.chain = chain;
+        }
+        self
     }
 
     fn held(&self) -> &Held {
@@ -146,6 +159,47 @@ impl LockGuard {
 }
 
 impl Held {
+    /// If another task of this process waits for the key, passes the lease
+    /// to it in one round trip instead of releasing it (at most
+    /// `MAX_HAND_OVERS` times in a row). `None` when it did not try.
+    async fn try_hand_over(&self) -> Option<Result<(), LockError>> {
+        let backend = self.registry.backend();
+        if self.chain >= MAX_HAND_OVERS || !backend.supports_hand_over() {
+            return None;
+        }
+        let permit = {
+            let mut slot = self
+                .permit
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            if !slot.as_ref().is_some_and(LocalPermit::has_waiters) {
+                return None;
+            }
+            slot.take()?
+        };
+        let sent_at = Instant::now();
+        let result = match backend
+            .hand_over(&self.full_key, self.token, self.ttl)
+            .await
+        {
+            Ok(Some(fencing)) => {
+                tracing::debug!(key = %self.key, fencing, "lock handed over within this process");
+                permit.pass(Baton {
+                    token: self.token,
+                    fencing,
+                    ttl: self.ttl,
+                    sent_at,
+                    chain: self.chain + 1,
+                });
+                return Some(Ok(()));
+            }
+            Ok(None) => Err(LockError::lost(&self.key)),
+            Err(source) => Err(LockError::backend(&self.key, "release", source)),
+        };
+        drop(permit);
+        Some(result)
+    }
+
     async fn release(self) -> Result<(), LockError> {
         self.watchdog.stop();
         let was_held = !self.lease.is_lost();
@@ -155,6 +209,12 @@ impl Held {
             .unwrap_or_default();
         // Stores count whole milliseconds: round a remainder up.
         let linger = Duration::from_millis(linger.as_micros().div_ceil(1000) as u64);
+        if was_held
+            && linger.is_zero()
+            && let Some(result) = self.try_hand_over().await
+        {
+            return result;
+        }
         let released = self
             .registry
             .backend()

@@ -86,7 +86,7 @@ struct Inner {
     backend: Arc<dyn Backend>,
     /// `"ns:"`, or empty without a namespace.
     prefix: String,
-    local: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    local: Mutex<HashMap<String, Arc<SlotShared>>>,
     /// Identifies this registry to the per-thread lease renewers.
     renewal_owner: Arc<()>,
 }
@@ -320,9 +320,35 @@ impl LockRegistry {
             Mode::Wait => within(deadline, slot.lock()).await.ok_or_else(timed_out)?,
         };
         let backend = &*self.inner.backend;
+        let ttl = opts.ttl_millis();
+        if let Some(baton) = permit.take_baton() {
+            if baton.ttl == ttl {
+                tracing::debug!(
+                    key,
+                    fencing = baton.fencing,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "lock handed over by the previous holder in this process"
+                );
+                let guard = LockGuard::new(
+                    self.clone(),
+                    key,
+                    baton.token,
+                    baton.fencing,
+                    baton.sent_at,
+                    opts,
+                    permit,
+                )
+                .with_chain(baton.chain);
+                return Ok(Some(guard));
+            }
+            // Handed over with another ttl: give it back and take our own.
+            backend
+                .release(permit.key(), baton.token, Duration::ZERO)
+                .await
+                .map_err(|source| LockError::backend(key, "release", source))?;
+        }
         let full_key = permit.key();
         let token = LockToken::random();
-        let ttl = opts.ttl_millis();
         let mut watch: Option<ReleaseWatch> = None;
         loop {
             let attempt_at = Instant::now();
@@ -379,15 +405,15 @@ impl LockRegistry {
 
     /// Gets or creates the local queue for `full_key`.
     fn local_slot(&self, full_key: String) -> LocalSlot {
-        let queue = self.local().entry(full_key.clone()).or_default().clone();
+        let shared = self.local().entry(full_key.clone()).or_default().clone();
         LocalSlot {
             registry: self.clone(),
             full_key,
-            queue,
+            shared,
         }
     }
 
-    fn local(&self) -> MutexGuard<'_, HashMap<String, Arc<AsyncMutex<()>>>> {
+    fn local(&self) -> MutexGuard<'_, HashMap<String, Arc<SlotShared>>> {
         // Every update under this lock is a single map operation, so the map
         // is consistent even if a holder panicked.
         self.inner
@@ -421,22 +447,57 @@ fn retry_delay(remaining: Option<Duration>) -> Duration {
     base + Duration::from_micros(jitter)
 }
 
+/// How many times in a row a lease may be handed to the next task of this
+/// process before it is released in the store, so that other processes get
+/// their turn.
+pub(crate) const MAX_HAND_OVERS: u32 = 8;
+
+/// A lease handed over by the previous holder in this process, waiting for
+/// the next one at the front of the local queue.
+#[derive(Debug)]
+pub(crate) struct Baton {
+    pub(crate) token: LockToken,
+    pub(crate) fencing: u64,
+    pub(crate) ttl: Duration,
+    /// When the hand-over request was sent: the lease is good for `ttl`
+    /// from then.
+    pub(crate) sent_at: Instant,
+    /// How many hand-overs in a row led to this one.
+    pub(crate) chain: u32,
+}
+
+/// The local queue of one key, and the lease handed along it.
+#[derive(Default)]
+struct SlotShared {
+    queue: Arc<AsyncMutex<()>>,
+    baton: Mutex<Option<Baton>>,
+}
+
+impl SlotShared {
+    fn baton(&self) -> MutexGuard<'_, Option<Baton>> {
+        // Only `take` and `replace`: consistent after a panic.
+        self.baton
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
 /// This registry's queue for one key; removes the queue from the map when
 /// the last user goes away.
 struct LocalSlot {
     registry: LockRegistry,
     full_key: String,
-    queue: Arc<AsyncMutex<()>>,
+    shared: Arc<SlotShared>,
 }
 
 impl LocalSlot {
     async fn lock(self) -> LocalPermit {
-        let guard = self.queue.clone().lock_owned().await;
+        let guard = self.shared.queue.clone().lock_owned().await;
         LocalPermit { guard, slot: self }
     }
 
     fn try_lock(self) -> Option<LocalPermit> {
-        let guard = self.queue.clone().try_lock_owned().ok()?;
+        let guard = self.shared.queue.clone().try_lock_owned().ok()?;
         Some(LocalPermit { guard, slot: self })
     }
 }
@@ -445,8 +506,21 @@ impl Drop for LocalSlot {
     fn drop(&mut self) {
         let mut local = self.registry.local();
         // The map's reference and ours: nobody else holds or waits.
-        if Arc::strong_count(&self.queue) == 2 {
-            local.remove(&self.full_key);
+        if Arc::strong_count(&self.shared) != 2 {
+            return;
+        }
+        local.remove(&self.full_key);
+        drop(local);
+        // A lease handed over to a waiter that then went away: release it
+        // now rather than let it block other processes until its ttl.
+        let Some(baton) = self.shared.baton().take() else {
+            return;
+        };
+        let (backend, key) = (self.registry.backend().clone(), self.full_key.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = backend.release(&key, baton.token, Duration::ZERO).await;
+            });
         }
     }
 }
@@ -463,6 +537,23 @@ pub(crate) struct LocalPermit {
 impl LocalPermit {
     pub(crate) fn key(&self) -> &str {
         &self.slot.full_key
+    }
+
+    /// Whether other tasks of this process wait behind this permit.
+    pub(crate) fn has_waiters(&self) -> bool {
+        // The map and this permit's slot hold one reference each; every
+        // waiter holds one more (its own slot).
+        Arc::strong_count(&self.slot.shared) > 2
+    }
+
+    /// Takes the lease the previous holder handed over, if any.
+    fn take_baton(&self) -> Option<Baton> {
+        self.slot.shared.baton().take()
+    }
+
+    /// Leaves `baton` for the next holder and gives up the turn.
+    pub(crate) fn pass(self, baton: Baton) {
+        *self.slot.shared.baton() = Some(baton);
     }
 }
 

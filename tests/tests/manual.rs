@@ -244,3 +244,81 @@ async fn a_guard_whose_lease_is_lost_no_longer_blocks_its_own_process() {
     fresh.release().await.unwrap();
     assert_eq!(registry.local_keys(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_within_a_process_give_other_processes_their_turn() {
+    let (a, b) = two_processes();
+    let key = unique_key("fair");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Process A: four tasks that take the lock again and again, so there is
+    // always a local waiter to hand the lease to.
+    let hammers: Vec<_> = (0..4)
+        .map(|_| {
+            let (a, key, stop) = (a.clone(), key.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sections = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let guard = a.lock(&key, LockOptions::default()).await.unwrap();
+                    tokio::task::yield_now().await;
+                    guard.release().await.unwrap();
+                    sections += 1;
+                }
+                sections
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Process B still gets the lock: A releases for real every few hand-overs.
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
+    let mut fencing = Vec::new();
+    for _ in 0..5 {
+        let guard = b
+            .lock(&key, opts.clone())
+            .await
+            .expect("B starved by A's hand-overs");
+        fencing.push(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut total = 0;
+    for hammer in hammers {
+        total += hammer.await.unwrap();
+    }
+    assert!(total > 0);
+    assert!(fencing.windows(2).all(|w| w[0] < w[1]), "{fencing:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_handed_to_a_waiter_that_left_is_released() {
+    let store = MemoryBackend::new();
+    let registry = LockRegistry::builder(store.clone()).build().unwrap();
+    let other = LockRegistry::builder(store.clone()).build().unwrap();
+    let key = unique_key("baton");
+    let held = registry.lock(&key, LockOptions::default()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (registry, key) = (registry.clone(), key.clone());
+        async move { registry.lock(&key, LockOptions::default()).await.map(drop) }
+    });
+    tokio::task::yield_now().await;
+    // The release hands the lease to the waiter, which is cancelled before
+    // it runs again: the lease must be released, not left for its 30 s ttl.
+    held.release().await.unwrap();
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    let started = Instant::now();
+    let guard = other
+        .lock(
+            &key,
+            LockOptions::default().wait_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+    assert_eq!(registry.local_keys(), 0);
+    assert_eq!(store.tracked_keys(), 0);
+}

@@ -475,3 +475,55 @@ async fn waiters_are_woken_again_after_the_server_restarts() {
         "hand-off took {handoff:?}: no notification"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_waiters_get_the_lease_handed_over_in_one_round_trip() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("handover");
+    // Warm up the scripts, then hold the lock while 8 tasks queue behind it.
+    registry
+        .lock(&key, LockOptions::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let first = registry.lock(&key, LockOptions::default()).await.unwrap();
+    reset_stats(&server);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (registry, key, seen) = (registry.clone(), key.clone(), seen.clone());
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+                    seen.lock().unwrap().push(guard.fencing_token());
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 41);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "fencing in holding order: {seen:?}"
+    );
+    let calls = command_calls(&server);
+    let evalsha = calls
+        .iter()
+        .find(|(name, _)| name == "evalsha")
+        .map_or(0, |(_, n)| *n);
+    // Without hand-overs: 41 releases + 40 acquires = 81 calls. With them,
+    // most of those pairs are one hand-over script.
+    assert!(
+        evalsha <= 60,
+        "{evalsha} scripts for 41 sections: {calls:?}"
+    );
+}

@@ -174,6 +174,23 @@ impl MemoryBackend {
         true
     }
 
+    fn pass_on(&self, key: &str, token: LockToken, ttl: Duration) -> Option<u64> {
+        let now = Instant::now();
+        let mut table = self.table();
+        table.fencing += 1;
+        let fencing = table.fencing;
+        let slot = table.slots.get_mut(key)?;
+        let holder = slot
+            .live_holder(now)
+            .filter(|holder| holder.token == token)?;
+        slot.holder = Some(Holder {
+            expires: now + ttl,
+            fencing,
+            ..holder
+        });
+        Some(fencing)
+    }
+
     fn subscribe(&self, key: &str) -> ReleaseWatch {
         let mut table = self.table();
         let slot = match table.slots.get_mut(key) {
@@ -257,6 +274,19 @@ impl Backend for MemoryBackend {
         linger: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move { Ok(self.release_lease(key, token, linger)) })
+    }
+
+    fn supports_hand_over(&self) -> bool {
+        true
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        Box::pin(async move { Ok(self.pass_on(key, token, ttl)) })
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {

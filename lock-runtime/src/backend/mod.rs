@@ -145,6 +145,26 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Subscribes to release notifications for `key`.
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
 
+    /// Whether [`hand_over`](Self::hand_over) is implemented.
+    fn supports_hand_over(&self) -> bool {
+        false
+    }
+
+    /// Passes our lease on to the next holder in this process without
+    /// releasing it: extends it to `ttl` and returns a new fencing token
+    /// (larger than every earlier one), in one round trip. `Ok(None)` when
+    /// the lease is no longer ours. Only called when
+    /// [`supports_hand_over`](Self::supports_hand_over) is true.
+    fn hand_over<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        let _ = (key, token, ttl);
+        Box::pin(async { Err("this backend cannot hand a lease over".into()) })
+    }
+
     /// How much of a `ttl` lease to treat as already gone, for clock drift
     /// between this process and the store(s). The holder's lease is taken to
     /// end at `sent + ttl - drift`, where `sent` is when the acquire or renew

@@ -90,6 +90,19 @@ redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
 
+/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode. Extends our
+/// lease for the next holder in this process and returns its fencing token;
+/// -1 when the lease is not ours.
+const HAND_OVER: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local mode = tonumber(ARGV[3])
+if mode == 0 then return 0 end
+local fencing = redis.call('INCR', KEYS[2])
+if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
+return fencing
+";
+
 /// `KEYS`: counter. `ARGV`: floor. Raises the counter to at least the floor
 /// (Redlock: every node learns the token just handed out).
 const RAISE: &str = r"
@@ -100,6 +113,7 @@ return 1
 
 static ACQUIRE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(ACQUIRE));
 static RAISE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RAISE));
+static HAND_OVER_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(HAND_OVER));
 static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
 
@@ -409,6 +423,30 @@ where
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
         Box::pin(self.subscriber.watch(channel(key)))
+    }
+
+    fn supports_hand_over(&self) -> bool {
+        true
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let names = names(key);
+            let mut script = HAND_OVER_SCRIPT.key(names.lock);
+            script
+                .key(names.counter)
+                .arg(token.to_string())
+                .arg(millis(ttl))
+                .arg(self.fencing.mode_arg());
+            // Not idempotent (it increments the counter): resent only if never sent.
+            let fencing: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
+            Ok(u64::try_from(fencing).ok())
+        })
     }
 }
 
