@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::context::{self, Frame};
 use crate::guard::LockGuard;
 use crate::options::Mode;
-use crate::{LockError, LockOptions, LockRegistry};
+use crate::{LockError, LockOptions};
 
 /// Renders a key template's arguments (no allocation beyond the result).
 #[doc(hidden)]
@@ -127,7 +127,3 @@ async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, L
         }
     }
 }
-
-/// Keeps `LockRegistry` reachable for expansions that name it.
-#[doc(hidden)]
-pub type Registry = LockRegistry;
