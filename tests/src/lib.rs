@@ -8,7 +8,7 @@
 mod redis_server;
 mod worker;
 
-pub use redis_server::{RedisServer, RedisServers};
+pub use redis_server::{RedisCluster, RedisServer, RedisServers};
 pub use worker::{Worker, field};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,6 +19,8 @@ pub struct RedisServer {
     dir: PathBuf,
     password: Option<String>,
     persistent: bool,
+    /// Extra `redis-server` arguments, given on every (re)start.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -63,7 +65,17 @@ impl RedisServer {
         RedisServer::start(None, true)
     }
 
+    /// Starts a server with extra `redis-server` arguments (`{dir}` in an
+    /// argument stands for the server's own directory).
+    pub fn with_args(args: &[&str]) -> RedisServer {
+        RedisServer::start_with(None, false, args.iter().map(|a| a.to_string()).collect())
+    }
+
     fn start(password: Option<String>, persistent: bool) -> RedisServer {
+        RedisServer::start_with(password, persistent, Vec::new())
+    }
+
+    fn start_with(password: Option<String>, persistent: bool, extra: Vec<String>) -> RedisServer {
         let dir = temp_dir();
         let mut last_log = String::new();
         for _ in 0..3 {
@@ -72,6 +84,7 @@ impl RedisServer {
                 dir: dir.clone(),
                 password: password.clone(),
                 persistent,
+                extra: extra.clone(),
                 child: None,
             };
             match server.spawn() {
@@ -109,6 +122,8 @@ impl RedisServer {
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
+        let dir = self.dir.to_string_lossy().into_owned();
+        command.args(self.extra.iter().map(|arg| arg.replace("{dir}", &dir)));
         let child = command.spawn().unwrap_or_else(|err| {
             panic!(
                 "cannot run `{}`: {err}; install redis-server (apt-get install -y redis-server) \
@@ -290,6 +305,72 @@ impl RedisServers {
 
     /// Server `i`.
     pub fn get(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+}
+
+/// A Redis Cluster of `n` primaries (no replicas), all on loopback, built
+/// with `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    servers: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts the nodes, joins them and waits for `cluster_state:ok`.
+    pub fn spawn(n: usize) -> RedisCluster {
+        let servers: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                RedisServer::with_args(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "{dir}/nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let nodes: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli (it comes with redis-server, in redis-tools)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for server in &servers {
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut server.connection())
+                    .unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster not ok: {info}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { servers }
+    }
+
+    /// Every node's URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> &RedisServer {
         &self.servers[i]
     }
 }
