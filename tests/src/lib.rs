@@ -177,6 +177,15 @@ macro_rules! backend_contract {
     };
 }
 
+/// Takes and releases `key` once (warms up scripts and connections).
+pub async fn lock_and_release(registry: &lock_runtime::LockRegistry, key: &str) {
+    let guard = registry
+        .lock(key, lock_runtime::LockOptions::default())
+        .await
+        .expect("lock");
+    guard.release().await.expect("release");
+}
+
 /// True when `registry` cannot take `key` right now: someone holds it.
 pub async fn is_held(registry: &lock_runtime::LockRegistry, key: &str) -> bool {
     let attempt = registry

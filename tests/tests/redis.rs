@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::Fencing;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
-use lock_tests::{RedisServer, backend_contract, is_held, measure_handoff, unique_key};
+use lock_tests::{
+    RedisServer, backend_contract, is_held, lock_and_release, measure_handoff, unique_key,
+};
 use redis::Commands;
 
 async fn redis_backend() -> (RedisBackend, RedisServer) {
@@ -91,13 +93,7 @@ async fn scripts_survive_script_flush() {
     let server = RedisServer::new();
     let registry = registry(&server).await;
     let key = unique_key("flush");
-    registry
-        .lock(&key, LockOptions::default())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_and_release(&registry, &key).await;
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut server.connection())
@@ -168,13 +164,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     let mut server = RedisServer::new();
     let registry = registry(&server).await;
     let key = unique_key("down");
-    registry
-        .lock(&key, LockOptions::default())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_and_release(&registry, &key).await;
     server.kill();
     let started = Instant::now();
     let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
@@ -216,13 +206,7 @@ async fn a_frozen_server_never_holds_a_caller_past_wait_timeout() {
     let server = RedisServer::new();
     let registry = registry(&server).await;
     let key = unique_key("frozen");
-    registry
-        .lock(&key, LockOptions::default())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_and_release(&registry, &key).await;
     server.pause();
     let started = Instant::now();
     let opts = LockOptions::default().wait_timeout(Duration::from_millis(500));
@@ -482,13 +466,7 @@ async fn local_waiters_get_the_lease_handed_over_in_one_round_trip() {
     let registry = registry(&server).await;
     let key = unique_key("handover");
     // Warm up the scripts, then hold the lock while 8 tasks queue behind it.
-    registry
-        .lock(&key, LockOptions::default())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_and_release(&registry, &key).await;
     let first = registry.lock(&key, LockOptions::default()).await.unwrap();
     reset_stats(&server);
     let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));

@@ -271,6 +271,25 @@ impl<C> RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// An invocation of a script that takes the lock and counter keys and
+    /// the token, ttl and fencing mode (acquire, hand-over).
+    fn fenced<'s>(
+        &self,
+        script: &'s Script,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> ::redis::ScriptInvocation<'s> {
+        let names = names(key);
+        let mut invocation = script.key(names.lock);
+        invocation
+            .key(names.counter)
+            .arg(token.to_string())
+            .arg(millis(ttl))
+            .arg(self.fencing.mode_arg());
+        invocation
+    }
+
     /// Raises `key`'s fencing counter to at least `floor`.
     pub(crate) async fn raise_fencing(&self, key: &str, floor: u64) -> Result<(), BackendError> {
         let mut script = RAISE_SCRIPT.key(names(key).counter);
@@ -369,13 +388,7 @@ where
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
         Box::pin(async move {
-            let names = names(key);
-            let mut script = ACQUIRE_SCRIPT.key(names.lock);
-            script
-                .key(names.counter)
-                .arg(token.to_string())
-                .arg(millis(ttl))
-                .arg(self.fencing.mode_arg());
+            let script = self.fenced(&ACQUIRE_SCRIPT, key, token, ttl);
             let (acquired, value): (i64, i64) =
                 invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
             Ok(if acquired == 1 {
@@ -436,13 +449,7 @@ where
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
         Box::pin(async move {
-            let names = names(key);
-            let mut script = HAND_OVER_SCRIPT.key(names.lock);
-            script
-                .key(names.counter)
-                .arg(token.to_string())
-                .arg(millis(ttl))
-                .arg(self.fencing.mode_arg());
+            let script = self.fenced(&HAND_OVER_SCRIPT, key, token, ttl);
             // Not idempotent (it increments the counter): resent only if never sent.
             let fencing: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
             Ok(u64::try_from(fencing).ok())
