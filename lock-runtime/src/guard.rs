@@ -167,16 +167,7 @@ impl Held {
         if self.chain >= MAX_HAND_OVERS || !backend.supports_hand_over() {
             return None;
         }
-        let permit = {
-            let mut slot = self
-                .permit
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
-            if !slot.as_ref().is_some_and(LocalPermit::has_waiters) {
-                return None;
-            }
-            slot.take()?
-        };
+        let permit = take_permit_if(&self.permit, LocalPermit::has_waiters)?;
         let sent_at = Instant::now();
         let result = match backend
             .hand_over(&self.full_key, self.token, self.ttl)
@@ -237,11 +228,21 @@ impl Held {
 }
 
 fn take_permit(permit: &Mutex<Option<LocalPermit>>) -> Option<LocalPermit> {
+    take_permit_if(permit, |_| true)
+}
+
+/// Takes the permit out of its slot if `wanted` says so.
+fn take_permit_if(
+    permit: &Mutex<Option<LocalPermit>>,
+    wanted: impl FnOnce(&LocalPermit) -> bool,
+) -> Option<LocalPermit> {
     // `take` is the only operation: the slot is consistent after a panic.
-    permit
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner())
-        .take()
+    let mut slot = permit.lock().unwrap_or_else(|poison| poison.into_inner());
+    if slot.as_ref().is_some_and(wanted) {
+        slot.take()
+    } else {
+        None
+    }
 }
 
 impl Drop for LockGuard {

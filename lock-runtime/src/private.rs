@@ -54,13 +54,8 @@ pub async fn run_wait<F: Future>(
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         return Ok(reenter(&key, frame, body).await);
     }
-    match registry.acquire(&key, full_key, &opts, Mode::Wait).await? {
-        Some(guard) => run_locked(guard, body).await,
-        None => Err(LockError::Timeout {
-            key: LockError::shown_key(&key),
-            waited: Duration::ZERO,
-        }),
-    }
+    let guard = registry.wait_for(&key, full_key, &opts).await?;
+    run_locked(guard, body).await
 }
 
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.

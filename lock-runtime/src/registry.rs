@@ -230,7 +230,17 @@ impl LockRegistry {
     /// lease.
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let full_key = self.full_key(key)?;
-        match self.acquire(key, full_key, &opts, Mode::Wait).await? {
+        self.wait_for(key, full_key, &opts).await
+    }
+
+    /// Waits for the lock on an already namespaced key.
+    pub(crate) async fn wait_for(
+        &self,
+        key: &str,
+        full_key: String,
+        opts: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        match self.acquire(key, full_key, opts, Mode::Wait).await? {
             Some(guard) => Ok(guard),
             // Waiting never gives up without a deadline; keep the type honest.
             None => Err(LockError::Timeout {

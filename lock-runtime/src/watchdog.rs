@@ -45,6 +45,14 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
 }
 
+impl Lease {
+    /// How long after a grant (or renewal) is sent the lease can be counted
+    /// on: the ttl less the store's clock drift.
+    fn valid_for(&self) -> Duration {
+        self.ttl.saturating_sub(self.backend.clock_drift(self.ttl))
+    }
+}
+
 /// Says when a lease is known lost: a flag, and a wake-up for whoever waits.
 #[derive(Debug, Default)]
 pub(crate) struct LeaseSignal {
@@ -89,13 +97,6 @@ struct Entry {
 }
 
 impl Entry {
-    fn valid_for(&self) -> Duration {
-        let lease = &self.lease;
-        lease
-            .ttl
-            .saturating_sub(lease.backend.clock_drift(lease.ttl))
-    }
-
     fn interval(&self) -> Duration {
         (self.lease.ttl / 3).max(Duration::from_millis(1))
     }
@@ -293,7 +294,7 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
         match timeout_at(entry.valid_until(), renewal).await {
             Ok(Ok(true)) => {
                 tracing::trace!(key = %lease.key, "lease renewed");
-                *lock(&entry.valid_until) = sent_at + entry.valid_for();
+                *lock(&entry.valid_until) = sent_at + entry.lease.valid_for();
                 let due = entry.next_due(sent_at);
                 renewer.schedule(id, entry, due);
             }
@@ -325,12 +326,9 @@ impl Watch {
         on_lost: impl FnOnce() + Send + 'static,
     ) -> Watch {
         let renewer = Renewer::for_this_thread(owner);
-        let valid_for = lease
-            .ttl
-            .saturating_sub(lease.backend.clock_drift(lease.ttl));
         let acquired_at = lease.acquired_at;
         let entry = Arc::new(Entry {
-            valid_until: Mutex::new(acquired_at + valid_for),
+            valid_until: Mutex::new(acquired_at + lease.valid_for()),
             lease,
             signal,
             on_lost: Mutex::new(Some(Box::new(on_lost))),

@@ -46,6 +46,11 @@ fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The number of `name` calls in a `command_calls` list.
+fn calls_of(calls: &[(String, u64)], name: &str) -> u64 {
+    calls.iter().find(|(n, _)| n == name).map_or(0, |(_, n)| *n)
+}
+
 fn reset_stats(server: &RedisServer) {
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -279,10 +284,7 @@ async fn tasks_of_one_process_send_one_contender_to_redis() {
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let calls = command_calls(&server);
-    let evalsha = calls
-        .iter()
-        .find(|(name, _)| name == "evalsha")
-        .map_or(0, |(_, n)| *n);
+    let evalsha = calls_of(&calls, "evalsha");
     // One contender: its attempt, and its retry after subscribing.
     assert!(
         evalsha <= 2,
@@ -494,10 +496,7 @@ async fn local_waiters_get_the_lease_handed_over_in_one_round_trip() {
         "fencing in holding order: {seen:?}"
     );
     let calls = command_calls(&server);
-    let evalsha = calls
-        .iter()
-        .find(|(name, _)| name == "evalsha")
-        .map_or(0, |(_, n)| *n);
+    let evalsha = calls_of(&calls, "evalsha");
     // Without hand-overs: 41 releases + 40 acquires = 81 calls. With them,
     // most of those pairs are one hand-over script.
     assert!(

@@ -185,17 +185,7 @@ impl RedlockBackend {
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: std::future::Future<Output = NodeResult<T>> + 'a,
     {
-        join_all(self.nodes.iter().map(|node| {
-            let op = &op;
-            async move {
-                let call = async move { op(node.backend().await?).await };
-                match timeout(limit, call).await {
-                    Ok(result) => result,
-                    Err(_) => Err(format!("no answer within {limit:?}").into()),
-                }
-            }
-        }))
-        .await
+        join_all(self.nodes.iter().map(|node| on_node(node, limit, &op))).await
     }
 
     /// Releases on every node, ignoring failures (an undo after a lost vote).
@@ -227,6 +217,26 @@ impl RedlockBackend {
             errors.join("; ")
         )
     }
+}
+
+/// Runs `op` on one node (connecting it if need be) within `limit`.
+async fn on_node<'a, T, F, Fut>(node: &'a Node, limit: Duration, op: &F) -> NodeResult<T>
+where
+    F: Fn(&'a RedisBackend) -> Fut,
+    Fut: std::future::Future<Output = NodeResult<T>> + 'a,
+{
+    let call = async move { op(node.backend().await?).await };
+    match timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {limit:?}").into()),
+    }
+}
+
+/// How many nodes said "ours" (`Ok(true)`) and "not ours" (`Ok(false)`).
+fn tally(results: &[NodeResult<bool>]) -> (usize, usize) {
+    let ours = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    let not_ours = results.iter().filter(|r| matches!(r, Ok(false))).count();
+    (ours, not_ours)
 }
 
 /// A random pause for a split vote, so contenders do not collide again.
@@ -312,16 +322,15 @@ impl Backend for RedlockBackend {
                     .iter()
                     .zip(results.iter_mut())
                     .filter(|(_, r)| matches!(r, Ok(false)));
+                let acquire = |node: &'a RedisBackend| node.acquire(key, token, ttl);
                 join_all(retake.map(|(node, result)| async move {
-                    let again = async { node.backend().await?.acquire(key, token, ttl).await };
-                    if let Ok(Ok(Acquire::Acquired { .. })) = timeout(limit, again).await {
+                    if let Ok(Acquire::Acquired { .. }) = on_node(node, limit, &acquire).await {
                         *result = Ok(true);
                     }
                 }))
                 .await;
             }
-            let ours = results.iter().filter(|r| matches!(r, Ok(true))).count();
-            let not_ours = results.iter().filter(|r| matches!(r, Ok(false))).count();
+            let (ours, not_ours) = tally(&results);
             if ours >= self.quorum() && started.elapsed() + Self::drift(ttl) < ttl {
                 self.set_valid_until(key, token, started + ttl - Self::drift(ttl));
                 return Ok(true);
@@ -347,8 +356,7 @@ impl Backend for RedlockBackend {
                 .on_all(limit, |node| node.release(key, token, linger))
                 .await;
             self.validity().remove(&(key.to_owned(), token));
-            let released = results.iter().filter(|r| matches!(r, Ok(true))).count();
-            let not_ours = results.iter().filter(|r| matches!(r, Ok(false))).count();
+            let (released, not_ours) = tally(&results);
             let answered = released + not_ours;
             // Inside the validity window the lease was ours whatever some
             // nodes say (those that never granted it answer "not ours").
