@@ -2,107 +2,14 @@
 //! hands the body to one runtime function, which owns everything else.
 
 use proc_macro2::{Ident, Span, TokenStream};
-use quote::{ToTokens, quote, quote_spanned};
-use syn::parse::{Parse, ParseStream};
+use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{Attribute, Expr, ReturnType, Signature, Stmt, Token, Type, Visibility, parse_quote};
+use syn::{ReturnType, Token, Type, parse_quote};
 
-use crate::key::KeyTemplate;
-use crate::parse::{LockArgs, Millis, Mode};
-use crate::valid::validate;
-
-/// The function the attribute is put on. The signature is parsed so its
-/// return type can be edited in place; the body of an `async fn` is kept as
-/// raw tokens (tracing's `MaybeItemFn`).
-pub(crate) struct LockFn {
-    pub(crate) attrs: Vec<Attribute>,
-    pub(crate) vis: Visibility,
-    pub(crate) sig: Signature,
-    pub(crate) inner_attrs: Vec<Attribute>,
-    pub(crate) body: Body,
-}
-
-/// The statements of the function body.
-pub(crate) enum Body {
-    /// An `async fn` body, or a non-async body of unknown shape.
-    Tokens(TokenStream),
-    /// The shape `#[async_trait]` produces: statements, then a final
-    /// `Box::pin(async move { .. })`.
-    AsyncTrait {
-        before: Vec<Stmt>,
-        pin: Box<Expr>,
-        inner: syn::ExprAsync,
-    },
-}
-
-impl Parse for LockFn {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let attrs = input.call(Attribute::parse_outer)?;
-        let vis: Visibility = input.parse()?;
-        let sig: Signature = input.parse()?;
-        if input.peek(Token![;]) {
-            return Err(syn::Error::new(
-                input.span(),
-                "`#[distributed_lock]` needs a function body; put it on the implementation, not on the trait's declaration",
-            ));
-        }
-        let content;
-        syn::braced!(content in input);
-        let inner_attrs = content.call(Attribute::parse_inner)?;
-        let body = if sig.asyncness.is_some() {
-            Body::Tokens(content.parse()?)
-        } else {
-            let fork = content.fork();
-            match async_trait_shape(&fork) {
-                Some(body) => {
-                    content.parse::<TokenStream>()?;
-                    body
-                }
-                None => Body::Tokens(content.parse()?),
-            }
-        };
-        Ok(LockFn {
-            attrs,
-            vis,
-            sig,
-            inner_attrs,
-            body,
-        })
-    }
-}
-
-/// Recognises `stmts; Box::pin(async move { .. })`, as tracing's
-/// `AsyncInfo::from_fn` does.
-fn async_trait_shape(input: ParseStream<'_>) -> Option<Body> {
-    let mut stmts = syn::Block::parse_within(input).ok()?;
-    let Some(Stmt::Expr(Expr::Call(call), None)) = stmts.last() else {
-        return None;
-    };
-    let Expr::Path(path) = &*call.func else {
-        return None;
-    };
-    let segments: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    if !segments.ends_with(&["Box".to_owned(), "pin".to_owned()]) || call.args.len() != 1 {
-        return None;
-    }
-    let Some(Expr::Async(inner)) = call.args.first() else {
-        return None;
-    };
-    let inner = inner.clone();
-    let pin = call.func.clone();
-    stmts.pop();
-    Some(Body::AsyncTrait {
-        before: stmts,
-        pin,
-        inner,
-    })
-}
+use crate::input::{Body, LockFn};
+use crate::parse::{LockArgs, Mode};
+use crate::valid::{Config, validate};
 
 /// Entry point: never panics; on error emits the original item next to the
 /// error, so no follow-on errors are reported (thiserror's `fallback.rs`).
@@ -119,15 +26,12 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
 fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let func: LockFn = syn::parse2(item)?;
     let args: LockArgs = syn::parse2(args)?;
-    let template = validate(&args, &func)?;
-    Ok(expand(&args, &template, func))
+    let config = validate(args, &func)?;
+    Ok(expand(&config, func))
 }
 
-fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream {
-    let krate = args
-        .krate
-        .as_ref()
-        .map_or_else(|| quote!(::lock_runtime), ToTokens::to_token_stream);
+fn expand(config: &Config, func: LockFn) -> TokenStream {
+    let krate = &config.krate;
     let LockFn {
         attrs,
         vis,
@@ -135,10 +39,10 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
         inner_attrs,
         body,
     } = func;
-    let mode = args.mode();
+    let mode = config.mode;
     let key = Ident::new("__lock_key", Span::mixed_site());
-    let format_args = template.format_args();
-    let options = options(args, &krate);
+    let format_args = config.key.format_args();
+    let options = options(config);
     let run = match mode {
         Mode::Wait => quote!(run_wait),
         Mode::Skip => quote!(run_skip),
@@ -150,7 +54,7 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
         Body::Tokens(stmts) => {
             let declared = output_type(&sig.output);
             let (value_ty, erased) = erase_impl_trait(declared.clone());
-            sig.output = wrap_return(&sig.output, mode, &krate);
+            sig.output = wrap_return(&sig.output, mode, krate);
             let ret = Ident::new("__lock_ret", Span::mixed_site());
             // Pins the async block's output to `R` before the body is checked,
             // so a `return` of the wrong type is reported at the user's value
@@ -183,11 +87,7 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
             }
         }
         Body::AsyncTrait { before, pin, inner } => {
-            RewriteOutput {
-                mode,
-                krate: &krate,
-            }
-            .visit_return_type_mut(&mut sig.output);
+            RewriteOutput { mode, krate }.visit_return_type_mut(&mut sig.output);
             // Input:  fn f(&self) -> Pin<Box<dyn Future<Output = R> + ..>> { stmts; Box::pin(async move { .. }) }
             // Output: fn f(&self) -> Pin<Box<dyn Future<Output = Result<R, LockError>> + ..>> {
             //             stmts; let key = render_key(..);
@@ -212,19 +112,17 @@ fn expand(args: &LockArgs, template: &KeyTemplate, func: LockFn) -> TokenStream 
 }
 
 /// Builds `__private::options(ttl_ms, wait_timeout_ms, hold_at_least_ms, watchdog, max_hold_ms)`.
-fn options(args: &LockArgs, krate: &TokenStream) -> TokenStream {
-    let ttl = args.ttl_millis();
-    let watchdog = args.watchdog();
-    let optional = |value: &Option<Millis>| match value {
-        Some(millis) => {
-            let n = millis.millis;
-            quote!(::core::option::Option::Some(#n))
-        }
+fn options(config: &Config) -> TokenStream {
+    let optional = |value: Option<u64>| match value {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
         None => quote!(::core::option::Option::None),
     };
-    let wait_timeout = optional(&args.wait_timeout);
-    let hold_at_least = optional(&args.hold_at_least);
-    let max_hold = optional(&args.max_hold);
+    let ttl = config.ttl_ms;
+    let watchdog = config.watchdog;
+    let wait_timeout = optional(config.wait_timeout_ms);
+    let hold_at_least = optional(config.hold_at_least_ms);
+    let max_hold = optional(config.max_hold_ms);
+    let krate = &config.krate;
     quote! {
         #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold)
     }

@@ -8,7 +8,7 @@ use quote::{ToTokens, quote};
 use syn::{Ident, LitStr};
 
 /// One piece of a key template.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Part {
     /// Literal text, with `{{`/`}}` already unescaped.
     Lit(String),
@@ -17,6 +17,7 @@ pub(crate) enum Part {
 }
 
 /// A parsed key template and the literal it came from.
+#[derive(Clone)]
 pub(crate) struct KeyTemplate {
     pub(crate) parts: Vec<Part>,
     pub(crate) lit: LitStr,

@@ -12,6 +12,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod expand;
+mod input;
 mod key;
 mod parse;
 mod valid;

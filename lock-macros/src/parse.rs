@@ -8,6 +8,8 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Ident, LitBool, LitStr, Token};
 
+use crate::key::KeyTemplate;
+
 /// The argument names, in the order the error message lists them.
 pub(crate) const ARGUMENTS: &[&str] = &[
     "key",
@@ -62,7 +64,8 @@ impl Millis {
 /// The parsed arguments of `#[distributed_lock(..)]`, each with its span.
 #[derive(Default)]
 pub(crate) struct LockArgs {
-    pub(crate) key: Option<LitStr>,
+    /// The key template, scanned here so its errors join the others.
+    pub(crate) key: Option<KeyTemplate>,
     pub(crate) mode: Option<(Mode, Span)>,
     pub(crate) ttl: Option<Millis>,
     pub(crate) wait_timeout: Option<Millis>,
@@ -127,7 +130,8 @@ impl Parse for LockArgs {
             let result = if lookahead.peek(kw::key) {
                 let span = input.parse::<kw::key>()?.span;
                 let lit = parse_value::<LitStr>(input)?;
-                set_once(&mut args.key, lit, span, "key")
+                KeyTemplate::parse(&lit)
+                    .and_then(|template| set_once(&mut args.key, template, span, "key"))
             } else if lookahead.peek(kw::mode) {
                 let span = input.parse::<kw::mode>()?.span;
                 let lit = parse_value::<LitStr>(input)?;
@@ -309,7 +313,7 @@ mod tests {
                watchdog = false, max_hold = "10m", crate = "my::locks""#,
         )
         .unwrap();
-        assert_eq!(args.key.as_ref().unwrap().value(), "a:{id}");
+        assert_eq!(args.key.as_ref().unwrap().lit.value(), "a:{id}");
         assert_eq!(args.mode(), Mode::Skip);
         assert_eq!(args.ttl.as_ref().unwrap().millis, 90_000);
         assert_eq!(args.hold_at_least.as_ref().unwrap().millis, 10_000);

@@ -1,16 +1,49 @@
 //! Semantic checks: do the arguments fit together, and does the key template
-//! fit the function it is put on?
+//! fit the function it is put on? The answer is a [`Config`], the only thing
+//! expansion reads (as thiserror's `valid.rs` and tokio's `FinalConfig`).
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote};
 use syn::{FnArg, Pat};
 
-use crate::expand::{Body, LockFn};
+use crate::input::{Body, LockFn};
 use crate::key::KeyTemplate;
 use crate::parse::{LockArgs, Millis, Mode};
 
+/// The checked arguments, in the form expansion needs them.
+pub(crate) struct Config {
+    pub(crate) key: KeyTemplate,
+    pub(crate) mode: Mode,
+    /// The runtime crate's path: `::lock_runtime` unless `crate = ".."`.
+    pub(crate) krate: TokenStream,
+    pub(crate) ttl_ms: u64,
+    pub(crate) wait_timeout_ms: Option<u64>,
+    pub(crate) hold_at_least_ms: Option<u64>,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold_ms: Option<u64>,
+}
+
 /// Checks the arguments against each other and against the function, joining
 /// every independent error into one.
-pub(crate) fn validate(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplate> {
+pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
+    let key = check(&args, func)?;
+    let millis = |value: &Option<Millis>| value.as_ref().map(|m| m.millis);
+    Ok(Config {
+        key,
+        mode: args.mode(),
+        krate: args
+            .krate
+            .as_ref()
+            .map_or_else(|| quote!(::lock_runtime), ToTokens::to_token_stream),
+        ttl_ms: args.ttl_millis(),
+        wait_timeout_ms: millis(&args.wait_timeout),
+        hold_at_least_ms: millis(&args.hold_at_least),
+        watchdog: args.watchdog(),
+        max_hold_ms: millis(&args.max_hold),
+    })
+}
+
+fn check(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplate> {
     let mut errors: Option<syn::Error> = None;
     let mut push = |err: syn::Error| match &mut errors {
         Some(all) => all.combine(err),
@@ -31,8 +64,8 @@ pub(crate) fn validate(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplat
             ));
             None
         }
-        Some(lit) => match KeyTemplate::parse(lit).and_then(|t| check_key(&t, func).map(|()| t)) {
-            Ok(template) => Some(template),
+        Some(template) => match check_key(template, func) {
+            Ok(()) => Some(template.clone()),
             Err(err) => {
                 push(err);
                 None

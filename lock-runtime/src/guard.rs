@@ -1,19 +1,23 @@
-//! The guard of a held lock: releases on `release().await`, or on drop.
+//! The guard of a held lock: the store's lease handle, this process's turn
+//! at the key and the lease's renewal. Releases on `release().await`, or on
+//! drop.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
-use crate::backend::LockToken;
-use crate::registry::{Baton, LocalPermit, LockRegistry, MAX_HAND_OVERS};
-use crate::watchdog::{Lease, LeaseSignal, Watch};
-use crate::{LockError, LockOptions};
+use crate::backend::{BoxFuture, Capabilities, Lease, LossListener, LossSignal};
+use crate::error::{BackendError, LockError};
+use crate::local_queue::{LocalPermit, MAX_HAND_OVERS};
+use crate::options::LockOptions;
+use crate::renewal::{Renewable, Renewal, Schedule};
 
-/// A held lock. Renewed in the background by the watchdog (unless turned
-/// off) until it is released.
+/// A held lock. Renewed in the background (unless the watchdog is off)
+/// until it is released.
 ///
 /// The main path is [`release`](Self::release), which reports whether the
 /// lease was still held.
@@ -29,81 +33,149 @@ pub struct LockGuard {
     held: Option<Held>,
 }
 
+/// A lease the store granted, as the acquire loop hands it to a guard.
+pub(crate) struct Grant {
+    pub(crate) lease: Box<dyn Lease>,
+    pub(crate) loss: LossSignal,
+    pub(crate) fencing: u64,
+    /// When the request that granted (or last extended) it was sent.
+    pub(crate) sent_at: Instant,
+    /// How many hand-overs in a row led to it.
+    pub(crate) chain: u32,
+}
+
+/// What a guard needs of its registry.
+pub(crate) struct Context<'a> {
+    /// Tells registries apart, for re-entrancy.
+    pub(crate) registry: usize,
+    /// Identifies the registry to the per-thread renewers.
+    pub(crate) renewal_owner: &'a Arc<()>,
+    pub(crate) capabilities: &'a Capabilities,
+    /// The namespace's length in the full key.
+    pub(crate) prefix_len: usize,
+}
+
 struct Held {
-    registry: LockRegistry,
-    key: String,
-    token: LockToken,
+    registry: usize,
     fencing: u64,
     acquired_at: Instant,
-    hold_at_least: Option<Duration>,
     ttl: Duration,
+    hold_at_least: Option<Duration>,
+    /// The unit the store counts lingers in.
+    linger_unit: Duration,
+    can_hand_over: bool,
     /// Hand-overs in a row that led to this lease.
     chain: u32,
-    full_key: String,
-    lease: Arc<LeaseSignal>,
-    watchdog: Watch,
+    state: Arc<State>,
+    renewal: Renewal,
+}
+
+/// What the guard shares with the renewal and the loss signal.
+struct State {
+    /// The full key, and where the user's key starts in it.
+    full_key: Arc<str>,
+    prefix_len: usize,
+    /// The store's handle; taken out by the release or the hand-over.
+    lease: AsyncMutex<Option<Box<dyn Lease>>>,
+    loss: LossSignal,
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
     /// that no longer holds anything; otherwise at release.
-    permit: Arc<Mutex<Option<LocalPermit>>>,
+    permit: Mutex<Option<LocalPermit>>,
+}
+
+impl State {
+    fn key(&self) -> &str {
+        &self.full_key[self.prefix_len..]
+    }
+
+    fn permit(&self) -> MutexGuard<'_, Option<LocalPermit>> {
+        // `take` is the only operation: the slot is consistent after a panic.
+        self.permit
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Takes the permit out if `wanted` says so.
+    fn take_permit_if(&self, wanted: impl FnOnce(&LocalPermit) -> bool) -> Option<LocalPermit> {
+        let mut slot = self.permit();
+        if slot.as_ref().is_some_and(wanted) {
+            slot.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl Renewable for State {
+    fn key(&self) -> &str {
+        State::key(self)
+    }
+
+    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            match self.lease.lock().await.as_mut() {
+                Some(lease) => lease.renew().await,
+                // Released meanwhile; the renewal is stopped and ignores this.
+                None => Ok(true),
+            }
+        })
+    }
+
+    fn lose(&self, reason: &'static str) {
+        self.loss.raise(reason);
+    }
+}
+
+impl LossListener for State {
+    fn lease_lost(&self, reason: &'static str) {
+        tracing::warn!(key = self.key(), reason, "lease lost");
+        drop(self.take_permit_if(|_| true));
+    }
 }
 
 impl LockGuard {
     pub(crate) fn new(
-        registry: LockRegistry,
-        key: &str,
-        token: LockToken,
-        fencing: u64,
-        acquired_at: Instant,
+        context: &Context<'_>,
+        grant: Grant,
         opts: &LockOptions,
         permit: LocalPermit,
     ) -> LockGuard {
-        let lease = Arc::new(LeaseSignal::default());
-        let full_key = permit.key().to_owned();
-        let permit = Arc::new(Mutex::new(Some(permit)));
-        let on_lost = {
-            let permit = permit.clone();
-            move || drop(take_permit(&permit))
-        };
-        let watchdog = Watch::start(
-            registry.renewal_owner(),
-            Lease {
-                backend: registry.backend().clone(),
-                key: key.to_owned(),
-                full_key: full_key.clone(),
-                token,
-                ttl: opts.ttl_millis(),
+        let caps = context.capabilities;
+        let state = Arc::new(State {
+            full_key: permit.key().clone(),
+            prefix_len: context.prefix_len,
+            lease: AsyncMutex::new(Some(grant.lease)),
+            loss: grant.loss,
+            permit: Mutex::new(Some(permit)),
+        });
+        let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
+        state.loss.listen(listener);
+        let renewal = Renewal::start(
+            context.renewal_owner,
+            Schedule {
+                ttl: opts.ttl,
+                valid_for: caps.valid_for(opts.ttl),
                 renew: opts.watchdog,
                 max_hold: opts.max_hold,
-                acquired_at,
+                acquired_at: grant.sent_at,
             },
-            lease.clone(),
-            on_lost,
+            state.clone(),
         );
         LockGuard {
             held: Some(Held {
-                registry,
-                key: key.to_owned(),
-                token,
-                fencing,
-                acquired_at,
+                registry: context.registry,
+                fencing: grant.fencing,
+                acquired_at: grant.sent_at,
+                ttl: opts.ttl,
                 hold_at_least: opts.hold_at_least,
-                ttl: opts.ttl_millis(),
-                chain: 0,
-                full_key,
-                lease,
-                watchdog,
-                permit,
+                linger_unit: caps.ttl_granularity,
+                can_hand_over: caps.hand_over,
+                chain: grant.chain,
+                state,
+                renewal,
             }),
         }
-    }
-
-    /// Records that this lease came through `chain` hand-overs in a row.
-    pub(crate) fn with_chain(mut self, chain: u32) -> Self {
-        if let Some(held) = self.held.as_mut() {
-            held.chain = chain;
-        }
-        self
     }
 
     fn held(&self) -> &Held {
@@ -113,32 +185,34 @@ impl LockGuard {
 
     /// The key this lock was taken on, without the namespace.
     pub fn key(&self) -> &str {
-        &self.held().key
+        self.held().state.key()
     }
 
     /// The fencing token of this lease: larger than that of every earlier
-    /// holder of the key. Pass it to storage that should refuse writes from
-    /// a holder whose lease has since been lost.
+    /// holder of the key (as far as the store promises; see
+    /// [`FencingPromise`](crate::backend::FencingPromise)). Pass it to
+    /// storage that should refuse writes from a holder whose lease has since
+    /// been lost.
     pub fn fencing_token(&self) -> u64 {
         self.held().fencing
     }
 
     /// `false` once the lease is known to be lost: a renewal was refused or
-    /// did not get through in time, `max_hold` passed, or (watchdog off) the
-    /// ttl passed.
+    /// did not get through in time, `max_hold` passed, (watchdog off) the
+    /// ttl passed, or the store said so.
     pub fn is_held(&self) -> bool {
-        !self.held().lease.is_lost()
+        !self.held().state.loss.is_raised()
     }
 
     /// Completes when the lease is known to be lost.
     pub(crate) async fn lost(&self) {
-        self.held().lease.lost().await;
+        self.held().state.loss.raised().await;
     }
 
-    /// The registry and key, for the re-entrancy record.
-    pub(crate) fn owner(&self) -> (usize, &str) {
+    /// The registry and full key, for the re-entrancy record.
+    pub(crate) fn owner(&self) -> (usize, &Arc<str>) {
         let held = self.held();
-        (held.registry.id(), &held.full_key)
+        (held.registry, &held.state.full_key)
     }
 
     /// Releases the lock (or, with `hold_at_least`, shortens the lease to
@@ -159,89 +233,59 @@ impl LockGuard {
 }
 
 impl Held {
-    /// If another task of this process waits for the key, passes the lease
-    /// to it in one round trip instead of releasing it (at most
-    /// `MAX_HAND_OVERS` times in a row). `None` when it did not try.
-    async fn try_hand_over(&self) -> Option<Result<(), LockError>> {
-        let backend = self.registry.backend();
-        if self.chain >= MAX_HAND_OVERS || !backend.supports_hand_over() {
-            return None;
-        }
-        let permit = take_permit_if(&self.permit, LocalPermit::has_waiters)?;
-        let sent_at = Instant::now();
-        let result = match backend
-            .hand_over(&self.full_key, self.token, self.ttl)
-            .await
-        {
-            Ok(Some(fencing)) => {
-                tracing::debug!(key = %self.key, fencing, "lock handed over within this process");
-                permit.pass(Baton {
-                    token: self.token,
-                    fencing,
-                    ttl: self.ttl,
-                    sent_at,
-                    chain: self.chain + 1,
-                });
-                return Some(Ok(()));
-            }
-            Ok(None) => Err(LockError::lost(&self.key)),
-            Err(source) => Err(LockError::backend(&self.key, "release", source)),
-        };
-        drop(permit);
-        Some(result)
-    }
-
     async fn release(self) -> Result<(), LockError> {
-        self.watchdog.stop();
-        let was_held = !self.lease.is_lost();
-        let linger = self
-            .hold_at_least
-            .map(|hold| hold.saturating_sub(self.acquired_at.elapsed()))
-            .unwrap_or_default();
-        // Stores count whole milliseconds: round a remainder up.
-        let linger = Duration::from_millis(linger.as_micros().div_ceil(1000) as u64);
+        self.renewal.stop();
+        let state = &self.state;
+        let key = state.key();
+        let was_held = !state.loss.is_raised();
+        // Waits for a renewal in flight, so it cannot outlive the release.
+        let Some(mut lease) = state.lease.lock().await.take() else {
+            return Ok(());
+        };
+        let linger = self.linger();
         if was_held
             && linger.is_zero()
-            && let Some(result) = self.try_hand_over().await
+            && self.can_hand_over
+            && self.chain < MAX_HAND_OVERS
+            && let Some(permit) = state.take_permit_if(LocalPermit::has_waiters)
         {
-            return result;
+            return match permit
+                .hand_over(lease, state.loss.clone(), self.ttl, self.chain)
+                .await
+            {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(LockError::lost(key)),
+                Err(source) => Err(LockError::backend(key, "release", source)),
+            };
         }
-        let released = self
-            .registry
-            .backend()
-            .release(&self.full_key, self.token, linger)
-            .await;
+        let released = lease.release(linger).await;
         // The next local waiter goes ahead once the store has the release.
-        drop(take_permit(&self.permit));
+        drop(state.take_permit_if(|_| true));
         match released {
             Ok(true) if was_held => {
-                tracing::debug!(key = %self.key, linger_ms = linger.as_millis() as u64, "lock released");
+                tracing::debug!(key, linger_ms = linger.as_millis() as u64, "lock released");
                 Ok(())
             }
             Ok(_) => {
-                tracing::warn!(key = %self.key, "release found the lease lost; the current holder's lock was left alone");
-                Err(LockError::lost(&self.key))
+                tracing::warn!(
+                    key,
+                    "release found the lease lost; the current holder's lock was left alone"
+                );
+                Err(LockError::lost(key))
             }
-            Err(source) => Err(LockError::backend(&self.key, "release", source)),
+            Err(source) => Err(LockError::backend(key, "release", source)),
         }
     }
-}
 
-fn take_permit(permit: &Mutex<Option<LocalPermit>>) -> Option<LocalPermit> {
-    take_permit_if(permit, |_| true)
-}
-
-/// Takes the permit out of its slot if `wanted` says so.
-fn take_permit_if(
-    permit: &Mutex<Option<LocalPermit>>,
-    wanted: impl FnOnce(&LocalPermit) -> bool,
-) -> Option<LocalPermit> {
-    // `take` is the only operation: the slot is consistent after a panic.
-    let mut slot = permit.lock().unwrap_or_else(|poison| poison.into_inner());
-    if slot.as_ref().is_some_and(wanted) {
-        slot.take()
-    } else {
-        None
+    /// What is left of `hold_at_least`, rounded up to the store's unit.
+    fn linger(&self) -> Duration {
+        let Some(hold) = self.hold_at_least else {
+            return Duration::ZERO;
+        };
+        let left = hold.saturating_sub(self.acquired_at.elapsed()).as_nanos();
+        let unit = self.linger_unit.as_nanos().max(1);
+        let rounded = left.div_ceil(unit) * unit;
+        Duration::from_nanos(u64::try_from(rounded).unwrap_or(u64::MAX))
     }
 }
 
@@ -250,18 +294,20 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else {
             return;
         };
-        held.watchdog.stop();
+        held.renewal.stop();
         match Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let key = held.key.clone();
                     if let Err(error) = held.release().await {
-                        tracing::debug!(%key, %error, "release on drop failed");
+                        tracing::debug!(%error, "release on drop failed");
                     }
                 });
             }
             Err(_) => {
-                tracing::debug!(key = %held.key, "guard dropped outside a runtime; the lease ends at its ttl");
+                tracing::debug!(
+                    key = held.state.key(),
+                    "guard dropped outside a runtime; the lease ends at its ttl"
+                );
             }
         }
     }
@@ -272,9 +318,9 @@ impl fmt::Debug for LockGuard {
         match &self.held {
             Some(held) => f
                 .debug_struct("LockGuard")
-                .field("key", &held.key)
+                .field("key", &held.state.key())
                 .field("fencing_token", &held.fencing)
-                .field("is_held", &!held.lease.is_lost())
+                .field("is_held", &!held.state.loss.is_raised())
                 .finish(),
             None => f.write_str("LockGuard(released)"),
         }

@@ -56,21 +56,26 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod acquire;
 pub mod backend;
 mod context;
 mod error;
 mod guard;
+mod local_queue;
 mod options;
 mod private;
 mod registry;
-mod watchdog;
+mod renewal;
 
 pub use backend::memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
 #[cfg(feature = "redis")]
 pub use backend::redlock::RedlockBackend;
-pub use backend::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
+pub use backend::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    LossSignal, ReleaseWatch, SafetyMargin,
+};
 pub use context::fencing_token;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;

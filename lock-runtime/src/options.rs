@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The longest duration any option accepts: ten years. Longer values are
 /// almost always a unit mistake, and they would overflow clocks.
@@ -132,11 +132,6 @@ impl LockOptions {
             }
         }
         Ok(())
-    }
-
-    /// The lease length in whole milliseconds, as stores expect it.
-    pub(crate) fn ttl_millis(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX))
     }
 }
 

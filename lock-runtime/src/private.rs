@@ -8,9 +8,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::context::{self, Frame};
+use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::options::LockOptions;
 use crate::options::Mode;
-use crate::{LockError, LockOptions};
 
 /// Renders a key template's arguments (no allocation beyond the result).
 #[doc(hidden)]
@@ -54,7 +55,7 @@ pub async fn run_wait<F: Future>(
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         return Ok(reenter(&key, frame, body).await);
     }
-    let guard = registry.wait_for(&key, full_key, &opts).await?;
+    let guard = registry.wait_for(&key, &full_key, &opts).await?;
     run_locked(guard, body).await
 }
 
@@ -70,7 +71,7 @@ pub async fn run_skip<F: Future>(
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         return Ok(Some(reenter(&key, frame, body).await));
     }
-    match registry.acquire(&key, full_key, &opts, Mode::Skip).await? {
+    match registry.acquire(&key, &full_key, &opts, Mode::Skip).await? {
         Some(guard) => run_locked(guard, body).await.map(Some),
         None => Ok(None),
     }
@@ -94,7 +95,7 @@ async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, L
     let (registry, full_key) = guard.owner();
     let frame = Frame {
         registry,
-        full_key: full_key.into(),
+        full_key: full_key.clone(),
         fencing: guard.fencing_token(),
     };
     let outcome = context::with_frame(frame, async {

@@ -5,6 +5,7 @@
 
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod contract;
 mod redis_server;
 mod worker;
 
@@ -22,159 +23,6 @@ pub fn unique_key(prefix: &str) -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{prefix}:{}:{nanos:x}:{n}", std::process::id())
-}
-
-/// Expands the contract every [`Backend`](lock_runtime::Backend) must keep
-/// into a module of tests: exclusive acquire, expiry, owner-checked renew and
-/// release, lingering release, fencing order and release notifications.
-///
-/// `$make` is an async fn returning `(backend, keep_alive)`; `keep_alive`
-/// (a server, say) is held until the test ends.
-#[macro_export]
-macro_rules! backend_contract {
-    ($module:ident, $make:path) => {
-        mod $module {
-            use std::time::Duration;
-
-            use lock_runtime::{Acquire, Backend, LockToken};
-
-            use super::*;
-
-            const TTL: Duration = Duration::from_secs(10);
-
-            fn fencing(acquire: Acquire) -> u64 {
-                match acquire {
-                    Acquire::Acquired { fencing } => fencing,
-                    other => panic!("expected to acquire, got {other:?}"),
-                }
-            }
-
-            #[tokio::test]
-            async fn acquire_is_exclusive_and_reports_the_remaining_lease() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let (a, b) = (LockToken::random(), LockToken::random());
-                let first = fencing(backend.acquire(&key, a, TTL).await.unwrap());
-                match backend.acquire(&key, b, TTL).await.unwrap() {
-                    Acquire::Held {
-                        remaining: Some(left),
-                    } => {
-                        assert!(left <= TTL && left > TTL / 2, "{left:?}")
-                    }
-                    other => panic!("expected Held, got {other:?}"),
-                }
-                // The same token again (a retried request) gets the same answer.
-                assert_eq!(fencing(backend.acquire(&key, a, TTL).await.unwrap()), first);
-                assert!(matches!(
-                    backend.acquire(&key, b, TTL).await.unwrap(),
-                    Acquire::Held { .. }
-                ));
-            }
-
-            #[tokio::test]
-            async fn an_expired_lease_can_be_taken_and_is_not_renewable() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let (a, b) = (LockToken::random(), LockToken::random());
-                let short = Duration::from_millis(50);
-                let first = fencing(backend.acquire(&key, a, short).await.unwrap());
-                // Expiry is the thing under test: sleeping past it is the point.
-                tokio::time::sleep(short * 3).await;
-                assert!(
-                    !backend.renew(&key, a, TTL).await.unwrap(),
-                    "expired lease renewed"
-                );
-                let second = fencing(backend.acquire(&key, b, TTL).await.unwrap());
-                assert!(
-                    second > first,
-                    "fencing must grow across expiry: {first} then {second}"
-                );
-                assert!(!backend.release(&key, a, Duration::ZERO).await.unwrap());
-                assert!(matches!(
-                    backend.acquire(&key, a, TTL).await.unwrap(),
-                    Acquire::Held { .. }
-                ));
-            }
-
-            #[tokio::test]
-            async fn only_the_owner_renews_or_releases() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let (owner, other) = (LockToken::random(), LockToken::random());
-                fencing(
-                    backend
-                        .acquire(&key, owner, Duration::from_millis(300))
-                        .await
-                        .unwrap(),
-                );
-                assert!(!backend.renew(&key, other, TTL).await.unwrap());
-                assert!(!backend.release(&key, other, Duration::ZERO).await.unwrap());
-                assert!(backend.renew(&key, owner, TTL).await.unwrap());
-                match backend.acquire(&key, other, TTL).await.unwrap() {
-                    Acquire::Held {
-                        remaining: Some(left),
-                    } => {
-                        assert!(
-                            left > Duration::from_secs(5),
-                            "renewal extended the lease: {left:?}"
-                        )
-                    }
-                    acquired => panic!("expected Held, got {acquired:?}"),
-                }
-                assert!(backend.release(&key, owner, Duration::ZERO).await.unwrap());
-                assert!(
-                    !backend.release(&key, owner, Duration::ZERO).await.unwrap(),
-                    "released twice"
-                );
-                fencing(backend.acquire(&key, other, TTL).await.unwrap());
-            }
-
-            #[tokio::test]
-            async fn release_with_linger_keeps_the_lease_that_long() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let (a, b) = (LockToken::random(), LockToken::random());
-                fencing(backend.acquire(&key, a, TTL).await.unwrap());
-                let linger = Duration::from_millis(200);
-                assert!(backend.release(&key, a, linger).await.unwrap());
-                match backend.acquire(&key, b, TTL).await.unwrap() {
-                    Acquire::Held {
-                        remaining: Some(left),
-                    } => assert!(left <= linger, "{left:?}"),
-                    other => panic!("expected Held while lingering, got {other:?}"),
-                }
-                tokio::time::sleep(linger * 2).await;
-                fencing(backend.acquire(&key, b, TTL).await.unwrap());
-            }
-
-            #[tokio::test]
-            async fn fencing_tokens_increase_across_holders() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let mut last = 0;
-                for _ in 0..20 {
-                    let token = LockToken::random();
-                    let next = fencing(backend.acquire(&key, token, TTL).await.unwrap());
-                    assert!(next > last, "{last} then {next}");
-                    last = next;
-                    assert!(backend.release(&key, token, Duration::ZERO).await.unwrap());
-                }
-            }
-
-            #[tokio::test]
-            async fn a_watch_made_before_the_release_sees_it() {
-                let (backend, _keep) = $make().await;
-                let key = $crate::unique_key("contract");
-                let token = LockToken::random();
-                fencing(backend.acquire(&key, token, TTL).await.unwrap());
-                let mut watch = backend.watch(&key).await.unwrap();
-                assert!(backend.release(&key, token, Duration::ZERO).await.unwrap());
-                tokio::time::timeout(Duration::from_secs(5), watch.released())
-                    .await
-                    .expect("release notification");
-            }
-        }
-    };
 }
 
 /// Takes and releases `key` once (warms up scripts and connections).
@@ -223,23 +71,7 @@ pub async fn measure_handoff(
             at
         }
     });
-    let channel = format!("lock:{{{key}}}:released");
-    let since = Instant::now();
-    loop {
-        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut server.connection())
-            .expect("PUBSUB NUMSUB");
-        if counts.first().is_some_and(|(_, n)| *n > 0) {
-            break;
-        }
-        assert!(
-            since.elapsed() < Duration::from_secs(5),
-            "the waiter never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_for_waiter(server, key).await;
     let released_at = Instant::now();
     held.release().await.expect("holder releases");
     let acquired_at = tokio::time::timeout(Duration::from_secs(10), waiting)
@@ -247,4 +79,32 @@ pub async fn measure_handoff(
         .expect("waiter acquires within 10 s")
         .expect("waiter task");
     acquired_at - released_at
+}
+
+/// Polls `ready` every 2 ms until it holds; panics naming `what` after 5 s.
+/// For conditions a test can observe but not be told of (a server's state).
+pub async fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let since = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(5),
+            "gave up after 5 s waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// Waits until a client subscribed to `key`'s release channel on `server`
+/// (`PUBSUB NUMSUB`): from then on a waiter is known to be waiting.
+pub async fn wait_for_waiter(server: &RedisServer, key: &str) {
+    let channel = format!("lock:{{{key}}}:released");
+    wait_until("a waiter subscribed", || {
+        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.connection())
+            .expect("PUBSUB NUMSUB");
+        counts.first().is_some_and(|(_, n)| *n > 0)
+    })
+    .await;
 }

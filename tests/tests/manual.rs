@@ -1,14 +1,17 @@
 //! The manual API (`lock`, `try_lock`, guards) on the memory backend, and
 //! the backend contract for `MemoryBackend`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryBackend};
+use lock_tests::contract::Store;
 use lock_tests::{backend_contract, is_held, unique_key};
 use tokio::time::Instant;
 
-async fn memory() -> (MemoryBackend, ()) {
-    (MemoryBackend::new(), ())
+async fn memory() -> Store {
+    let store = MemoryBackend::new();
+    Store::new(Arc::new(store.clone()), Arc::new(store), ())
 }
 
 backend_contract!(memory_contract, memory);
@@ -250,11 +253,12 @@ async fn hand_overs_within_a_process_give_other_processes_their_turn() {
     let (a, b) = two_processes();
     let key = unique_key("fair");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (done, mut progress) = tokio::sync::watch::channel(0u64);
     // Process A: four tasks that take the lock again and again, so there is
     // always a local waiter to hand the lease to.
     let hammers: Vec<_> = (0..4)
         .map(|_| {
-            let (a, key, stop) = (a.clone(), key.clone(), stop.clone());
+            let (a, key, stop, done) = (a.clone(), key.clone(), stop.clone(), done.clone());
             tokio::spawn(async move {
                 let mut sections = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
@@ -262,12 +266,14 @@ async fn hand_overs_within_a_process_give_other_processes_their_turn() {
                     tokio::task::yield_now().await;
                     guard.release().await.unwrap();
                     sections += 1;
+                    done.send_modify(|done| *done += 1);
                 }
                 sections
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Once every hammer has been through the lock, process B asks for it.
+    progress.wait_for(|done| *done >= 4).await.unwrap();
     // Process B still gets the lock: A releases for real every few hand-overs.
     let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
     let mut fencing = Vec::new();
@@ -321,4 +327,56 @@ async fn a_lease_handed_to_a_waiter_that_left_is_released() {
     guard.release().await.unwrap();
     assert_eq!(registry.local_keys(), 0);
     assert_eq!(store.tracked_keys(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forced_release_tells_the_holder_at_once_and_frees_its_turn() {
+    let (a, b) = two_processes();
+    let key = unique_key("forced");
+    let held = a.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(b.force_release(&key).await.unwrap());
+    // Pushed by the store: known lost without waiting for a renewal.
+    assert!(!held.is_held());
+    // The process's turn was given back with it: another task of A gets in.
+    let opts = LockOptions::default().wait_timeout(Duration::from_millis(50));
+    let next = a.lock(&key, opts).await.unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+    assert!(
+        next.is_held(),
+        "the stale guard's release left the new lock alone"
+    );
+    next.release().await.unwrap();
+    assert!(
+        !b.force_release(&key).await.unwrap(),
+        "nothing left to free"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn options_a_store_cannot_honour_name_the_store_and_the_reason() {
+    let registry = LockRegistry::memory();
+    let err = registry
+        .lock(
+            "report",
+            LockOptions::default().ttl(Duration::from_micros(20_500)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid options for lock `report`: ttl 20.5ms is not a whole number of 1ms, the unit the memory store counts ttls in"
+    );
+    let err = registry
+        .lock(
+            "report",
+            LockOptions::default().ttl(Duration::from_millis(5)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid options for lock `report`: ttl 5ms is shorter than the memory store's minimum 10ms"
+    );
+    assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
 }

@@ -206,9 +206,13 @@ async fn expired_holder_without_watchdog_gets_lost_and_spares_the_next_holder() 
         tokio::spawn(async move { unrenewed(&k, Duration::from_secs(1)).await })
     };
     tokio::task::yield_now().await;
-    // Waits for the first lease to run out, then holds the lock.
+    // Waits for the first lease to run out, then holds the lock. The first
+    // holder counts its lease as over one safety margin before the store
+    // does, and releases it then.
     let second = registry.lock(&key, LockOptions::default()).await.unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(200));
+    let ttl = Duration::from_millis(200);
+    let margin = registry.backend().capabilities().margin.of(ttl);
+    assert!(started.elapsed() >= ttl - margin, "{:?}", started.elapsed());
     match first.await.unwrap() {
         Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
         other => panic!("expected Lost, got {other:?}"),
@@ -258,6 +262,32 @@ async fn max_hold_cancels_the_body_and_returns_lost() {
             .unwrap()
             .is_some(),
         "released"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loss_the_store_pushes_cancels_the_body_at_once() {
+    let registry = setup();
+    let k = unique_key("pushed");
+    let key = format!("exit:{k}");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let k = k.clone();
+        async move { enter_then(&k, entered_tx, false).await }
+    });
+    entered_rx.await.unwrap();
+    // The memory store pushes the loss to the holder when an operator frees
+    // the lock: the body is cancelled then, not at its next renewal (10 s).
+    let started = Instant::now();
+    assert!(registry.force_release(&key).await.unwrap());
+    match call.await.unwrap() {
+        Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "cancelled without waiting"
     );
 }
 

@@ -1,25 +1,26 @@
 //! The Redis backend through the manual API, each test against its own
 //! `redis-server` started on a free loopback port.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::Fencing;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
+use lock_tests::contract::Store;
 use lock_tests::{
     RedisServer, backend_contract, is_held, lock_and_release, measure_handoff, unique_key,
+    wait_for_waiter, wait_until,
 };
 use redis::Commands;
 
-async fn redis_backend() -> (RedisBackend, RedisServer) {
+async fn redis_store() -> Store {
     let server = RedisServer::new();
-    let backend = RedisBackend::builder(&server.url())
-        .connect()
-        .await
-        .unwrap();
-    (backend, server)
+    let connect = || RedisBackend::builder(&server.url()).connect();
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    Store::new(Arc::new(a), Arc::new(b), server)
 }
 
-backend_contract!(redis_contract, redis_backend);
+backend_contract!(redis_contract, redis_store);
 
 async fn registry(server: &RedisServer) -> LockRegistry {
     LockRegistry::redis(&server.url()).await.unwrap()
@@ -282,12 +283,20 @@ async fn tasks_of_one_process_send_one_contender_to_redis() {
             })
         })
         .collect();
+    // One contender: its attempt, and its retry after subscribing.
+    wait_for_waiter(&server, &key).await;
+    wait_until("the contender retried", || {
+        calls_of(&command_calls(&server), "evalsha") >= 2
+    })
+    .await;
+    wait_until("all 8 tasks queued", || waiters.local_queue_len(&key) == 8).await;
+    // Nothing can signal that no more attempts come: watch for a while
+    // (well short of the 5 s fallback retry) that none does.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let calls = command_calls(&server);
     let evalsha = calls_of(&calls, "evalsha");
-    // One contender: its attempt, and its retry after subscribing.
-    assert!(
-        evalsha <= 2,
+    assert_eq!(
+        evalsha, 2,
         "8 waiting tasks sent {evalsha} acquire attempts: {calls:?}"
     );
     held.release().await.unwrap();
@@ -430,15 +439,22 @@ async fn waiters_are_woken_again_after_the_server_restarts() {
         let (b, key) = (b.clone(), key.clone());
         async move { b.lock(&key, LockOptions::default()).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for_waiter(&server, &key).await;
+    let restarted_at = Instant::now();
     server.restart();
     // B is woken by the lost subscription and retries at once: it gets the
     // lock (the restart lost A's lease) or, while its command connection is
-    // still down, a Backend error. Either way it does not wait out the 30 s.
+    // still down, a Backend error. Either way it neither waits out the 30 s
+    // lease nor sleeps until its fallback retry (5 s after its last attempt).
     let outcome = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .unwrap()
         .unwrap();
+    let woken_after = restarted_at.elapsed();
+    assert!(
+        woken_after < Duration::from_millis(2500),
+        "woken {woken_after:?} after the restart: by the fallback timer, not the lost subscription"
+    );
     match outcome {
         Ok(guard) => guard.release().await.unwrap(),
         Err(err) => assert!(matches!(err, LockError::Backend { .. }), "{err:?}"),
@@ -484,7 +500,10 @@ async fn local_waiters_get_the_lease_handed_over_in_one_round_trip() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until("8 tasks queued behind the holder", || {
+        registry.local_queue_len(&key) == 9
+    })
+    .await;
     first.release().await.unwrap();
     for task in tasks {
         task.await.unwrap();
@@ -503,4 +522,37 @@ async fn local_waiters_get_the_lease_handed_over_in_one_round_trip() {
         evalsha <= 60,
         "{evalsha} scripts for 41 sections: {calls:?}"
     );
+}
+
+#[tokio::test]
+async fn an_acquire_given_up_in_flight_leaves_no_lease() {
+    let server = RedisServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let (timed_out, dropped) = (unique_key("orphan"), unique_key("orphan"));
+    lock_and_release(&a, &timed_out).await;
+    // Frozen, the server takes the requests into its socket buffer and
+    // answers them once it is thawed, after the callers gave up.
+    server.pause();
+    let opts = LockOptions::default().wait_timeout(Duration::from_millis(300));
+    let err = a.lock(&timed_out, opts).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        a.lock(&dropped, LockOptions::default()),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the call was dropped in flight");
+    server.resume();
+    // The 30 s leases the thawed server granted were released at once.
+    for key in [&timed_out, &dropped] {
+        let started = Instant::now();
+        let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
+        let guard = b.lock(key, opts).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        guard.release().await.unwrap();
+    }
 }

@@ -1,20 +1,23 @@
 //! The Redlock backend against several real `redis-server` processes, some
 //! of them killed and restarted on purpose.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockBackend};
+use lock_tests::contract::Store;
 use lock_tests::{RedisServers, backend_contract, is_held, measure_handoff, unique_key};
 
-async fn redlock_backend() -> (RedlockBackend, RedisServers) {
+async fn redlock_store() -> Store {
     let servers = RedisServers::spawn(3);
     let urls = servers.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let backend = RedlockBackend::connect(&urls).await.unwrap();
-    (backend, servers)
+    let a = RedlockBackend::connect(&urls).await.unwrap();
+    let b = RedlockBackend::connect(&urls).await.unwrap();
+    Store::new(Arc::new(a), Arc::new(b), servers)
 }
 
-backend_contract!(redlock_contract, redlock_backend);
+backend_contract!(redlock_contract, redlock_store);
 
 async fn registry(servers: &RedisServers) -> LockRegistry {
     let urls = servers.urls();

@@ -9,11 +9,31 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
-use crate::BackendError;
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    LossSignal, ReleaseWatch, SafetyMargin,
+};
+use crate::error::BackendError;
+use crate::registry::LockRegistry;
 
 /// Below this many keys the table is never swept.
 const SWEEP_FLOOR: usize = 1024;
+
+/// What the memory store can do. Its clock is the holder's clock, so the
+/// margin covers only the timer's granularity and the time to cancel a body.
+const CAPABILITIES: Capabilities = Capabilities::new("memory")
+    .with_ttl(Duration::from_millis(10), Duration::from_millis(1))
+    .with_features(true, true, true, true)
+    .with_margin(SafetyMargin::new(Duration::from_millis(2), 0))
+    .with_fencing(FencingPromise::new(true, false, true));
+
+impl LockRegistry {
+    /// An in-process registry over a fresh [`MemoryBackend`]: locks exclude
+    /// tasks of this process only.
+    pub fn memory() -> LockRegistry {
+        LockRegistry::from_backend(Arc::new(MemoryBackend::new()))
+    }
+}
 
 /// An in-process lock store.
 ///
@@ -22,10 +42,15 @@ const SWEEP_FLOOR: usize = 1024;
 /// do. Expiry uses Tokio's clock, so tests with paused time run instantly.
 ///
 /// Fencing tokens come from one counter per store: strictly increasing per
-/// key (and across keys), with no per-key state to keep once a lock is free.
-/// A key's entry is removed when it is released and nobody watches it;
-/// entries of holders that vanished without releasing are swept once they
-/// expire, when the table has doubled since the last sweep.
+/// key (and across keys), with no per-key state to keep once a lock is free;
+/// they start again from 1 in a new store. A key's entry is removed when it
+/// is released and nobody watches it; entries of holders that vanished
+/// without releasing are swept once they expire, when the table has doubled
+/// since the last sweep.
+///
+/// The store tells a holder at once when its lease is lost to
+/// [`force_release`](Backend::force_release) or, after it expired, to the
+/// next holder.
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
     shared: Arc<Mutex<Table>>,
@@ -33,16 +58,16 @@ pub struct MemoryBackend {
 
 #[derive(Default)]
 struct Table {
-    slots: HashMap<String, Slot>,
+    slots: HashMap<Arc<str>, Slot>,
     fencing: u64,
     sweep_at: usize,
 }
 
-#[derive(Clone, Copy)]
 struct Holder {
     token: LockToken,
     expires: Instant,
     fencing: u64,
+    loss: LossSignal,
 }
 
 struct Slot {
@@ -60,18 +85,35 @@ impl Slot {
     }
 
     /// The holder, if its lease has not expired.
-    fn live_holder(&self, now: Instant) -> Option<Holder> {
-        self.holder.filter(|holder| holder.expires > now)
+    fn live_holder(&mut self, now: Instant) -> Option<&mut Holder> {
+        self.holder.as_mut().filter(|holder| holder.expires > now)
+    }
+
+    /// The holder if `token` holds a live lease.
+    fn owned_by(&mut self, token: LockToken, now: Instant) -> Option<&mut Holder> {
+        self.live_holder(now).filter(|holder| holder.token == token)
     }
 
     fn unused(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none() && self.watchers() == 0
+        self.holder.as_ref().is_none_or(|h| h.expires <= now) && self.watchers() == 0
     }
 
     fn watchers(&self) -> usize {
         self.released
             .as_ref()
             .map_or(0, watch::Sender::receiver_count)
+    }
+
+    /// Drops the holder and wakes watchers. `true` when the slot can go.
+    fn clear(&mut self) -> bool {
+        self.holder = None;
+        match &self.released {
+            Some(released) if self.watchers() > 0 => {
+                released.send_replace(());
+                false
+            }
+            _ => true,
+        }
     }
 }
 
@@ -87,116 +129,61 @@ impl MemoryBackend {
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
-        // The table stays consistent across a panic (every update is one
-        // assignment), so a poisoned lock is still safe to use.
-        self.shared
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock_table(&self.shared)
     }
 
-    fn try_acquire(&self, key: &str, token: LockToken, ttl: Duration) -> Acquire {
+    fn try_acquire(&self, request: &AcquireRequest<'_>) -> Acquire {
         let now = Instant::now();
         let mut table = self.table();
-        if let Some(slot) = table.slots.get_mut(key)
+        let expires = now + request.ttl;
+        let lease = |key: &Arc<str>| -> Box<dyn Lease> {
+            Box::new(MemoryLease {
+                shared: self.shared.clone(),
+                key: key.clone(),
+                token: request.token,
+                ttl: request.ttl,
+            })
+        };
+        if let Some((key, slot)) = table.slot(request.key)
             && let Some(holder) = slot.live_holder(now)
         {
-            if holder.token != token {
+            if holder.token != request.token {
                 return Acquire::Held {
                     remaining: Some(holder.expires - now),
                 };
             }
             // The same token again (a retried request): the same answer.
-            slot.holder = Some(Holder {
-                expires: now + ttl,
-                ..holder
-            });
+            holder.expires = expires;
+            let fencing = holder.fencing;
             return Acquire::Acquired {
-                fencing: holder.fencing,
+                fencing,
+                lease: lease(&key),
             };
         }
         table.sweep(now);
-        table.fencing += 1;
-        let fencing = table.fencing;
-        let slot = match table.slots.get_mut(key) {
-            Some(slot) => slot,
-            None => table.slots.entry(key.to_owned()).or_insert_with(Slot::new),
-        };
-        slot.holder = Some(Holder {
-            token,
-            expires: now + ttl,
+        let fencing = table.next_fencing();
+        let (key, slot) = table.slot_or_insert(request.key);
+        let previous = slot.holder.replace(Holder {
+            token: request.token,
+            expires,
             fencing,
+            loss: request.loss.clone(),
         });
-        Acquire::Acquired { fencing }
-    }
-
-    fn renew_lease(&self, key: &str, token: LockToken, ttl: Duration) -> bool {
-        let now = Instant::now();
-        let mut table = self.table();
-        match table.slots.get_mut(key) {
-            Some(slot) => match slot.live_holder(now) {
-                Some(holder) if holder.token == token => {
-                    slot.holder = Some(Holder {
-                        expires: now + ttl,
-                        ..holder
-                    });
-                    true
-                }
-                _ => false,
-            },
-            None => false,
+        drop(table);
+        if let Some(previous) = previous {
+            previous
+                .loss
+                .raise("the lease expired and another holder took the key");
         }
-    }
-
-    fn release_lease(&self, key: &str, token: LockToken, linger: Duration) -> bool {
-        let now = Instant::now();
-        let mut table = self.table();
-        let Some(slot) = table.slots.get_mut(key) else {
-            return false;
-        };
-        let Some(holder) = slot.live_holder(now).filter(|holder| holder.token == token) else {
-            return false;
-        };
-        if !linger.is_zero() {
-            slot.holder = Some(Holder {
-                expires: now + linger,
-                ..holder
-            });
-            return true;
-        }
-        slot.holder = None;
-        if slot.watchers() > 0 {
-            if let Some(released) = &slot.released {
-                released.send_replace(());
-            }
-        } else {
-            table.slots.remove(key);
-        }
-        true
-    }
-
-    fn pass_on(&self, key: &str, token: LockToken, ttl: Duration) -> Option<u64> {
-        let now = Instant::now();
-        let mut table = self.table();
-        table.fencing += 1;
-        let fencing = table.fencing;
-        let slot = table.slots.get_mut(key)?;
-        let holder = slot
-            .live_holder(now)
-            .filter(|holder| holder.token == token)?;
-        slot.holder = Some(Holder {
-            expires: now + ttl,
+        Acquire::Acquired {
             fencing,
-            ..holder
-        });
-        Some(fencing)
+            lease: lease(&key),
+        }
     }
 
     fn subscribe(&self, key: &str) -> ReleaseWatch {
         let mut table = self.table();
-        let slot = match table.slots.get_mut(key) {
-            Some(slot) => slot,
-            None => table.slots.entry(key.to_owned()).or_insert_with(Slot::new),
-        };
+        let (_, slot) = table.slot_or_insert(key);
         let rx = slot
             .released
             .get_or_insert_with(|| watch::Sender::new(()))
@@ -209,7 +196,53 @@ impl MemoryBackend {
     }
 }
 
+fn lock_table(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
+    // The table stays consistent across a panic (every update is one
+    // assignment), so a poisoned lock is still safe to use.
+    shared.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
 impl Table {
+    /// The slot of `key` and its shared name, if there is one.
+    fn slot(&mut self, key: &str) -> Option<(Arc<str>, &mut Slot)> {
+        let name = self.slots.get_key_value(key)?.0.clone();
+        Some((name, self.slots.get_mut(key)?))
+    }
+
+    /// The slot of `key`, made if there is none.
+    fn slot_or_insert(&mut self, key: &str) -> (Arc<str>, &mut Slot) {
+        let name = match self.slots.get_key_value(key) {
+            Some((name, _)) => name.clone(),
+            None => {
+                let name: Arc<str> = key.into();
+                self.slots.insert(name.clone(), Slot::new());
+                name
+            }
+        };
+        let slot = self.slots.get_mut(&name).expect("inserted above");
+        (name, slot)
+    }
+
+    fn next_fencing(&mut self) -> u64 {
+        self.fencing += 1;
+        self.fencing
+    }
+
+    /// Removes the lease on `key` (only `token`'s, when given) and wakes
+    /// watchers; the loss signal of the holder it removed.
+    fn remove(&mut self, key: &str, token: Option<LockToken>, now: Instant) -> Option<LossSignal> {
+        let slot = self.slots.get_mut(key)?;
+        let holder = slot.live_holder(now)?;
+        if token.is_some_and(|token| token != holder.token) {
+            return None;
+        }
+        let loss = holder.loss.clone();
+        if slot.clear() {
+            self.slots.remove(key);
+        }
+        Some(loss)
+    }
+
     /// Drops expired, unwatched slots once the table has doubled in size.
     fn sweep(&mut self, now: Instant) {
         if self.slots.len() < self.sweep_at.max(SWEEP_FLOOR) {
@@ -217,6 +250,80 @@ impl Table {
         }
         self.slots.retain(|_, slot| !slot.unused(now));
         self.sweep_at = self.slots.len() * 2;
+    }
+}
+
+/// One lease in the memory store.
+struct MemoryLease {
+    shared: Arc<Mutex<Table>>,
+    key: Arc<str>,
+    token: LockToken,
+    ttl: Duration,
+}
+
+impl MemoryLease {
+    /// Runs `f` on the table and our holder entry, if the lease is still ours.
+    fn with_holder<T>(&self, f: impl FnOnce(&mut Holder, Instant) -> T) -> Option<T> {
+        let now = Instant::now();
+        let mut table = lock_table(&self.shared);
+        let holder = table.slots.get_mut(&*self.key)?.owned_by(self.token, now)?;
+        Some(f(holder, now))
+    }
+}
+
+impl Lease for MemoryLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        let ttl = self.ttl;
+        let renewed = self
+            .with_holder(|holder, now| holder.expires = now + ttl)
+            .is_some();
+        Box::pin(async move { Ok(renewed) })
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        let released = if linger.is_zero() {
+            let now = Instant::now();
+            lock_table(&self.shared)
+                .remove(&self.key, Some(self.token), now)
+                .is_some()
+        } else {
+            self.with_holder(|holder, now| holder.expires = now + linger)
+                .is_some()
+        };
+        Box::pin(async move { Ok(released) })
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        let now = Instant::now();
+        let next = LockToken::random();
+        let mut table = lock_table(&self.shared);
+        let fencing = table.next_fencing();
+        let handed = table
+            .slots
+            .get_mut(&*self.key)
+            .and_then(|slot| slot.owned_by(self.token, now))
+            .map(|holder| {
+                *holder = Holder {
+                    token: next,
+                    expires: now + self.ttl,
+                    fencing,
+                    loss: holder.loss.clone(),
+                };
+            });
+        drop(table);
+        if handed.is_some() {
+            self.token = next;
+        }
+        let answer = handed.map(|()| fencing);
+        Box::pin(async move { Ok(answer) })
+    }
+}
+
+impl fmt::Debug for MemoryLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLease")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
     }
 }
 
@@ -232,10 +339,10 @@ impl Drop for Unwatch {
         let mut table = self.store.table();
         if table
             .slots
-            .get(&self.key)
+            .get(self.key.as_str())
             .is_some_and(|slot| slot.unused(now))
         {
-            table.slots.remove(&self.key);
+            table.slots.remove(self.key.as_str());
         }
     }
 }
@@ -249,47 +356,41 @@ impl fmt::Debug for MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
+        request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
-        Box::pin(async move { Ok(self.try_acquire(key, token, ttl)) })
+        Box::pin(async move { Ok(self.try_acquire(&request)) })
     }
 
-    fn renew<'a>(
+    fn abandon<'a>(
         &'a self,
         key: &'a str,
         token: LockToken,
-        ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move { Ok(self.renew_lease(key, token, ttl)) })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move { Ok(self.release_lease(key, token, linger)) })
-    }
-
-    fn supports_hand_over(&self) -> bool {
-        true
-    }
-
-    fn hand_over<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
-        Box::pin(async move { Ok(self.pass_on(key, token, ttl)) })
+        Box::pin(async move {
+            let now = Instant::now();
+            Ok(self.table().remove(key, Some(token), now).is_some())
+        })
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
         Box::pin(async move { Ok(self.subscribe(key)) })
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let removed = self.table().remove(key, None, now);
+            let Some(loss) = removed else {
+                return Ok(false);
+            };
+            loss.raise("the lock was force-released");
+            Ok(true)
+        })
     }
 }

@@ -1,18 +1,35 @@
-//! The one trait every store implements, and the small types it speaks.
+//! The contract every store implements, and the small types it speaks.
 //!
-//! The registry, the waiting strategy, the watchdog, re-entrancy and the
-//! guard are written once on top of [`Backend`]; a store only has to take,
-//! renew and release a lease atomically and say when a lease was released.
+//! The registry, the waiting strategy, the renewal, re-entrancy and the guard
+//! are written once on top of it. A store implements two traits:
+//!
+//! - [`Backend`], the store itself: it says what it can do
+//!   ([`Capabilities`]), takes leases ([`acquire`](Backend::acquire)),
+//!   reports releases ([`watch`](Backend::watch)), and cleans up after an
+//!   acquire the caller gave up on ([`abandon`](Backend::abandon)).
+//! - [`Lease`], the handle an acquire returns: it owns whatever the store
+//!   keeps per holder (a token, a lease id, a node path, a pinned connection,
+//!   per-node grants) and renews, releases and hands over that one lease.
+//!
+//! Stores of two kinds fit it. Lease stores (memory, Redis, a database
+//! table) keep a ttl per lock that the runtime renews. Session stores (etcd
+//! leases, ZooKeeper sessions) keep liveness in a session the client keeps
+//! alive; when it dies they raise the lease's [`LossSignal`], and the runtime
+//! cancels the body exactly as when a renewal fails.
+//!
+//! Nothing assumes that release notifications are never missed: every
+//! waiter also retries on a timer.
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
-use crate::BackendError;
+use crate::error::BackendError;
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -20,8 +37,8 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
 
-/// A boxed, sendable future: what [`Backend`]'s methods return, so the trait
-/// stays object-safe and the registry can hold an `Arc<dyn Backend>`.
+/// A boxed, sendable future: what the contract's methods return, so the
+/// traits stay object-safe and the registry can hold an `Arc<dyn Backend>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The random 128-bit value that identifies one holder of one lease.
@@ -55,40 +72,325 @@ impl fmt::Debug for LockToken {
     }
 }
 
-/// The answer to one acquire attempt.
+/// What a store can do, checked against every lock's options before the
+/// first attempt: an option the store cannot honour is an
+/// [`InvalidOptions`](crate::LockError::InvalidOptions) error naming the
+/// store and the reason, never silently changed.
+///
+/// Built with [`Capabilities::new`] and the `with_*` methods, so stores
+/// outside this crate can describe themselves too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The store's name in messages: "memory", "redis", "redlock", ...
+    pub store: &'static str,
+    /// The shortest ttl the store can honour.
+    pub min_ttl: Duration,
+    /// The unit the store counts ttls in; a ttl must be a whole number of
+    /// them. Lingers (`hold_at_least`) are rounded up to it.
+    pub ttl_granularity: Duration,
+    /// Whether a release can keep the lease for a while (`hold_at_least`).
+    pub linger: bool,
+    /// Whether a refused acquire says how long the holder's lease has left.
+    pub remaining_time: bool,
+    /// Whether [`Lease::hand_over`] is implemented.
+    pub hand_over: bool,
+    /// Whether the store raises a lease's [`LossSignal`] by itself (a
+    /// session expired, a lease revoked, a lock forcibly released), rather
+    /// than only answering renewals.
+    pub pushes_loss: bool,
+    /// How long before the store can expire a lease the holder gives up.
+    pub margin: SafetyMargin,
+    /// What the fencing tokens promise.
+    pub fencing: FencingPromise,
+}
+
+impl Capabilities {
+    /// A store that honours ttls from 1 ms in whole milliseconds, with no
+    /// linger, no remaining time, no hand-over, no pushed losses, a 2 ms
+    /// safety margin and no fencing promise: change what yours does better.
+    pub const fn new(store: &'static str) -> Self {
+        Capabilities {
+            store,
+            min_ttl: Duration::from_millis(1),
+            ttl_granularity: Duration::from_millis(1),
+            linger: false,
+            remaining_time: false,
+            hand_over: false,
+            pushes_loss: false,
+            margin: SafetyMargin::new(Duration::from_millis(2), 0),
+            fencing: FencingPromise::NONE,
+        }
+    }
+
+    /// Sets the shortest ttl and the unit ttls are counted in.
+    pub const fn with_ttl(mut self, min: Duration, granularity: Duration) -> Self {
+        self.min_ttl = min;
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Says which optional features the store has.
+    pub const fn with_features(
+        mut self,
+        linger: bool,
+        remaining_time: bool,
+        hand_over: bool,
+        pushes_loss: bool,
+    ) -> Self {
+        self.linger = linger;
+        self.remaining_time = remaining_time;
+        self.hand_over = hand_over;
+        self.pushes_loss = pushes_loss;
+        self
+    }
+
+    /// Sets the safety margin.
+    pub const fn with_margin(mut self, margin: SafetyMargin) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// Sets what the fencing tokens promise.
+    pub const fn with_fencing(mut self, fencing: FencingPromise) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// How long a lease of `ttl` can be counted on after its request was
+    /// sent: the ttl less the safety margin.
+    pub fn valid_for(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.margin.of(ttl))
+    }
+
+    /// Checks a ttl and a linger against what the store can do; the error is
+    /// the reason, to be shown with the key.
+    pub fn check(&self, ttl: Duration, hold_at_least: Option<Duration>) -> Result<(), String> {
+        let store = self.store;
+        if ttl < self.min_ttl {
+            return Err(format!(
+                "ttl {ttl:?} is shorter than the {store} store's minimum {:?}",
+                self.min_ttl
+            ));
+        }
+        let unit = self.ttl_granularity.as_nanos().max(1);
+        if !ttl.as_nanos().is_multiple_of(unit) {
+            return Err(format!(
+                "ttl {ttl:?} is not a whole number of {:?}, the unit the {store} store counts ttls in",
+                self.ttl_granularity
+            ));
+        }
+        let margin = self.margin.of(ttl);
+        if margin * 2 > ttl {
+            return Err(format!(
+                "ttl {ttl:?} is too short for the {store} store's safety margin of {margin:?}; use at least {:?}",
+                margin * 2
+            ));
+        }
+        if hold_at_least.is_some() && !self.linger {
+            return Err(format!(
+                "hold_at_least needs a store that can keep a released lease for a while; the {store} store cannot"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long before the store can expire a lease the runtime treats it as
+/// ended: `fixed + ttl × parts_per_million / 1 000 000`.
+///
+/// It covers what separates the holder's clock from the store's expiry: the
+/// rate at which the two clocks drift apart (the `ttl`-proportional part),
+/// the timer granularity and the time it takes to cancel the body (the fixed
+/// part). The holder counts its lease from when the request was *sent*, so
+/// network latency only helps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+pub struct SafetyMargin {
+    /// The part that does not depend on the ttl.
+    pub fixed: Duration,
+    /// The part proportional to the ttl, in millionths of it.
+    pub parts_per_million: u32,
+}
+
+impl SafetyMargin {
+    /// A margin of `fixed` plus `parts_per_million` millionths of the ttl.
+    pub const fn new(fixed: Duration, parts_per_million: u32) -> Self {
+        SafetyMargin {
+            fixed,
+            parts_per_million,
+        }
+    }
+
+    /// The margin for a lease of `ttl`.
+    pub fn of(&self, ttl: Duration) -> Duration {
+        let proportional = ttl.as_nanos() * u128::from(self.parts_per_million) / 1_000_000;
+        self.fixed + Duration::from_nanos(u64::try_from(proportional).unwrap_or(u64::MAX))
+    }
+}
+
+/// What a store's fencing tokens promise. The contract tests read it, and
+/// check exactly what it claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FencingPromise {
+    /// Tokens strictly increase per key, from one holder to the next.
+    pub increasing: bool,
+    /// They keep increasing when the store loses data it was allowed to
+    /// lose (a restart without persistence, a failover to a replica that
+    /// missed the last writes).
+    pub survives_data_loss: bool,
+    /// The store keeps no per-key fencing state once a key is free, so
+    /// memory does not grow with the number of keys ever locked.
+    pub bounded_memory: bool,
+}
+
+impl FencingPromise {
+    /// No tokens (always 0).
+    pub const NONE: FencingPromise = FencingPromise {
+        increasing: false,
+        survives_data_loss: false,
+        bounded_memory: true,
+    };
+
+    /// A promise with the three properties given.
+    pub const fn new(increasing: bool, survives_data_loss: bool, bounded_memory: bool) -> Self {
+        FencingPromise {
+            increasing,
+            survives_data_loss,
+            bounded_memory,
+        }
+    }
+}
+
+/// One acquire attempt, as the runtime asks it of a store.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The full key, namespace included.
+    pub key: &'a str,
+    /// The would-be holder's token. An attempt is retried with the same
+    /// token, and a store answers a repeat as it answered the first (so a
+    /// retried request cannot lock its own sender out).
+    pub token: LockToken,
+    /// The lease length; already checked against [`Capabilities`].
+    pub ttl: Duration,
+    /// Raised by the store if it learns that the lease is lost; a store
+    /// that [pushes losses](Capabilities::pushes_loss) keeps a clone in
+    /// its handle.
+    pub loss: &'a LossSignal,
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// An attempt at `key` by `token` for a lease of `ttl`.
+    pub fn new(key: &'a str, token: LockToken, ttl: Duration, loss: &'a LossSignal) -> Self {
+        AcquireRequest {
+            key,
+            token,
+            ttl,
+            loss,
+        }
+    }
+}
+
+/// The answer to one acquire attempt.
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum Acquire {
-    /// The lease is ours; `fencing` is larger than every token handed out
-    /// for this key before.
+    /// The lease is ours.
     Acquired {
-        /// The fencing token of this lease.
+        /// The fencing token of this lease (see [`FencingPromise`]).
         fencing: u64,
+        /// The handle that renews, releases or hands over this lease.
+        lease: Box<dyn Lease>,
     },
-    /// Someone else holds it; `remaining` is how long their lease has left,
-    /// when the store knows.
+    /// Someone else holds it.
     Held {
-        /// The holder's remaining lease time.
+        /// How long their lease has left, when the store knows
+        /// ([`Capabilities::remaining_time`]).
         remaining: Option<Duration>,
     },
+}
+
+/// One held lease: the per-holder state a store keeps, and the operations
+/// on it. Returned by [`Backend::acquire`].
+///
+/// The runtime never calls two of these methods at once on one handle.
+/// Every operation is owner-checked: a handle never renews or deletes a
+/// lease that another holder has since taken.
+pub trait Lease: Send + Sync + fmt::Debug {
+    /// Extends the lease to its ttl from now. `Ok(false)` when it is no
+    /// longer ours (expired or taken over).
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>>;
+
+    /// Releases the lease and wakes waiters; with a non-zero `linger`, keeps
+    /// it for that much longer instead (for `hold_at_least`, only asked of
+    /// stores with [`Capabilities::linger`]). `Ok(false)` when the lease was
+    /// no longer ours.
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>>;
+
+    /// Passes the lease to the next holder in this process without
+    /// releasing it, in one round trip: the store moves it to a new token
+    /// (the old one is refused from then on), extends it to its ttl, and
+    /// returns a new fencing token larger than every earlier one. The
+    /// handle then stands for the new holder. `Ok(None)` when the lease is
+    /// no longer ours. Only asked of stores with [`Capabilities::hand_over`].
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        Box::pin(async { Err("this store cannot hand a lease over".into()) })
+    }
+}
+
+/// A lock store.
+///
+/// `key` is always the full key, namespace included.
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// What this store can do; the same value for the store's whole life.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Takes the lease if it is free (or expired); otherwise says it is held.
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>>;
+
+    /// Undoes an acquire whose answer the caller did not wait for (a
+    /// timeout, a cancellation, an error after the request may have
+    /// reached the store): releases `key` if `token` holds it. `Ok(true)`
+    /// when it did.
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Subscribes to release notifications for `key`.
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
+
+    /// Deletes the lease on `key` whoever holds it, and wakes waiters: an
+    /// operator's way out of a stuck lock. It breaks mutual exclusion if the
+    /// holder is still running; that holder learns of the loss when the
+    /// store pushes it or at its next renewal. `Ok(true)` when a lease was
+    /// deleted.
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>>;
 }
 
 /// A subscription to release notifications for one key.
 ///
 /// Created before an acquire attempt, it reports every release that happens
 /// after its creation, so a release between a failed attempt and the wait is
-/// never missed.
+/// not missed when the store delivers it. Stores may still miss some (a
+/// dropped connection): waiters retry on a timer as well.
 pub struct ReleaseWatch {
     rx: watch::Receiver<()>,
-    // Dropped after `rx`: lets a backend free per-key state once unwatched.
-    _hold: Option<Box<dyn Any + Send + Sync>>,
+    // Dropped after `rx`: lets a store free per-key state once unwatched.
+    _hold: Option<Box<dyn Send + Sync>>,
 }
 
 impl ReleaseWatch {
     /// Wraps a watch receiver that is bumped on each release of the key.
-    /// `hold` is dropped with the subscription, after the receiver: a backend
+    /// `hold` is dropped with the subscription, after the receiver: a store
     /// can use it to free its per-key state once nobody watches the key.
-    pub fn new(rx: watch::Receiver<()>, hold: Option<Box<dyn Any + Send + Sync>>) -> Self {
+    pub fn new(rx: watch::Receiver<()>, hold: Option<Box<dyn Send + Sync>>) -> Self {
         ReleaseWatch { rx, _hold: hold }
     }
 
@@ -107,76 +409,103 @@ impl fmt::Debug for ReleaseWatch {
     }
 }
 
-/// A lock store: takes, renews and releases leases atomically.
+/// The signal that one lease is lost.
 ///
-/// `key` is the full key, namespace included. Every method must be
-/// owner-checked by `token`: a store never renews or deletes a lease that
-/// another token holds.
-pub trait Backend: Send + Sync + fmt::Debug + 'static {
-    /// Takes the lease if it is free (or expired), in one round trip, and
-    /// returns a fencing token larger than any given for `key` before;
-    /// otherwise returns the holder's remaining time.
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>>;
+/// The runtime makes one per acquire and hands it to the store in the
+/// [`AcquireRequest`]. Whoever learns first that the lease is gone raises
+/// it: the runtime's renewal (a renewal refused or too late), or the store
+/// itself (a session expired, a lease revoked). Raising it cancels the body
+/// that holds the lease, which then returns
+/// [`LockError::Lost`](crate::LockError::Lost). Cheap to clone; clones
+/// share the signal.
+#[derive(Clone)]
+pub struct LossSignal {
+    shared: Arc<LossShared>,
+}
 
-    /// Extends our lease to `ttl` from now. `Ok(false)` when the lease is no
-    /// longer ours (expired or taken over).
-    fn renew<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+#[derive(Default)]
+struct LossShared {
+    raised: AtomicBool,
+    notify: Notify,
+    /// Told once when the signal is raised; the runtime's holder of the lease.
+    listener: Mutex<Option<Weak<dyn LossListener>>>,
+}
 
-    /// Releases our lease and wakes waiters; with a non-zero `linger`, keeps
-    /// the lease for that much longer instead (for `hold_at_least`).
-    /// `Ok(false)` when the lease was no longer ours.
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+/// Reacts when a lease is lost (the runtime's guard state).
+pub(crate) trait LossListener: Send + Sync {
+    fn lease_lost(&self, reason: &'static str);
+}
 
-    /// Subscribes to release notifications for `key`.
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
-
-    /// Whether [`hand_over`](Self::hand_over) is implemented.
-    fn supports_hand_over(&self) -> bool {
-        false
+impl LossSignal {
+    /// A signal not raised yet.
+    pub fn new() -> Self {
+        LossSignal {
+            shared: Arc::default(),
+        }
     }
 
-    /// Passes our lease on to the next holder in this process without
-    /// releasing it: extends it to `ttl` and returns a new fencing token
-    /// (larger than every earlier one), in one round trip. `Ok(None)` when
-    /// the lease is no longer ours. Only called when
-    /// [`supports_hand_over`](Self::supports_hand_over) is true.
-    fn hand_over<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
-        let _ = (key, token, ttl);
-        Box::pin(async { Err("this backend cannot hand a lease over".into()) })
+    /// Says the lease is lost, for `reason` (logged). Idempotent.
+    pub fn raise(&self, reason: &'static str) {
+        if self.shared.raised.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.shared.notify.notify_waiters();
+        let listener = self.listener().take();
+        if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
+            listener.lease_lost(reason);
+        }
     }
 
-    /// How much of a `ttl` lease to treat as already gone, for clock drift
-    /// between this process and the store(s). The holder's lease is taken to
-    /// end at `sent + ttl - drift`, where `sent` is when the acquire or renew
-    /// request was sent. Zero by default.
-    fn clock_drift(&self, ttl: Duration) -> Duration {
-        let _ = ttl;
-        Duration::ZERO
+    /// Whether the signal was raised.
+    pub fn is_raised(&self) -> bool {
+        self.shared.raised.load(Ordering::SeqCst)
     }
 
-    /// The shortest `ttl` this store can honour; shorter ones are refused as
-    /// invalid options. 1 ms by default.
-    fn min_ttl(&self) -> Duration {
-        Duration::from_millis(1)
+    /// Completes once the signal is raised.
+    pub async fn raised(&self) {
+        loop {
+            let notified = self.shared.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a raise in between is not missed.
+            notified.as_mut().enable();
+            if self.is_raised() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Makes `listener` the one told when the signal is raised (at once if
+    /// it already was), in place of any earlier one.
+    pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {
+        *self.listener() = Some(listener);
+        if self.is_raised() {
+            let listener = self.listener().take();
+            if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
+                listener.lease_lost("lost before it was taken up");
+            }
+        }
+    }
+
+    fn listener(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossListener>>> {
+        // One assignment or `take` per use: consistent after a panic.
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+impl Default for LossSignal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("raised", &self.is_raised())
+            .finish()
     }
 }

@@ -4,11 +4,17 @@
 //!
 //! - Acquire is one script, one round trip: `SET key token NX PX ttl`, and on
 //!   success `INCR` of the key's fencing counter; when the key is held, the
-//!   holder's `PTTL`.
+//!   holder's `PTTL`. It returns a handle that keeps the lock's Redis name
+//!   and token.
 //! - Renew and release are owner-checked scripts (`GET` = token, then
 //!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. Release publishes a
 //!   wake-up on the key's channel; a release that must linger
-//!   (`hold_at_least`) shortens the lease instead.
+//!   (`hold_at_least`) shortens the lease instead. A hand-over within the
+//!   process moves the lease to a new token and increments the counter, in
+//!   one script.
+//! - The holder gives up 10 ms plus 0.2 % of the ttl before Redis can expire
+//!   the lease: the margin covers clock-rate drift between this host and the
+//!   server, the timer's granularity and the time to cancel the body.
 //! - Scripts run by `EVALSHA`, and are loaded again after `SCRIPT FLUSH` or a
 //!   server restart (`NOSCRIPT`).
 //!
@@ -46,8 +52,33 @@ use once_cell::sync::Lazy;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
 
-use super::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
-use crate::BackendError;
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    ReleaseWatch, SafetyMargin,
+};
+use crate::error::{BackendError, LockError};
+use crate::registry::LockRegistry;
+
+impl LockRegistry {
+    /// A registry over one Redis server (`redis://[:password@]host:port[/db]`),
+    /// with the [`RedisBackend`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the URL (password redacted) when the URL
+    /// is invalid or the server cannot be reached or refuses the credentials.
+    pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
+        let backend = RedisBackend::builder(url)
+            .connect()
+            .await
+            .map_err(|source| LockError::Backend {
+                key: redact(url),
+                action: "connect to",
+                source,
+            })?;
+        Ok(LockRegistry::from_backend(Arc::new(backend)))
+    }
+}
 
 /// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode (0 off, -1
 /// forever, else the counter's expiry in ms).
@@ -90,17 +121,25 @@ redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
 
-/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode. Extends our
-/// lease for the next holder in this process and returns its fencing token;
-/// -1 when the lease is not ours.
+/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode, next token.
+/// Moves our lease to the next holder in this process (its token, a full
+/// ttl) and returns its fencing token; -1 when the lease is not ours.
 const HAND_OVER: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
 local mode = tonumber(ARGV[3])
 if mode == 0 then return 0 end
 local fencing = redis.call('INCR', KEYS[2])
 if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
 return fencing
+";
+
+/// `KEYS`: lock. `ARGV`: channel. Deletes the lock whoever holds it and
+/// wakes waiters; returns 1 when there was one.
+const FORCE_RELEASE: &str = r"
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], '')
+return 1
 ";
 
 /// `KEYS`: counter. `ARGV`: floor. Raises the counter to at least the floor
@@ -116,6 +155,7 @@ static RAISE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RAISE));
 static HAND_OVER_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(HAND_OVER));
 static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
+static FORCE_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FORCE_RELEASE));
 
 /// What fencing counters cost and promise. See the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -132,6 +172,15 @@ pub enum Fencing {
 }
 
 impl Fencing {
+    /// What tokens promise in this mode.
+    fn promise(self) -> FencingPromise {
+        match self {
+            Fencing::PerKey => FencingPromise::new(true, false, false),
+            Fencing::ExpireAfter(_) => FencingPromise::new(true, false, true),
+            Fencing::Off => FencingPromise::NONE,
+        }
+    }
+
     fn mode_arg(self) -> i64 {
         match self {
             Fencing::PerKey => -1,
@@ -191,12 +240,14 @@ impl RedisBackendBuilder {
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
         let subscriber = Subscriber::new(client, self.connection_timeout);
-        Ok(RedisBackend {
-            conn,
+        Ok(RedisBackend::new(
+            Commands {
+                conn,
+                fencing: self.fencing,
+            },
             subscriber,
-            fencing: self.fencing,
-            shown_url: redact(&self.url),
-        })
+            redact(&self.url),
+        ))
     }
 }
 
@@ -231,10 +282,17 @@ impl RedisBackendBuilder {
 /// ```
 #[derive(Clone)]
 pub struct RedisBackend<C = ConnectionManager> {
-    conn: C,
+    commands: Commands<C>,
     subscriber: Arc<Subscriber>,
-    fencing: Fencing,
     shown_url: String,
+    capabilities: Capabilities,
+}
+
+/// The command connection and the fencing mode: all a lease handle needs.
+#[derive(Clone)]
+struct Commands<C> {
+    conn: C,
+    fencing: Fencing,
 }
 
 impl RedisBackend {
@@ -258,11 +316,24 @@ where
     /// from `redis::cluster_async`), and `pubsub` (a client of one node, or
     /// of the cluster's nodes) for release notifications.
     pub fn with_connection(conn: C, pubsub: Client, fencing: Fencing) -> Self {
+        RedisBackend::new(
+            Commands { conn, fencing },
+            Subscriber::new(pubsub, Duration::from_secs(1)),
+            "custom connection".into(),
+        )
+    }
+
+    fn new(commands: Commands<C>, subscriber: Arc<Subscriber>, shown_url: String) -> Self {
+        let capabilities = Capabilities::new("redis")
+            .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
+            .with_features(true, true, true, false)
+            .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
+            .with_fencing(commands.fencing.promise());
         RedisBackend {
-            conn,
-            subscriber: Subscriber::new(pubsub, Duration::from_secs(1)),
-            fencing,
-            shown_url: "custom connection".into(),
+            commands,
+            subscriber,
+            shown_url,
+            capabilities,
         }
     }
 }
@@ -271,31 +342,166 @@ impl<C> RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// One acquire attempt by `token`: the fencing token when granted, the
+    /// holder's remaining time otherwise.
+    pub(crate) async fn try_acquire(
+        &self,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        self.commands.acquire(&lock_name(key), token, ttl).await
+    }
+
+    /// Renews `token`'s lease on `key` to `ttl`.
+    pub(crate) async fn renew_token(
+        &self,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        self.commands.renew(&lock_name(key), token, ttl).await
+    }
+
+    /// Releases `token`'s lease on `key` (or shortens it to `linger`).
+    pub(crate) async fn release_token(
+        &self,
+        key: &str,
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        self.commands.release(&lock_name(key), token, linger).await
+    }
+
+    /// Raises `key`'s fencing counter to at least `floor`.
+    pub(crate) async fn raise_fencing(&self, key: &str, floor: u64) -> Result<(), BackendError> {
+        let mut script = RAISE_SCRIPT.key(suffixed(&lock_name(key), b":fence"));
+        script.arg(floor);
+        let _: i64 = invoke(&self.commands.conn, script, Retry::IfConnectionFailed).await?;
+        Ok(())
+    }
+}
+
+impl<C> Commands<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// An invocation of a script that takes the lock and counter keys and
     /// the token, ttl and fencing mode (acquire, hand-over).
     fn fenced<'s>(
         &self,
         script: &'s Script,
-        key: &str,
+        lock: &[u8],
         token: LockToken,
         ttl: Duration,
     ) -> ::redis::ScriptInvocation<'s> {
-        let names = names(key);
-        let mut invocation = script.key(names.lock);
+        let mut invocation = script.key(lock);
         invocation
-            .key(names.counter)
+            .key(suffixed(lock, b":fence"))
             .arg(token.to_string())
             .arg(millis(ttl))
             .arg(self.fencing.mode_arg());
         invocation
     }
 
-    /// Raises `key`'s fencing counter to at least `floor`.
-    pub(crate) async fn raise_fencing(&self, key: &str, floor: u64) -> Result<(), BackendError> {
-        let mut script = RAISE_SCRIPT.key(names(key).counter);
-        script.arg(floor);
-        let _: i64 = invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
-        Ok(())
+    async fn acquire(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        let script = self.fenced(&ACQUIRE_SCRIPT, lock, token, ttl);
+        let (acquired, value): (i64, i64) =
+            invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
+        Ok(if acquired == 1 {
+            Ok(u64::try_from(value).unwrap_or(0))
+        } else {
+            Err(u64::try_from(value).ok().map(Duration::from_millis))
+        })
+    }
+
+    async fn renew(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let mut script = RENEW_SCRIPT.key(lock);
+        script.arg(token.to_string()).arg(millis(ttl));
+        let renewed: i64 = invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
+        Ok(renewed == 1)
+    }
+
+    async fn release(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        let mut script = RELEASE_SCRIPT.key(lock);
+        script
+            .arg(token.to_string())
+            .arg(millis(linger))
+            .arg(suffixed(lock, b":released"));
+        let released: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
+        Ok(released == 1)
+    }
+
+    async fn hand_over(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        next: LockToken,
+        ttl: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        let mut script = self.fenced(&HAND_OVER_SCRIPT, lock, token, ttl);
+        script.arg(next.to_string());
+        // Not idempotent (it increments the counter): resent only if never sent.
+        let fencing: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
+        Ok(u64::try_from(fencing).ok())
+    }
+}
+
+/// One lease on one Redis: the lock's Redis name and our token.
+struct RedisLease<C> {
+    commands: Commands<C>,
+    lock: Vec<u8>,
+    token: LockToken,
+    ttl: Duration,
+}
+
+impl<C> Lease for RedisLease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.commands.renew(&self.lock, self.token, self.ttl))
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.commands.release(&self.lock, self.token, linger))
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let next = LockToken::random();
+            let fencing = self
+                .commands
+                .hand_over(&self.lock, self.token, next, self.ttl)
+                .await?;
+            if fencing.is_some() {
+                self.token = next;
+            }
+            Ok(fencing)
+        })
+    }
+}
+
+impl<C> fmt::Debug for RedisLease<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("lock", &String::from_utf8_lossy(&self.lock))
+            .finish_non_exhaustive()
     }
 }
 
@@ -338,15 +544,9 @@ where
     }
 }
 
-/// The Redis names of one lock.
-struct Names {
-    lock: Vec<u8>,
-    counter: Vec<u8>,
-}
-
 /// `lock:{<escaped key>}`: the escaped key is the hash tag.
 fn lock_name(key: &str) -> Vec<u8> {
-    let mut name = Vec::with_capacity(key.len() + 8);
+    let mut name = Vec::with_capacity(key.len() + 16);
     name.extend_from_slice(b"lock:{");
     for byte in key.bytes() {
         match byte {
@@ -360,17 +560,13 @@ fn lock_name(key: &str) -> Vec<u8> {
     name
 }
 
-fn names(key: &str) -> Names {
-    let lock = lock_name(key);
-    let mut counter = lock.clone();
-    counter.extend_from_slice(b":fence");
-    Names { lock, counter }
-}
-
-fn channel(key: &str) -> Vec<u8> {
-    let mut channel = lock_name(key);
-    channel.extend_from_slice(b":released");
-    channel
+/// Another name of the same lock: its counter (`:fence`) or its release
+/// channel (`:released`).
+fn suffixed(lock: &[u8], suffix: &[u8]) -> Vec<u8> {
+    let mut name = Vec::with_capacity(lock.len() + suffix.len());
+    name.extend_from_slice(lock);
+    name.extend_from_slice(suffix);
+    name
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -381,78 +577,58 @@ impl<C> Backend for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
+        request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
         Box::pin(async move {
-            let script = self.fenced(&ACQUIRE_SCRIPT, key, token, ttl);
-            let (acquired, value): (i64, i64) =
-                invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
-            Ok(if acquired == 1 {
-                Acquire::Acquired {
-                    fencing: u64::try_from(value).unwrap_or(0),
-                }
-            } else {
-                Acquire::Held {
-                    remaining: u64::try_from(value).ok().map(Duration::from_millis),
-                }
+            let lock = lock_name(request.key);
+            let answer = self
+                .commands
+                .acquire(&lock, request.token, request.ttl)
+                .await?;
+            Ok(match answer {
+                Ok(fencing) => Acquire::Acquired {
+                    fencing,
+                    lease: Box::new(RedisLease {
+                        commands: self.commands.clone(),
+                        lock,
+                        token: request.token,
+                        ttl: request.ttl,
+                    }),
+                },
+                Err(remaining) => Acquire::Held { remaining },
             })
         })
     }
 
-    fn renew<'a>(
+    fn abandon<'a>(
         &'a self,
         key: &'a str,
         token: LockToken,
-        ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let mut script = RENEW_SCRIPT.key(lock_name(key));
-            script.arg(token.to_string()).arg(millis(ttl));
-            let renewed: i64 = invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
-            Ok(renewed == 1)
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let mut script = RELEASE_SCRIPT.key(lock_name(key));
-            script
-                .arg(token.to_string())
-                .arg(millis(linger))
-                .arg(channel(key));
-            let released: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
-            Ok(released == 1)
-        })
+        Box::pin(self.release_token(key, token, Duration::ZERO))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
-        Box::pin(self.subscriber.watch(channel(key)))
+        Box::pin(
+            self.subscriber
+                .watch(suffixed(&lock_name(key), b":released")),
+        )
     }
 
-    fn supports_hand_over(&self) -> bool {
-        true
-    }
-
-    fn hand_over<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let script = self.fenced(&HAND_OVER_SCRIPT, key, token, ttl);
-            // Not idempotent (it increments the counter): resent only if never sent.
-            let fencing: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
-            Ok(u64::try_from(fencing).ok())
+            let lock = lock_name(key);
+            let mut script = FORCE_RELEASE_SCRIPT.key(&lock);
+            script.arg(suffixed(&lock, b":released"));
+            let deleted: i64 =
+                invoke(&self.commands.conn, script, Retry::IfConnectionFailed).await?;
+            Ok(deleted == 1)
         })
     }
 }
@@ -461,7 +637,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &self.shown_url)
-            .field("fencing", &self.fencing)
+            .field("fencing", &self.commands.fencing)
             .finish_non_exhaustive()
     }
 }
@@ -681,7 +857,7 @@ mod tests {
         assert_eq!(lock_name("stock:7"), b"lock:{stock:7}");
         assert_eq!(lock_name("a}b{c%"), b"lock:{a%7Db%7Bc%25}");
         // A key that spells another key's counter stays a different name.
-        let counter = names("k").counter;
+        let counter = suffixed(&lock_name("k"), b":fence");
         assert_eq!(counter, b"lock:{k}:fence");
         assert_ne!(lock_name("k}:fence"), counter);
         assert_ne!(lock_name("%7D"), lock_name("}"));

@@ -16,7 +16,10 @@
 //!   script where a node lost it (a restart, say). It counts only with a
 //!   majority within the current validity; otherwise the lease is lost and
 //!   the body is cancelled, as on one node.
-//! - **Release** runs on every node, owner-checked.
+//! - **Release** runs on every node, owner-checked. Inside the validity
+//!   window it succeeds when any node still had the lease (nodes that never
+//!   granted it, or restarted, answer "not ours"); when none had it, the
+//!   lease was taken (a forced release) and the holder gets `Lost`.
 //! - **Wake-ups**: each node's release notification wakes waiters.
 //!
 //! # What the fencing token guarantees
@@ -38,9 +41,9 @@
 //! when those do not hold. N nodes of one Redis Cluster, or one master and its
 //! replicas, are **not** independent: use separate masters.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -48,12 +51,47 @@ use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout};
 
 use super::redis::{RedisBackend, redact};
-use super::{Acquire, Backend, BoxFuture, LockToken, ReleaseWatch};
-use crate::BackendError;
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    ReleaseWatch, SafetyMargin,
+};
+use crate::error::{BackendError, LockError};
+use crate::registry::LockRegistry;
 
-/// The shortest lease Redlock accepts: shorter ones leave too little validity
-/// after the node round trips and the drift allowance.
-const MIN_TTL: Duration = Duration::from_millis(20);
+/// What Redlock can do. The shortest lease leaves room for the node round
+/// trips and the margin: the drift allowance (1 % of the ttl plus 2 ms) plus
+/// the 10 ms a single Redis keeps for timers and cancelling the body.
+const CAPABILITIES: Capabilities = Capabilities::new("redlock")
+    .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
+    .with_features(true, true, false, false)
+    .with_margin(SafetyMargin::new(Duration::from_millis(12), 10_000))
+    .with_fencing(FencingPromise::new(true, false, false));
+
+impl LockRegistry {
+    /// A registry over N ≥ 3 independent Redis masters with the Redlock
+    /// algorithm; see [`RedlockBackend`] for what it promises and what it
+    /// needs.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the nodes (passwords redacted) for fewer
+    /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
+    /// majority reachable.
+    pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
+        let backend = RedlockBackend::connect(urls)
+            .await
+            .map_err(|source| LockError::Backend {
+                key: urls
+                    .iter()
+                    .map(|url| redact(url))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                action: "connect to",
+                source,
+            })?;
+        Ok(LockRegistry::from_backend(Arc::new(backend)))
+    }
+}
 
 /// One Redis master, connected on first use (so a node that is down when the
 /// registry is built can join later).
@@ -75,10 +113,6 @@ impl Node {
 #[derive(Clone)]
 pub struct RedlockBackend {
     nodes: Arc<[Node]>,
-    /// Until when each lease this process holds is valid (by the monotonic
-    /// clock): renewal may take the lock again on nodes that lost it only
-    /// inside this window, and a release inside it cannot report a loss.
-    validity: Arc<Mutex<HashMap<(String, LockToken), Instant>>>,
 }
 
 /// A node's answer, or why there was none.
@@ -124,7 +158,6 @@ impl RedlockBackend {
                     backend: OnceCell::new(),
                 })
                 .collect(),
-            validity: Arc::default(),
         };
         let reached = join_all(backend.nodes.iter().map(|node| async move {
             timeout(Duration::from_secs(2), node.backend())
@@ -138,31 +171,6 @@ impl RedlockBackend {
             return Err(backend.no_quorum("connect", up, &reached).into());
         }
         Ok(backend)
-    }
-
-    fn validity(&self) -> MutexGuard<'_, HashMap<(String, LockToken), Instant>> {
-        // One insert or remove per use: consistent even after a panic.
-        self.validity
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    /// Records that `key`/`token` is valid until `until`.
-    fn set_valid_until(&self, key: &str, token: LockToken, until: Instant) {
-        let mut validity = self.validity();
-        if validity.len() >= 1024 {
-            // Leases whose release never came (no runtime at drop): forget them.
-            let now = Instant::now();
-            validity.retain(|_, until| *until > now);
-        }
-        validity.insert((key.to_owned(), token), until);
-    }
-
-    /// Whether `key`/`token` is still inside its validity window.
-    fn is_valid(&self, key: &str, token: LockToken) -> bool {
-        self.validity()
-            .get(&(key.to_owned(), token))
-            .is_some_and(|until| *until > Instant::now())
     }
 
     /// How many nodes must agree: N/2 + 1.
@@ -188,13 +196,14 @@ impl RedlockBackend {
         join_all(self.nodes.iter().map(|node| on_node(node, limit, &op))).await
     }
 
-    /// Releases on every node, ignoring failures (an undo after a lost vote).
-    async fn release_everywhere(&self, key: &str, token: LockToken, ttl: Duration) {
-        let _ = self
+    /// Releases `token`'s lease on every node; how many released it.
+    async fn release_everywhere(&self, key: &str, token: LockToken, ttl: Duration) -> usize {
+        let results = self
             .on_all(Self::node_timeout(ttl), |node| {
-                node.release(key, token, Duration::ZERO)
+                node.release_token(key, token, Duration::ZERO)
             })
             .await;
+        tally(&results).0
     }
 
     /// Describes a failed quorum with each node's error.
@@ -246,24 +255,29 @@ fn split_vote_delay(ttl: Duration) -> Duration {
 }
 
 impl Backend for RedlockBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
     fn acquire<'a>(
         &'a self,
-        key: &'a str,
-        token: LockToken,
-        ttl: Duration,
+        request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        let AcquireRequest {
+            key, token, ttl, ..
+        } = request;
         Box::pin(async move {
             let started = Instant::now();
             let limit = Self::node_timeout(ttl);
             let results = self
-                .on_all(limit, |node| node.acquire(key, token, ttl))
+                .on_all(limit, |node| node.try_acquire(key, token, ttl))
                 .await;
             let mut fencing = Vec::new();
             let mut held = Vec::new();
             for result in &results {
                 match result {
-                    Ok(Acquire::Acquired { fencing: f }) => fencing.push(*f),
-                    Ok(Acquire::Held { remaining }) => held.push(*remaining),
+                    Ok(Ok(f)) => fencing.push(*f),
+                    Ok(Err(remaining)) => held.push(*remaining),
                     Err(_) => {}
                 }
             }
@@ -276,9 +290,16 @@ impl Backend for RedlockBackend {
                     .on_all(limit, |node| node.raise_fencing(key, token_value))
                     .await;
                 if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
-                    self.set_valid_until(key, token, started + ttl - Self::drift(ttl));
+                    let lease = RedlockLease {
+                        redlock: self.clone(),
+                        key: key.to_owned(),
+                        token,
+                        ttl,
+                        valid_until: started + ttl - Self::drift(ttl),
+                    };
                     return Ok(Acquire::Acquired {
                         fencing: token_value,
+                        lease: Box::new(lease),
                     });
                 }
             }
@@ -303,70 +324,14 @@ impl Backend for RedlockBackend {
         })
     }
 
-    fn renew<'a>(
+    fn abandon<'a>(
         &'a self,
         key: &'a str,
         token: LockToken,
-        ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let started = Instant::now();
-            let limit = Self::node_timeout(ttl);
-            let mut results = self.on_all(limit, |node| node.renew(key, token, ttl)).await;
-            // Inside the validity window no one else can hold a majority, so
-            // taking the lock on nodes that do not have it (down when it was
-            // acquired, or restarted) is safe and keeps the majority wide.
-            if self.is_valid(key, token) {
-                let retake = self
-                    .nodes
-                    .iter()
-                    .zip(results.iter_mut())
-                    .filter(|(_, r)| matches!(r, Ok(false)));
-                let acquire = |node: &'a RedisBackend| node.acquire(key, token, ttl);
-                join_all(retake.map(|(node, result)| async move {
-                    if let Ok(Acquire::Acquired { .. }) = on_node(node, limit, &acquire).await {
-                        *result = Ok(true);
-                    }
-                }))
-                .await;
-            }
-            let (ours, not_ours) = tally(&results);
-            if ours >= self.quorum() && started.elapsed() + Self::drift(ttl) < ttl {
-                self.set_valid_until(key, token, started + ttl - Self::drift(ttl));
-                return Ok(true);
-            }
-            let answered = ours + not_ours;
-            if answered >= self.quorum() {
-                return Ok(false);
-            }
-            Err(self.no_quorum("renew", answered, &results).into())
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let was_valid = self.is_valid(key, token);
-            let limit = Self::node_timeout(linger.max(Duration::from_secs(1)));
-            let results = self
-                .on_all(limit, |node| node.release(key, token, linger))
-                .await;
-            self.validity().remove(&(key.to_owned(), token));
-            let (released, not_ours) = tally(&results);
-            let answered = released + not_ours;
-            // Inside the validity window the lease was ours whatever some
-            // nodes say (those that never granted it answer "not ours").
-            if released >= self.quorum() || (was_valid && answered > 0) {
-                return Ok(true);
-            }
-            if answered >= self.quorum() {
-                return Ok(false);
-            }
-            Err(self.no_quorum("release", answered, &results).into())
+            let ttl = Duration::from_secs(1);
+            Ok(self.release_everywhere(key, token, ttl).await > 0)
         })
     }
 
@@ -390,12 +355,111 @@ impl Backend for RedlockBackend {
         })
     }
 
-    fn clock_drift(&self, ttl: Duration) -> Duration {
-        Self::drift(ttl)
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let results = self
+                .on_all(Duration::from_secs(1), |node| node.force_release(key))
+                .await;
+            let (deleted, kept) = tally(&results);
+            if deleted + kept == 0 {
+                return Err(self.no_quorum("force-release", 0, &results).into());
+            }
+            Ok(deleted > 0)
+        })
+    }
+}
+
+/// One Redlock lease: the key, our token, and until when a majority's grant
+/// is known to stand (by the monotonic clock). Inside that window renewal
+/// may take the lock again on nodes that lost it, and a release cannot
+/// report a loss.
+struct RedlockLease {
+    redlock: RedlockBackend,
+    key: String,
+    token: LockToken,
+    ttl: Duration,
+    valid_until: Instant,
+}
+
+impl RedlockLease {
+    fn is_valid(&self) -> bool {
+        self.valid_until > Instant::now()
+    }
+}
+
+impl Lease for RedlockLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
+            let redlock = &self.redlock;
+            let started = Instant::now();
+            let limit = RedlockBackend::node_timeout(ttl);
+            let mut results = redlock
+                .on_all(limit, |node| node.renew_token(key, token, ttl))
+                .await;
+            // Inside the validity window no one else can hold a majority, so
+            // taking the lock on nodes that do not have it (down when it was
+            // acquired, or restarted) is safe and keeps the majority wide.
+            if self.is_valid() {
+                let retake = redlock
+                    .nodes
+                    .iter()
+                    .zip(results.iter_mut())
+                    .filter(|(_, r)| matches!(r, Ok(false)));
+                join_all(retake.map(|(node, result)| async move {
+                    let acquire = |node| RedisBackend::try_acquire(node, key, token, ttl);
+                    if let Ok(Ok(_)) = on_node(node, limit, &acquire).await {
+                        *result = Ok(true);
+                    }
+                }))
+                .await;
+            }
+            let (ours, not_ours) = tally(&results);
+            let drift = RedlockBackend::drift(ttl);
+            if ours >= redlock.quorum() && started.elapsed() + drift < ttl {
+                self.valid_until = started + ttl - drift;
+                return Ok(true);
+            }
+            let answered = ours + not_ours;
+            if answered >= redlock.quorum() {
+                return Ok(false);
+            }
+            Err(redlock.no_quorum("renew", answered, &results).into())
+        })
     }
 
-    fn min_ttl(&self) -> Duration {
-        MIN_TTL
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let (key, token) = (self.key.as_str(), self.token);
+            let redlock = &self.redlock;
+            let was_valid = self.is_valid();
+            let limit = RedlockBackend::node_timeout(linger.max(Duration::from_secs(1)));
+            let results = redlock
+                .on_all(limit, |node| node.release_token(key, token, linger))
+                .await;
+            // Whatever the answers, the handle no longer holds anything.
+            self.valid_until = Instant::now();
+            let (released, not_ours) = tally(&results);
+            let answered = released + not_ours;
+            // Inside the validity window the lease was ours even if only some
+            // nodes still had it (those that never granted it, or restarted,
+            // answer "not ours"); when none had it, it was taken from us.
+            if released >= redlock.quorum() || (was_valid && released > 0) {
+                return Ok(true);
+            }
+            if answered >= redlock.quorum() {
+                return Ok(false);
+            }
+            Err(redlock.no_quorum("release", answered, &results).into())
+        })
+    }
+}
+
+impl fmt::Debug for RedlockLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockLease")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Renews every `ttl / 3` (as Redisson's `RenewalTask` does). A renewal that
 //! is refused, or that cannot get through before the lease runs out, marks
-//! the lease lost; so does `max_hold`. With the watchdog off the lease is
-//! marked lost when its `ttl` has passed.
+//! the lease lost; so does `max_hold`. With the renewal off the lease is
+//! marked lost when its `ttl` (less the store's safety margin) has passed.
 //!
 //! # No task per lock
 //!
@@ -25,19 +25,30 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::backend::{Backend, LockToken};
+use crate::backend::BoxFuture;
+use crate::error::BackendError;
 
 /// How long the renewer task keeps waking on its own while idle, so that
 /// locks taken meanwhile need not wake it.
 const IDLE_LINGER: Duration = Duration::from_secs(1);
 
-/// What the watchdog needs to know about one lease.
-pub(crate) struct Lease {
-    pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) key: String,
-    pub(crate) full_key: String,
-    pub(crate) token: LockToken,
+/// The lease a renewal looks after: renews it, and hears its verdict.
+pub(crate) trait Renewable: Send + Sync {
+    /// The key, for logs.
+    fn key(&self) -> &str;
+    /// Extends the lease in the store. `Ok(false)` when it is no longer ours.
+    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>>;
+    /// The lease is lost, for `reason`.
+    fn lose(&self, reason: &'static str);
+}
+
+/// When and how one lease is renewed.
+pub(crate) struct Schedule {
     pub(crate) ttl: Duration,
+    /// How long after a grant (or renewal) is sent the lease can be counted
+    /// on: the ttl less the store's safety margin.
+    pub(crate) valid_for: Duration,
+    /// Whether to renew at all (`watchdog`).
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
     /// When the acquire request was sent: the lease surely ends no later
@@ -45,76 +56,39 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
 }
 
-impl Lease {
-    /// How long after a grant (or renewal) is sent the lease can be counted
-    /// on: the ttl less the store's clock drift.
-    fn valid_for(&self) -> Duration {
-        self.ttl.saturating_sub(self.backend.clock_drift(self.ttl))
-    }
-}
-
-/// Says when a lease is known lost: a flag, and a wake-up for whoever waits.
-#[derive(Debug, Default)]
-pub(crate) struct LeaseSignal {
-    lost: AtomicBool,
-    notify: Notify,
-}
-
-impl LeaseSignal {
-    fn mark_lost(&self) {
-        self.lost.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
-    }
-
-    /// Completes once the lease is marked lost.
-    pub(crate) async fn lost(&self) {
-        loop {
-            let notified = self.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a mark in between is not missed.
-            notified.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// One watched lease.
+/// One lease in a renewer's queue.
 struct Entry {
-    lease: Lease,
-    signal: Arc<LeaseSignal>,
-    on_lost: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    schedule: Schedule,
+    lease: Arc<dyn Renewable>,
     /// Set when the guard releases: no more renewals, no verdicts.
     stopped: AtomicBool,
-    /// Until when the lease is known valid (local clock, drift deducted).
+    /// Until when the lease is known valid (local clock, margin deducted).
     valid_until: Mutex<Instant>,
 }
 
 impl Entry {
     fn interval(&self) -> Duration {
-        (self.lease.ttl / 3).max(Duration::from_millis(1))
+        (self.schedule.ttl / 3).max(Duration::from_millis(1))
     }
 
     fn stop_at(&self) -> Option<Instant> {
-        self.lease
+        self.schedule
             .max_hold
-            .map(|max_hold| self.lease.acquired_at + max_hold)
+            .map(|max_hold| self.schedule.acquired_at + max_hold)
     }
 
     fn valid_until(&self) -> Instant {
         *lock(&self.valid_until)
     }
 
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
     /// When to act next, after a renewal (or the acquire) at `base`.
     fn next_due(&self, base: Instant) -> Instant {
         let valid_until = self.valid_until();
-        if !self.lease.renew {
+        if !self.schedule.renew {
             return valid_until;
         }
         let next = base + self.interval();
@@ -125,13 +99,8 @@ impl Entry {
     }
 
     fn lose(&self, reason: &'static str) {
-        if self.stopped.load(Ordering::SeqCst) {
-            return;
-        }
-        tracing::warn!(key = %self.lease.key, reason, "lease lost");
-        self.signal.mark_lost();
-        if let Some(on_lost) = lock(&self.on_lost).take() {
-            on_lost();
+        if !self.is_stopped() {
+            self.lease.lose(reason);
         }
     }
 }
@@ -195,7 +164,7 @@ impl Renewer {
     /// Queues `entry` at `due`; wakes the task only if it would look later.
     fn schedule(self: &Arc<Self>, id: u64, entry: Arc<Entry>, due: Instant) {
         let mut queue = lock(&self.state);
-        if entry.stopped.load(Ordering::SeqCst) {
+        if entry.is_stopped() {
             return;
         }
         if let Some(old) = queue.when.insert(id, due) {
@@ -273,11 +242,11 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
 
 /// An entry is due: lose it, or renew it in a task of its own.
 fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
-    if entry.stopped.load(Ordering::SeqCst) {
+    if entry.is_stopped() {
         return;
     }
     let now = Instant::now();
-    if !entry.lease.renew {
+    if !entry.schedule.renew {
         return entry.lose("ttl passed with the watchdog off");
     }
     if entry.stop_at().is_some_and(|stop_at| now >= stop_at) {
@@ -288,19 +257,22 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
     }
     let renewer = renewer.clone();
     tokio::spawn(async move {
-        let lease = &entry.lease;
         let sent_at = Instant::now();
-        let renewal = lease.backend.renew(&lease.full_key, lease.token, lease.ttl);
-        match timeout_at(entry.valid_until(), renewal).await {
+        let renewal = entry.lease.renew();
+        let outcome = timeout_at(entry.valid_until(), renewal).await;
+        if entry.is_stopped() {
+            return;
+        }
+        match outcome {
             Ok(Ok(true)) => {
-                tracing::trace!(key = %lease.key, "lease renewed");
-                *lock(&entry.valid_until) = sent_at + entry.lease.valid_for();
+                tracing::trace!(key = entry.lease.key(), "lease renewed");
+                *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
                 let due = entry.next_due(sent_at);
                 renewer.schedule(id, entry, due);
             }
             Ok(Ok(false)) => entry.lose("the store no longer has it (expired or taken over)"),
             Ok(Err(error)) => {
-                tracing::warn!(key = %lease.key, %error, "lease renewal failed; retrying");
+                tracing::warn!(key = entry.lease.key(), %error, "lease renewal failed; retrying");
                 let retry = (Instant::now() + entry.interval() / 4).min(entry.valid_until());
                 renewer.schedule(id, entry, retry);
             }
@@ -309,29 +281,23 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
     });
 }
 
-/// A lease being watched; stopping it (or dropping it) ends the watch.
-pub(crate) struct Watch {
+/// The renewal of one held lease; stopping it (or dropping it) ends it.
+pub(crate) struct Renewal {
     renewer: Arc<Renewer>,
     id: u64,
     entry: Arc<Entry>,
 }
 
-impl Watch {
-    /// Starts watching `lease`. When it is lost, `signal` is marked and
-    /// `on_lost` runs. `owner` identifies the registry.
-    pub(crate) fn start(
-        owner: &Arc<()>,
-        lease: Lease,
-        signal: Arc<LeaseSignal>,
-        on_lost: impl FnOnce() + Send + 'static,
-    ) -> Watch {
+impl Renewal {
+    /// Starts looking after `lease` on `schedule`; when it is lost, its
+    /// [`Renewable::lose`] is called. `owner` identifies the registry.
+    pub(crate) fn start(owner: &Arc<()>, schedule: Schedule, lease: Arc<dyn Renewable>) -> Renewal {
         let renewer = Renewer::for_this_thread(owner);
-        let acquired_at = lease.acquired_at;
+        let acquired_at = schedule.acquired_at;
         let entry = Arc::new(Entry {
-            valid_until: Mutex::new(acquired_at + lease.valid_for()),
+            valid_until: Mutex::new(acquired_at + schedule.valid_for),
+            schedule,
             lease,
-            signal,
-            on_lost: Mutex::new(Some(Box::new(on_lost))),
             stopped: AtomicBool::new(false),
         });
         let id = {
@@ -341,7 +307,7 @@ impl Watch {
         };
         let due = entry.next_due(acquired_at);
         renewer.schedule(id, entry.clone(), due);
-        Watch { renewer, id, entry }
+        Renewal { renewer, id, entry }
     }
 
     /// Stops renewing; no verdict is given after this.
@@ -351,7 +317,7 @@ impl Watch {
     }
 }
 
-impl Drop for Watch {
+impl Drop for Renewal {
     fn drop(&mut self) {
         self.stop();
     }

@@ -1,0 +1,220 @@
+//! The acquire loop: checks the options against the store, queues locally,
+//! then contends in the store until the lease is ours, the caller gives up,
+//! or (skip mode) the first refusal.
+//!
+//! A waiter sleeps until a release notification or its retry time, whichever
+//! comes first: notifications can be missed, so the timer is always there.
+//! An attempt the caller gives up on after its request may have reached the
+//! store (a timeout, a cancellation, an error) is abandoned in the store, so
+//! no lease is left behind that nobody holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::backend::{Acquire, AcquireRequest, Backend, LockToken, LossSignal, ReleaseWatch};
+use crate::error::LockError;
+use crate::guard::{Context, Grant, LockGuard};
+use crate::local_queue::{LocalPermit, LocalQueues};
+use crate::options::{LockOptions, Mode};
+
+/// The longest a waiter sleeps between attempts when no release arrives.
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// The delay before the next attempt when the holder's remaining time is
+/// unknown.
+const UNKNOWN_HOLD_DELAY: Duration = Duration::from_millis(50);
+
+/// What the loop needs of a registry.
+pub(crate) struct Parts<'a> {
+    pub(crate) backend: &'a Arc<dyn Backend>,
+    pub(crate) local: &'a LocalQueues,
+    pub(crate) context: Context<'a>,
+}
+
+/// Queues locally, then contends in the store; `None` only in skip mode.
+/// `key` is the user's key (for messages), `full_key` the namespaced one.
+pub(crate) async fn acquire(
+    parts: &Parts<'_>,
+    key: &str,
+    full_key: &str,
+    opts: &LockOptions,
+    mode: Mode,
+) -> Result<Option<LockGuard>, LockError> {
+    opts.validate(key, mode)?;
+    parts
+        .context
+        .capabilities
+        .check(opts.ttl, opts.hold_at_least)
+        .map_err(|reason| LockError::invalid_options(key, reason))?;
+    let started = Instant::now();
+    let deadline = opts.wait_timeout.map(|timeout| started + timeout);
+    let timed_out = || LockError::Timeout {
+        key: LockError::shown_key(key),
+        waited: started.elapsed(),
+    };
+    let slot = parts.local.slot(full_key);
+    let permit = match mode {
+        Mode::Skip => match slot.try_lock() {
+            Some(permit) => permit,
+            None => {
+                tracing::debug!(key, "lock held by another task of this process; skipping");
+                return Ok(None);
+            }
+        },
+        Mode::Wait => within(deadline, slot.lock()).await.ok_or_else(timed_out)?,
+    };
+    if let Some(baton) = permit.take_baton() {
+        if baton.ttl == opts.ttl && !baton.loss.is_raised() {
+            tracing::debug!(
+                key,
+                fencing = baton.fencing,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "lock handed over by the previous holder in this process"
+            );
+            let grant = Grant {
+                lease: baton.lease,
+                loss: baton.loss,
+                fencing: baton.fencing,
+                sent_at: baton.sent_at,
+                chain: baton.chain,
+            };
+            return Ok(Some(LockGuard::new(&parts.context, grant, opts, permit)));
+        }
+        // Handed over with another ttl (or lost meanwhile): give it back
+        // and take our own.
+        let mut lease = baton.lease;
+        lease
+            .release(Duration::ZERO)
+            .await
+            .map_err(|source| LockError::backend(key, "release", source))?;
+    }
+    let backend = &**parts.backend;
+    let token = LockToken::random();
+    let loss = LossSignal::new();
+    let mut watch: Option<ReleaseWatch> = None;
+    loop {
+        let sent_at = Instant::now();
+        let attempt = Attempt::start(parts.backend, &permit, token);
+        let request = AcquireRequest::new(permit.key(), token, opts.ttl, &loss);
+        let answer = within(deadline, backend.acquire(request))
+            .await
+            .ok_or_else(timed_out)?
+            .map_err(|source| LockError::backend(key, "acquire", source))?;
+        attempt.answered();
+        let remaining = match answer {
+            Acquire::Acquired { fencing, lease } => {
+                tracing::debug!(
+                    key,
+                    fencing,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "lock acquired"
+                );
+                let grant = Grant {
+                    lease,
+                    loss,
+                    fencing,
+                    sent_at,
+                    chain: 0,
+                };
+                return Ok(Some(LockGuard::new(&parts.context, grant, opts, permit)));
+            }
+            Acquire::Held { remaining } => remaining,
+        };
+        if mode == Mode::Skip {
+            tracing::debug!(key, "lock held elsewhere; skipping");
+            return Ok(None);
+        }
+        let Some(watch) = watch.as_mut() else {
+            // Subscribe, then retry at once: a release that happened
+            // between the attempt and the subscription is not missed.
+            let subscribed = within(deadline, backend.watch(permit.key()))
+                .await
+                .ok_or_else(timed_out)?
+                .map_err(|source| LockError::backend(key, "watch", source))?;
+            watch = Some(subscribed);
+            tracing::debug!(
+                key,
+                remaining_ms = remaining.map(|r| r.as_millis() as u64),
+                "lock contended; waiting"
+            );
+            continue;
+        };
+        let mut wake = Instant::now() + retry_delay(remaining);
+        if let Some(deadline) = deadline {
+            wake = wake.min(deadline);
+        }
+        tokio::select! {
+            () = watch.released() => {}
+            () = sleep_until(wake) => {}
+        }
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Err(timed_out());
+        }
+    }
+}
+
+/// One attempt in flight. Dropped before its answer arrived (a timeout, a
+/// cancellation, an error), it abandons the attempt in the store: the
+/// request may have been granted after the caller stopped listening.
+struct Attempt<'a> {
+    backend: &'a Arc<dyn Backend>,
+    permit: &'a LocalPermit,
+    token: LockToken,
+    answered: bool,
+}
+
+impl<'a> Attempt<'a> {
+    fn start(backend: &'a Arc<dyn Backend>, permit: &'a LocalPermit, token: LockToken) -> Self {
+        Attempt {
+            backend,
+            permit,
+            token,
+            answered: false,
+        }
+    }
+
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, key, token) = (self.backend.clone(), self.permit.key().clone(), self.token);
+        runtime.spawn(async move {
+            match backend.abandon(&key, token).await {
+                Ok(true) => tracing::debug!(%key, "released a lease granted after its caller gave up"),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(%key, %error, "could not abandon an acquire; a lease it may have got ends at its ttl")
+                }
+            }
+        });
+    }
+}
+
+/// Runs `fut` until `deadline`; `None` if the deadline came first.
+async fn within<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(fut.await),
+        Some(deadline) => timeout_at(deadline, fut).await.ok(),
+    }
+}
+
+/// When to try again without a release notification: when the holder's
+/// lease says it ends, plus jitter so waiting processes do not all retry in
+/// the same millisecond; never later than `MAX_RETRY_DELAY`.
+fn retry_delay(remaining: Option<Duration>) -> Duration {
+    let base = remaining.unwrap_or(UNKNOWN_HOLD_DELAY).min(MAX_RETRY_DELAY);
+    let spread = (base / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
+    let jitter = rand::random_range(0..=spread.as_micros() as u64);
+    base + Duration::from_micros(jitter)
+}
