@@ -204,8 +204,27 @@ impl LockGuard {
         !self.held().state.loss.is_raised()
     }
 
-    /// Completes when the lease is known to be lost.
-    pub(crate) async fn lost(&self) {
+    /// Completes when the lease is known to be lost (see
+    /// [`is_held`](Self::is_held)): select on it to stop work that must not
+    /// outlive the lease, as the attribute does with the body.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_runtime::{LockOptions, LockRegistry};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = LockRegistry::memory();
+    /// let guard = registry.lock("export", LockOptions::default()).await?;
+    /// tokio::select! {
+    ///     () = guard.lost() => eprintln!("lease lost: export abandoned"),
+    ///     () = async { /* the export */ } => guard.release().await?,
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lost(&self) {
         self.held().state.loss.raised().await;
     }
 

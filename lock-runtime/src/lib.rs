@@ -35,12 +35,14 @@
 //!
 //! # Backends
 //!
-//! A [`LockRegistry`] wraps one [`Backend`]. [`LockRegistry::memory`] keeps
+//! A [`LockRegistry`] wraps one store. [`LockRegistry::memory`] keeps
 //! locks in this process (tests, single-instance services);
 //! [`LockRegistry::redis`] shares them between every process that uses one
-//! Redis server. Everything else
-//! (waiting, the watchdog, re-entrancy, release on every exit) is written once
-//! on top of the trait.
+//! Redis server, [`LockRegistry::redlock`] between those that use N
+//! independent ones. Every store implements the contract in [`backend`]
+//! ([`Backend`], [`Lease`], [`Capabilities`], [`LossSignal`]); everything
+//! else (waiting, renewal, re-entrancy, release on every exit) is written
+//! once on top of it.
 //!
 //! # Features
 //!

@@ -6,10 +6,12 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod contract;
+mod proxy;
 mod redis_server;
 mod worker;
 
-pub use redis_server::{RedisCluster, RedisServer, RedisServers};
+pub use proxy::Proxy;
+pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
 pub use worker::{Worker, field};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,6 +21,9 @@ pub struct RedisServer {
     persistent: bool,
     /// Extra `redis-server` arguments, given on every (re)start.
     extra: Vec<String>,
+    /// For a Sentinel: its configuration file's first contents (Sentinel
+    /// rewrites the file as it learns).
+    sentinel: Option<String>,
     child: Option<Child>,
 }
 
@@ -71,11 +74,26 @@ impl RedisServer {
         RedisServer::start_with(None, false, args.iter().map(|a| a.to_string()).collect())
     }
 
+    /// Starts a Sentinel (`redis-server <conf> --sentinel`) whose
+    /// configuration file holds `conf`.
+    pub fn sentinel(conf: &str) -> RedisServer {
+        RedisServer::start_as(None, false, Vec::new(), Some(conf.to_owned()))
+    }
+
     fn start(password: Option<String>, persistent: bool) -> RedisServer {
         RedisServer::start_with(password, persistent, Vec::new())
     }
 
     fn start_with(password: Option<String>, persistent: bool, extra: Vec<String>) -> RedisServer {
+        RedisServer::start_as(password, persistent, extra, None)
+    }
+
+    fn start_as(
+        password: Option<String>,
+        persistent: bool,
+        extra: Vec<String>,
+        sentinel: Option<String>,
+    ) -> RedisServer {
         let dir = temp_dir();
         let mut last_log = String::new();
         for _ in 0..3 {
@@ -85,6 +103,7 @@ impl RedisServer {
                 password: password.clone(),
                 persistent,
                 extra: extra.clone(),
+                sentinel: sentinel.clone(),
                 child: None,
             };
             match server.spawn() {
@@ -103,10 +122,18 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), String> {
         let log = self.dir.join("redis.log");
         let mut command = Command::new(binary());
+        if let Some(conf) = &self.sentinel {
+            // The file must come first, and be writable: Sentinel rewrites it.
+            let path = self.dir.join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, conf).expect("write the Sentinel's configuration");
+            }
+            command.arg(&path).arg("--sentinel");
+        }
         command
             .arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", ""])
+            .args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -114,7 +141,9 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if self.persistent {
+        if self.sentinel.is_some() {
+            // Nothing of a data server applies.
+        } else if self.persistent {
             command.args(["--appendonly", "yes", "--appendfsync", "always"]);
         } else {
             command.args(["--appendonly", "no"]);
@@ -372,5 +401,112 @@ impl RedisCluster {
     /// Node `i`.
     pub fn node(&self, i: usize) -> &RedisServer {
         &self.servers[i]
+    }
+}
+
+/// A master, one replica and three Sentinels watching them (quorum 2, the
+/// master declared down after 1 s), all on loopback.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<RedisServer>,
+}
+
+/// The name the Sentinels know the master by.
+pub const SENTINEL_MASTER: &str = "locks";
+
+impl RedisSentinels {
+    /// Starts the group and waits until the replica is in sync and every
+    /// Sentinel knows the replica and the other Sentinels.
+    pub fn spawn() -> RedisSentinels {
+        // No 5 s wait before the first (diskless) sync.
+        let master = RedisServer::with_args(&["--repl-diskless-sync-delay", "0"]);
+        let port = master.port().to_string();
+        let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+        wait_for("the replica to acknowledge writes", || {
+            let mut conn = master.connection();
+            let () = redis::cmd("SET")
+                .arg("probe")
+                .arg(1)
+                .query(&mut conn)
+                .unwrap();
+            let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+            acked == 1
+        });
+        let conf = format!(
+            "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {port} 2\n\
+             sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+             sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+             sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+        );
+        let sentinels: Vec<RedisServer> = (0..3).map(|_| RedisServer::sentinel(&conf)).collect();
+        for sentinel in &sentinels {
+            wait_for("the Sentinels to know each other and the replica", || {
+                let master: Vec<(String, String)> = sentinel_master(sentinel);
+                let field = |name: &str| {
+                    master
+                        .iter()
+                        .find(|(key, _)| key == name)
+                        .map(|(_, value)| value.clone())
+                        .unwrap_or_default()
+                };
+                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+            });
+        }
+        RedisSentinels {
+            master,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/locks`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// The master the group started with.
+    pub fn master(&mut self) -> &mut RedisServer {
+        &mut self.master
+    }
+
+    /// The replica the group started with.
+    pub fn replica(&mut self) -> &mut RedisServer {
+        &mut self.replica
+    }
+
+    /// The port of the master the Sentinels name now.
+    pub fn current_master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|sentinel| {
+            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(SENTINEL_MASTER)
+                .query(&mut sentinel.connection())
+                .ok()?;
+            addr?.1.parse().ok()
+        })
+    }
+}
+
+fn sentinel_master(sentinel: &RedisServer) -> Vec<(String, String)> {
+    redis::cmd("SENTINEL")
+        .arg("master")
+        .arg(SENTINEL_MASTER)
+        .query(&mut sentinel.connection())
+        .unwrap_or_default()
+}
+
+/// Polls `ready` every 20 ms, up to 20 s; panics naming `what`.
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

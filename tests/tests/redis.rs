@@ -78,14 +78,16 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
     let mut calls = command_calls(&server);
     calls.retain(|(name, _)| name != "config|resetstat");
     calls.sort();
-    // Two top-level commands; the rest ran inside the acquire and release scripts.
+    // Two top-level commands; the rest ran inside the acquire script (SET NX,
+    // then TIME, GET and SET of the fencing counter) and the release script
+    // (GET, DEL, PUBLISH).
     let expected = [
         ("del", 1),
         ("evalsha", 2),
-        ("get", 1),
-        ("incr", 1),
+        ("get", 2),
         ("publish", 1),
-        ("set", 1),
+        ("set", 2),
+        ("time", 1),
     ];
     let expected: Vec<_> = expected
         .iter()
@@ -555,4 +557,115 @@ async fn an_acquire_given_up_in_flight_leaves_no_lease() {
         );
         guard.release().await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn every_call_against_a_frozen_server_returns_within_its_timeout() {
+    let server = RedisServer::new();
+    let timeout = Duration::from_millis(800);
+    let backend = RedisBackend::builder(&server.url())
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let registry = LockRegistry::builder(backend).build().unwrap();
+    let (held, free) = (unique_key("frozen"), unique_key("frozen"));
+    lock_and_release(&registry, &free).await;
+    let guard = registry.lock(&held, LockOptions::default()).await.unwrap();
+    server.pause();
+    // Slack for a loaded machine, but less than a second timeout: a call
+    // that was sent again after its response timeout fails this.
+    let bound = timeout + Duration::from_millis(600);
+
+    let started = Instant::now();
+    let err = registry
+        .try_lock(&free, LockOptions::default())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(took >= timeout && took < bound, "try_lock took {took:?}");
+
+    let started = Instant::now();
+    let wait = Duration::from_millis(300);
+    let opts = LockOptions::default().wait_timeout(wait);
+    let err = registry.lock(&free, opts).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    assert!(
+        took < wait + Duration::from_millis(300),
+        "lock took {took:?}"
+    );
+
+    let started = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(took < bound, "release took {took:?}");
+    server.resume();
+}
+
+#[tokio::test]
+async fn fencing_tokens_never_go_backwards_when_redis_loses_its_data() {
+    let mut server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("data-loss");
+    let mut tokens = Vec::new();
+    let mut take = async |registry: &LockRegistry| {
+        let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+        tokens.push(guard.fencing_token());
+        guard.release().await.unwrap();
+    };
+    for _ in 0..3 {
+        take(&registry).await;
+    }
+    let () = redis::cmd("FLUSHALL")
+        .query(&mut server.connection())
+        .unwrap();
+    take(&registry).await;
+    // A restart without persistence: every counter is gone.
+    server.restart();
+    let registry = LockRegistry::redis(&server.url()).await.unwrap();
+    take(&registry).await;
+    take(&registry).await;
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing went backwards across FLUSHALL and a restart: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_counters_end_with_their_leases() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let ttl = Duration::from_millis(300);
+    let prefix = unique_key("counters");
+    // `LOCK_COUNTER_KEYS=1000000` for the full-size run; 100 000 in CI.
+    let keys: usize = std::env::var("LOCK_COUNTER_KEYS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let tasks: Vec<_> = (0..32)
+        .map(|task| {
+            let (registry, prefix) = (registry.clone(), prefix.clone());
+            tokio::spawn(async move {
+                for i in (task..keys).step_by(32) {
+                    let key = format!("{prefix}:{i}");
+                    let opts = LockOptions::default().ttl(ttl);
+                    let guard = registry.lock(&key, opts).await.unwrap();
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Distinct keys locked once: their counters go with the ttl (`KEYS`
+    // leaves out, and deletes, keys whose time is up).
+    let left = || -> usize {
+        let names: Vec<Vec<u8>> = server.connection().keys("lock:*").unwrap();
+        names.len()
+    };
+    wait_until("every counter expired", || left() == 0).await;
 }

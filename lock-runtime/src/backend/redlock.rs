@@ -24,17 +24,20 @@
 //!
 //! # What the fencing token guarantees
 //!
-//! On acquire, each granting node increments its counter for the key; the
-//! token is the largest of those, and before the lock is handed out every
-//! reachable node's counter is raised to it (a majority must confirm). Any two
-//! majorities share a node, so the token strictly increases from one holder
-//! to the next **as long as a majority of the nodes that confirmed the raise
-//! keeps its data until the next acquisition**. Nodes that restart without
-//! persistence lose their counters (and their leases): if a majority does so
-//! between two acquisitions, a token can repeat or go down, and two holders
-//! can overlap. Run the nodes with `appendonly yes` and `appendfsync always`,
-//! or keep a crashed node down for longer than the largest ttl before
-//! restarting it (the Redlock paper's "delayed restart").
+//! On acquire, each granting node issues a token as one Redis does (its
+//! clock in microseconds, or one more than its last token for the key); the
+//! lock's token is the largest of those, and before the lock is handed out
+//! every reachable node's counter is raised to it for at least the ttl (a
+//! majority must confirm). Any two majorities share a node, so the token
+//! strictly increases from one holder to the next **as long as a majority of
+//! the nodes that confirmed the raise keeps its data until the next
+//! acquisition, or the nodes' clocks agree to within the time between the
+//! two acquisitions**. Nodes that restart without persistence lose their
+//! leases as well: if a majority does so, two holders can overlap. Run the
+//! nodes with `appendonly yes` and `appendfsync always`, or keep a crashed
+//! node down for longer than the largest ttl before restarting it (the
+//! Redlock paper's "delayed restart"). Counters expire with the leases, so
+//! no per-key state is left once a key is free.
 //!
 //! Redlock rests on timing assumptions (bounded clock drift, bounded pauses of
 //! the holder); see Martin Kleppmann's "How to do distributed locking" for
@@ -65,7 +68,7 @@ const CAPABILITIES: Capabilities = Capabilities::new("redlock")
     .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
     .with_features(true, true, false, false)
     .with_margin(SafetyMargin::new(Duration::from_millis(12), 10_000))
-    .with_fencing(FencingPromise::new(true, false, false));
+    .with_fencing(FencingPromise::new(true, false, true));
 
 impl LockRegistry {
     /// A registry over N ≥ 3 independent Redis masters with the Redlock
@@ -287,7 +290,7 @@ impl Backend for RedlockBackend {
             if fencing.len() >= self.quorum() && validity.is_some_and(|v| !v.is_zero()) {
                 let token_value = fencing.iter().copied().max().unwrap_or(0);
                 let raised = self
-                    .on_all(limit, |node| node.raise_fencing(key, token_value))
+                    .on_all(limit, |node| node.raise_fencing(key, token_value, ttl))
                     .await;
                 if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
                     let lease = RedlockLease {

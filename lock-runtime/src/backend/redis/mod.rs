@@ -4,14 +4,14 @@
 //!
 //! - Acquire is one script, one round trip: `SET key token NX PX ttl`, and on
 //!   success `INCR` of the key's fencing counter; when the key is held, the
-//!   holder's `PTTL`. It returns a handle that keeps the lock's Redis name
-//!   and token.
+//!   holder's `PTTL`; on success it also issues the fencing token (below).
+//!   It returns a handle that keeps the lock's Redis name and token.
 //! - Renew and release are owner-checked scripts (`GET` = token, then
 //!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. Release publishes a
 //!   wake-up on the key's channel; a release that must linger
 //!   (`hold_at_least`) shortens the lease instead. A hand-over within the
-//!   process moves the lease to a new token and increments the counter, in
-//!   one script.
+//!   process moves the lease to a new token and issues a new fencing token,
+//!   in one script.
 //! - The holder gives up 10 ms plus 0.2 % of the ttl before Redis can expire
 //!   the lease: the margin covers clock-rate drift between this host and the
 //!   server, the timer's granularity and the time to cancel the body.
@@ -28,29 +28,38 @@
 //! nor be made to collide with another key's counter; any other bytes
 //! (colons, unicode) are kept as they are.
 //!
-//! # Fencing counters
+//! # Fencing tokens
 //!
-//! Each key that was ever locked keeps its counter, so tokens strictly
-//! increase across holders, processes and lease expiry. A counter costs about
-//! 50 bytes of Redis memory plus its name (the lock key plus 13 bytes):
-//! `MEMORY USAGE` reports 72 bytes for the counter of `stock:12345`. With many short-lived
-//! distinct keys, bound that with [`Fencing::ExpireAfter`] (tokens then
-//! increase as long as a key is locked again within that time) or turn the
-//! counters off with [`Fencing::Off`] (tokens are then always 0).
+//! A token is the server's clock in microseconds (`TIME`, read inside the
+//! acquire or hand-over script), or one more than the key's last token if
+//! that is larger. The last token is kept in a counter next to the lock that
+//! expires with the lease ([`Fencing::ExpireAfter`] keeps it longer), so
+//! no per-key state is left once a key is free.
+//!
+//! **The promise:** tokens strictly increase per key, across holders,
+//! processes and lease expiry, **and after the server lost data** it was
+//! allowed to lose (a restart without persistence, `FLUSHALL`, a failover to
+//! a replica that missed the last writes), as long as the server's clock
+//! does not step back by more than the time between two grants of the key
+//! (after a failover: as long as the new master's clock is not behind the
+//! old one's by more than the failover took). Tokens are large (about
+//! 1.8 × 10¹⁵ in 2026) and not dense. [`Fencing::Off`] turns them off
+//! (always 0).
 
-use std::collections::HashMap;
+mod connection;
+mod subscriber;
+
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream,
-};
+use ::redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use ::redis::{Client, Script};
-use futures_util::StreamExt;
 use once_cell::sync::Lazy;
-use tokio::sync::{Mutex as AsyncMutex, watch};
-use tokio::task::AbortHandle;
+
+pub use connection::RedisConnection;
+use connection::Source;
+use subscriber::Subscriber;
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
@@ -80,25 +89,46 @@ impl LockRegistry {
     }
 }
 
-/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode (0 off, -1
-/// forever, else the counter's expiry in ms).
+/// The Lua function that issues a fencing token: the server's clock in
+/// microseconds, or one more than the key's last token if that is larger (two
+/// grants in one microsecond, a clock stepped back a little). The counter
+/// that remembers the last token lives `life` ms: as long as the lease, or
+/// longer with [`Fencing::ExpireAfter`].
+macro_rules! fence_fn {
+    () => {
+        r"
+local function fence(counter, life)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', counter) or '0')
+  local token = math.max(now, last + 1)
+  redis.call('SET', counter, string.format('%.0f', token), 'PX', life)
+  return token
+end
+"
+    };
+}
+
+/// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode (0 off, else
+/// the counter's shortest life in ms).
 /// Returns `{1, fencing}` when acquired, `{0, pttl}` when held. Idempotent:
 /// run again by the same token (a retry after a dropped reply), it answers
 /// as the first run did, so a retry cannot lock the caller out.
-const ACQUIRE: &str = r"
+const ACQUIRE: &str = concat!(
+    fence_fn!(),
+    r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local mode = tonumber(ARGV[3])
   if mode == 0 then return {1, 0} end
-  local fencing = redis.call('INCR', KEYS[2])
-  if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
-  return {1, fencing}
+  return {1, fence(KEYS[2], math.max(tonumber(ARGV[2]), mode))}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-";
+"
+);
 
 /// `KEYS`: lock. `ARGV`: token, ttl ms. Returns 1 when renewed.
 const RENEW: &str = r"
@@ -124,15 +154,16 @@ return 1
 /// `KEYS`: lock, counter. `ARGV`: token, ttl ms, fencing mode, next token.
 /// Moves our lease to the next holder in this process (its token, a full
 /// ttl) and returns its fencing token; -1 when the lease is not ours.
-const HAND_OVER: &str = r"
+const HAND_OVER: &str = concat!(
+    fence_fn!(),
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
 local mode = tonumber(ARGV[3])
 if mode == 0 then return 0 end
-local fencing = redis.call('INCR', KEYS[2])
-if mode > 0 then redis.call('PEXPIRE', KEYS[2], mode) end
-return fencing
-";
+return fence(KEYS[2], math.max(tonumber(ARGV[2]), mode))
+"
+);
 
 /// `KEYS`: lock. `ARGV`: channel. Deletes the lock whoever holds it and
 /// wakes waiters; returns 1 when there was one.
@@ -142,11 +173,13 @@ redis.call('PUBLISH', ARGV[1], '')
 return 1
 ";
 
-/// `KEYS`: counter. `ARGV`: floor. Raises the counter to at least the floor
-/// (Redlock: every node learns the token just handed out).
+/// `KEYS`: counter. `ARGV`: floor, life ms. Raises the counter to at least
+/// the floor, for at least `life` (Redlock: every node learns the token just
+/// handed out).
 const RAISE: &str = r"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+local life = math.max(tonumber(ARGV[2]), redis.call('PTTL', KEYS[1]))
+redis.call('SET', KEYS[1], string.format('%.0f', math.max(current, tonumber(ARGV[1]))), 'PX', life)
 return 1
 ";
 
@@ -157,17 +190,20 @@ static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
 static FORCE_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FORCE_RELEASE));
 
-/// What fencing counters cost and promise. See the [module docs](self).
+/// How fencing tokens are made. See the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fencing {
-    /// One counter per key, kept forever: tokens strictly increase.
+    /// Tokens from the server's clock and a counter that lives as long as the
+    /// lease: strictly increasing per key, after data loss too, with no
+    /// per-key state left once the lease ends.
     #[default]
     PerKey,
-    /// Counters expire this long after their key was last locked: tokens
-    /// strictly increase as long as the key is locked again within it.
+    /// As [`PerKey`](Fencing::PerKey), with the counter kept at least this
+    /// long after each grant: a longer guard against the server's clock
+    /// being stepped back between two grants.
     ExpireAfter(Duration),
-    /// No counters: every fencing token is 0.
+    /// No tokens: every fencing token is 0, and no counter is kept.
     Off,
 }
 
@@ -175,19 +211,18 @@ impl Fencing {
     /// What tokens promise in this mode.
     fn promise(self) -> FencingPromise {
         match self {
-            Fencing::PerKey => FencingPromise::new(true, false, false),
-            Fencing::ExpireAfter(_) => FencingPromise::new(true, false, true),
+            Fencing::PerKey | Fencing::ExpireAfter(_) => FencingPromise::new(true, true, true),
             Fencing::Off => FencingPromise::NONE,
         }
     }
 
-    fn mode_arg(self) -> i64 {
+    /// The scripts' fencing argument: 0 for none, else the counter's
+    /// shortest life in ms.
+    fn mode_arg(self) -> u64 {
         match self {
-            Fencing::PerKey => -1,
+            Fencing::PerKey => 1,
             Fencing::Off => 0,
-            Fencing::ExpireAfter(after) => {
-                i64::try_from(after.as_millis()).unwrap_or(i64::MAX).max(1)
-            }
+            Fencing::ExpireAfter(after) => millis(after).max(1),
         }
     }
 }
@@ -199,6 +234,14 @@ pub struct RedisBackendBuilder {
     fencing: Fencing,
     response_timeout: Duration,
     connection_timeout: Duration,
+    replica_acks: Option<ReplicaAcks>,
+}
+
+/// How many replicas must have a grant before it is handed out (`WAIT`).
+#[derive(Clone, Copy, Debug)]
+struct ReplicaAcks {
+    replicas: u32,
+    timeout: Duration,
 }
 
 impl RedisBackendBuilder {
@@ -221,29 +264,39 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Makes every grant wait until `replicas` replicas have it (`WAIT`),
+    /// at most `timeout`; a grant that fewer replicas confirm in time is
+    /// undone and the acquire fails with [`LockError::Backend`]. A failover
+    /// right after a grant then cannot lose it, unless every confirming
+    /// replica fails too (see the README for what it costs). Off by default.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = Some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
     /// Connects (one command connection, reconnected as needed; the
-    /// subscriber connection is made on the first wait).
+    /// subscriber connection is made on the first wait). For a
+    /// `redis+sentinel://` URL, the connection goes to the master the
+    /// Sentinels name, and follows it after a failover.
     ///
     /// # Errors
     ///
     /// The `redis` crate's error when the URL is invalid or the server cannot
     /// be reached or refuses the credentials. Never contains the password.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
-        let client = Client::open(self.url.as_str())?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        let mut conn = client.get_connection_manager_with_config(config).await?;
-        // Surface a missing password or a wrong database now, not at the first lock.
-        ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        let subscriber = Subscriber::new(client, self.connection_timeout);
+        let conn = RedisConnection::connect(&self.url, config, self.connection_timeout).await?;
+        let subscriber = Subscriber::new(Source::Connection(conn.clone()), self.connection_timeout);
         Ok(RedisBackend::new(
             Commands {
                 conn,
                 fencing: self.fencing,
+                replica_acks: self.replica_acks,
             },
             subscriber,
             redact(&self.url),
@@ -281,29 +334,33 @@ impl RedisBackendBuilder {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct RedisBackend<C = ConnectionManager> {
+pub struct RedisBackend<C = RedisConnection> {
     commands: Commands<C>,
     subscriber: Arc<Subscriber>,
     shown_url: String,
     capabilities: Capabilities,
 }
 
-/// The command connection and the fencing mode: all a lease handle needs.
+/// The command connection and how grants are made: all a lease handle needs.
 #[derive(Clone)]
 struct Commands<C> {
     conn: C,
     fencing: Fencing,
+    replica_acks: Option<ReplicaAcks>,
 }
 
 impl RedisBackend {
-    /// Starts configuring a backend for `url` (`redis://[:password@]host:port[/db]`,
-    /// `rediss://` for TLS when the `redis` crate is built with it).
+    /// Starts configuring a backend for `url`: `redis://[:password@]host:port[/db]`
+    /// for one server (`rediss://` for TLS when the `redis` crate is built
+    /// with it), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
+    /// for the master of a Sentinel group (the password is the master's).
     pub fn builder(url: &str) -> RedisBackendBuilder {
         RedisBackendBuilder {
             url: url.to_owned(),
             fencing: Fencing::default(),
             response_timeout: Duration::from_secs(2),
             connection_timeout: Duration::from_secs(1),
+            replica_acks: None,
         }
     }
 }
@@ -317,8 +374,12 @@ where
     /// of the cluster's nodes) for release notifications.
     pub fn with_connection(conn: C, pubsub: Client, fencing: Fencing) -> Self {
         RedisBackend::new(
-            Commands { conn, fencing },
-            Subscriber::new(pubsub, Duration::from_secs(1)),
+            Commands {
+                conn,
+                fencing,
+                replica_acks: None,
+            },
+            Subscriber::new(Source::Client(pubsub), Duration::from_secs(1)),
             "custom connection".into(),
         )
     }
@@ -373,10 +434,16 @@ where
         self.commands.release(&lock_name(key), token, linger).await
     }
 
-    /// Raises `key`'s fencing counter to at least `floor`.
-    pub(crate) async fn raise_fencing(&self, key: &str, floor: u64) -> Result<(), BackendError> {
+    /// Raises `key`'s fencing counter to at least `floor`, kept for at least
+    /// `life`.
+    pub(crate) async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: u64,
+        life: Duration,
+    ) -> Result<(), BackendError> {
         let mut script = RAISE_SCRIPT.key(suffixed(&lock_name(key), b":fence"));
-        script.arg(floor);
+        script.arg(floor).arg(millis(life));
         let _: i64 = invoke(&self.commands.conn, script, Retry::IfConnectionFailed).await?;
         Ok(())
     }
@@ -413,11 +480,34 @@ where
         let script = self.fenced(&ACQUIRE_SCRIPT, lock, token, ttl);
         let (acquired, value): (i64, i64) =
             invoke(&self.conn, script, Retry::IfConnectionFailed).await?;
-        Ok(if acquired == 1 {
-            Ok(u64::try_from(value).unwrap_or(0))
-        } else {
-            Err(u64::try_from(value).ok().map(Duration::from_millis))
-        })
+        if acquired != 1 {
+            return Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)));
+        }
+        self.replicated().await?;
+        Ok(Ok(u64::try_from(value).unwrap_or(0)))
+    }
+
+    /// With [`RedisBackendBuilder::replica_acks`], waits until enough
+    /// replicas have every write sent on this connection so far (the grant
+    /// just made among them).
+    async fn replicated(&self) -> Result<(), BackendError> {
+        let Some(acks) = self.replica_acks else {
+            return Ok(());
+        };
+        let mut conn = self.conn.clone();
+        let acked: u32 = ::redis::cmd("WAIT")
+            .arg(acks.replicas)
+            .arg(millis(acks.timeout).max(1))
+            .query_async(&mut conn)
+            .await?;
+        if acked < acks.replicas {
+            return Err(format!(
+                "the grant reached {acked} of the {} replicas required within {:?}",
+                acks.replicas, acks.timeout
+            )
+            .into());
+        }
+        Ok(())
     }
 
     async fn renew(
@@ -456,8 +546,11 @@ where
     ) -> Result<Option<u64>, BackendError> {
         let mut script = self.fenced(&HAND_OVER_SCRIPT, lock, token, ttl);
         script.arg(next.to_string());
-        // Not idempotent (it increments the counter): resent only if never sent.
+        // Not idempotent (it issues a new token): resent only if never sent.
         let fencing: i64 = invoke(&self.conn, script, Retry::IfNeverSent).await?;
+        if fencing >= 0 {
+            self.replicated().await?;
+        }
         Ok(u64::try_from(fencing).ok())
     }
 }
@@ -517,8 +610,12 @@ enum Retry {
 impl Retry {
     fn allows(self, err: &::redis::RedisError) -> bool {
         match self {
+            // A response timeout is an I/O error too, but the server may
+            // still be working on the command: resending it would hold the
+            // caller for another timeout.
             Retry::IfConnectionFailed => {
-                err.is_connection_refusal() || err.is_connection_dropped() || err.is_io_error()
+                (err.is_connection_refusal() || err.is_connection_dropped() || err.is_io_error())
+                    && !err.is_timeout()
             }
             Retry::IfNeverSent => err.is_connection_refusal(),
         }
@@ -638,6 +735,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
         f.debug_struct("RedisBackend")
             .field("url", &self.shown_url)
             .field("fencing", &self.commands.fencing)
+            .field("replica_acks", &self.commands.replica_acks)
             .finish_non_exhaustive()
     }
 }
@@ -655,196 +753,6 @@ pub(crate) fn redact(url: &str) -> String {
             format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
         }
         None => url.to_owned(),
-    }
-}
-
-/// The one subscriber connection of a backend: per-key channels subscribed
-/// while someone waits on the key, and a task that dispatches messages.
-struct Subscriber {
-    client: Client,
-    connect_timeout: Duration,
-    state: Mutex<SubscriberState>,
-    /// Serialises SUBSCRIBE/UNSUBSCRIBE, so an unsubscribe of a channel
-    /// nobody watches can never overtake a new watcher's subscribe.
-    ops: AsyncMutex<()>,
-}
-
-#[derive(Default)]
-struct SubscriberState {
-    channels: HashMap<Vec<u8>, watch::Sender<()>>,
-    sink: Option<PubSubSink>,
-    /// The dispatch task, stopped when the backend goes away.
-    dispatcher: Option<AbortHandle>,
-}
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        if let Some(dispatcher) = self.state().dispatcher.take() {
-            dispatcher.abort();
-        }
-    }
-}
-
-impl Subscriber {
-    fn new(client: Client, connect_timeout: Duration) -> Arc<Self> {
-        Arc::new(Subscriber {
-            client,
-            connect_timeout,
-            state: Mutex::default(),
-            ops: AsyncMutex::new(()),
-        })
-    }
-
-    fn state(&self) -> MutexGuard<'_, SubscriberState> {
-        // Each update is one map or field assignment: consistent after a panic.
-        self.state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    /// Subscribes to `channel` and returns once Redis confirmed it.
-    async fn watch(self: &Arc<Self>, channel: Vec<u8>) -> Result<ReleaseWatch, BackendError> {
-        let rx = self
-            .state()
-            .channels
-            .entry(channel.clone())
-            .or_insert_with(|| watch::Sender::new(()))
-            .subscribe();
-        // From here on, dropping (on error or cancellation) unwatches.
-        let unwatch = Unwatch {
-            subscriber: Arc::downgrade(self),
-            channel: channel.clone(),
-        };
-        let _serial = self.ops.lock().await;
-        let mut sink = self.sink().await?;
-        sink.subscribe(&channel).await?;
-        Ok(ReleaseWatch::new(rx, Some(Box::new(unwatch))))
-    }
-
-    /// The current subscriber connection, connecting if there is none.
-    /// Called with `ops` held, so only one caller connects.
-    async fn sink(self: &Arc<Self>) -> Result<PubSubSink, BackendError> {
-        if let Some(sink) = self.state().sink.clone() {
-            return Ok(sink);
-        }
-        let (sink, stream) = self.connect().await?;
-        let dispatcher = tokio::spawn(dispatch(Arc::downgrade(self), stream)).abort_handle();
-        let mut state = self.state();
-        state.sink = Some(sink.clone());
-        if let Some(previous) = state.dispatcher.replace(dispatcher) {
-            previous.abort();
-        }
-        Ok(sink)
-    }
-
-    async fn connect(&self) -> Result<(PubSubSink, PubSubStream), BackendError> {
-        let pubsub = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
-            .await
-            .map_err(|_| "timed out connecting the subscriber connection")??;
-        Ok(pubsub.split())
-    }
-
-    /// Wakes every watcher: used when notifications may have been missed.
-    fn wake_all(&self) {
-        for sender in self.state().channels.values() {
-            sender.send_replace(());
-        }
-    }
-}
-
-/// Reads messages until the connection ends, then reconnects and
-/// resubscribes while anyone watches; stops when the backend is dropped.
-async fn dispatch(subscriber: Weak<Subscriber>, mut stream: PubSubStream) {
-    loop {
-        while let Some(msg) = stream.next().await {
-            let Some(subscriber) = subscriber.upgrade() else {
-                return;
-            };
-            let state = subscriber.state();
-            if let Some(sender) = state.channels.get(msg.get_channel_name().as_bytes()) {
-                sender.send_replace(());
-            }
-        }
-        let Some(strong) = subscriber.upgrade() else {
-            return;
-        };
-        tracing::warn!(
-            "lock subscriber connection lost; waiters fall back to lease expiry until it is back"
-        );
-        strong.state().sink = None;
-        // Releases may have been missed: let every waiter try again now.
-        strong.wake_all();
-        drop(strong);
-        match resubscribe(&subscriber).await {
-            Some(next) => stream = next,
-            None => return,
-        }
-    }
-}
-
-/// Reconnects with backoff and subscribes every watched channel again.
-/// `None` when the backend is gone, or nobody is watching any more (the next
-/// watcher then connects).
-async fn resubscribe(subscriber: &Weak<Subscriber>) -> Option<PubSubStream> {
-    let mut delay = Duration::from_millis(50);
-    loop {
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-        let strong = subscriber.upgrade()?;
-        let _serial = strong.ops.lock().await;
-        let channels: Vec<Vec<u8>> = strong.state().channels.keys().cloned().collect();
-        if channels.is_empty() {
-            return None;
-        }
-        let Ok((mut sink, stream)) = strong.connect().await else {
-            continue;
-        };
-        if sink.subscribe(&channels).await.is_err() {
-            continue;
-        }
-        strong.state().sink = Some(sink);
-        tracing::info!(
-            channels = channels.len(),
-            "lock subscriber connection restored"
-        );
-        strong.wake_all();
-        return Some(stream);
-    }
-}
-
-/// Drops the channel (and unsubscribes) when its last watcher goes away.
-struct Unwatch {
-    subscriber: Weak<Subscriber>,
-    channel: Vec<u8>,
-}
-
-impl Drop for Unwatch {
-    fn drop(&mut self) {
-        let Some(subscriber) = self.subscriber.upgrade() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let channel = std::mem::take(&mut self.channel);
-        runtime.spawn(async move {
-            let _serial = subscriber.ops.lock().await;
-            let sink = {
-                let mut state = subscriber.state();
-                match state.channels.get(&channel) {
-                    Some(sender) if sender.receiver_count() == 0 => {
-                        state.channels.remove(&channel);
-                        state.sink.clone()
-                    }
-                    // Watched again meanwhile (or already gone): keep it.
-                    _ => None,
-                }
-            };
-            let Some(mut sink) = sink else { return };
-            if let Err(error) = sink.unsubscribe(&channel).await {
-                tracing::debug!(%error, "unsubscribe failed");
-            }
-        });
     }
 }
 

@@ -1,0 +1,195 @@
+//! Redis behind Sentinel: a `redis+sentinel://` registry follows a failover
+//! of the master without a restart; grants can wait for replicas (`WAIT`).
+//! A real master, replica and three Sentinels on loopback.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{
+    LockError, LockOptions, LockRegistry, RedisBackend, distributed_lock, fencing_token,
+};
+use lock_tests::{RedisSentinels, RedisServer, unique_key};
+use tokio::sync::Mutex;
+
+/// Set while some holder is inside the critical section.
+static INSIDE: AtomicBool = AtomicBool::new(false);
+
+/// The critical section: enter, check nobody else is in, stay a moment.
+async fn critical(log: &Mutex<Vec<(Instant, u64)>>, token: u64) {
+    assert!(
+        !INSIDE.swap(true, Ordering::SeqCst),
+        "two holders inside the critical section at once"
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    log.lock().await.push((Instant::now(), token));
+    INSIDE.store(false, Ordering::SeqCst);
+}
+
+#[distributed_lock(key = "{key}", ttl = "2s", wait_timeout = "1s")]
+async fn annotated(key: &str, log: Arc<Mutex<Vec<(Instant, u64)>>>) {
+    critical(&log, fencing_token().expect("inside a locked body")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_follow_a_failover_without_overlap_or_going_back() {
+    let mut group = RedisSentinels::spawn();
+    lock_runtime::init(LockRegistry::redis(&group.url()).await.unwrap()).unwrap();
+    // A second "process" on the same group, through the manual API.
+    let other = LockRegistry::redis(&group.url()).await.unwrap();
+    let key = unique_key("failover");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let through_attribute = tokio::spawn({
+        let (key, log, stop) = (key.clone(), log.clone(), stop.clone());
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                if annotated(&key, log.clone()).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    });
+    let through_guard = tokio::spawn({
+        let (key, log, stop) = (key.clone(), log.clone(), stop.clone());
+        async move {
+            let opts = LockOptions::default()
+                .ttl(Duration::from_secs(2))
+                .wait_timeout(Duration::from_secs(1));
+            while !stop.load(Ordering::SeqCst) {
+                match other.lock(&key, opts.clone()).await {
+                    Ok(guard) => {
+                        critical(&log, guard.fencing_token()).await;
+                        let _ = guard.release().await;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        }
+    });
+    // Both take turns on the first master for a while...
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = log.lock().await.len();
+    assert!(before > 10, "only {before} sections before the failover");
+    let old = group.master().port();
+    group.master().kill();
+    let killed = Instant::now();
+    // Tokens are the server's clock in microseconds, and every server here
+    // shares this machine's clock: a token above this was granted after the
+    // kill, so by the promoted replica.
+    let killed_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // ...then on the promoted replica, without a restart.
+    let resumed = loop {
+        let log = log.lock().await;
+        if let Some(&(at, _)) = log.iter().find(|&&(_, token)| token > killed_us) {
+            break at - killed;
+        }
+        drop(log);
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "no lock since the master died"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_ne!(
+        group.current_master_port(),
+        Some(old),
+        "the Sentinels promoted the replica"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    through_attribute.await.unwrap();
+    through_guard.await.unwrap();
+    let log = log.lock().await;
+    let tokens: Vec<u64> = log.iter().map(|&(_, token)| token).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing went backwards across the failover: {tokens:?}"
+    );
+    eprintln!(
+        "failover: {} sections, locks resumed {resumed:?} after the master died",
+        log.len()
+    );
+    assert!(
+        resumed < Duration::from_secs(10),
+        "resumed after {resumed:?}"
+    );
+}
+
+/// Waits until the replica acknowledges writes: a `SET` that `WAIT 1`
+/// confirms.
+async fn wait_for_replica(master: &RedisServer) {
+    lock_tests::wait_until("the replica to acknowledge writes", || {
+        let mut conn = master.connection();
+        let () = redis::cmd("SET")
+            .arg("probe")
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
+        let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+        acked == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone() {
+    // No 5 s wait before the first (diskless) sync.
+    let master = RedisServer::with_args(&["--repl-diskless-sync-delay", "0"]);
+    let port = master.port().to_string();
+    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+    wait_for_replica(&master).await;
+    let timeout = Duration::from_millis(500);
+    let backend = RedisBackend::builder(&master.url())
+        .replica_acks(1, timeout)
+        .connect()
+        .await
+        .unwrap();
+    let acked = LockRegistry::builder(backend).build().unwrap();
+    let plain = LockRegistry::redis(&master.url()).await.unwrap();
+    let key = unique_key("wait");
+
+    // With the replica up, grants wait for it; measure what that costs.
+    let timed = async |registry: &LockRegistry| {
+        let started = Instant::now();
+        for _ in 0..200 {
+            let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+            guard.release().await.unwrap();
+        }
+        started.elapsed() / 200
+    };
+    let (with, without) = (timed(&acked).await, timed(&plain).await);
+    eprintln!("lock + release: {with:?} waiting for 1 replica, {without:?} without");
+
+    replica.pause();
+    let started = Instant::now();
+    let err = acked
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    replica.resume();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(
+        source.contains("reached 0 of the 1 replicas required"),
+        "{source}"
+    );
+    assert!(
+        took >= timeout && took < timeout + Duration::from_millis(700),
+        "{took:?}"
+    );
+    // The grant the replica never confirmed was undone: the key is free.
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
+    let guard = plain.lock(&key, opts).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+}
