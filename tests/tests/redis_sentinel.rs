@@ -193,3 +193,59 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
     );
     guard.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn fencing_survives_a_failover_to_a_replica_that_missed_the_last_grants() {
+    let mut group = RedisSentinels::spawn();
+    let registry = LockRegistry::redis(&group.url()).await.unwrap();
+    let key = unique_key("missed");
+    let mut tokens = Vec::new();
+    let take = async |registry: &LockRegistry| {
+        let opts = LockOptions::default().wait_timeout(Duration::from_secs(1));
+        let guard = registry.lock(&key, opts).await?;
+        let token = guard.fencing_token();
+        guard.release().await.map(|()| token)
+    };
+    tokens.push(take(&registry).await.unwrap());
+    // Frozen, the replica cannot reconnect once the master drops its link;
+    // what the master wrote before is already in the replica's socket
+    // buffer, what it writes after never reaches it.
+    group.replica().pause();
+    let dropped: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut group.master().connection())
+        .unwrap();
+    assert_eq!(dropped, 1, "the replication link was cut");
+    // These grants (and their counters) never reach the replica.
+    for _ in 0..3 {
+        tokens.push(take(&registry).await.unwrap());
+    }
+    let old = group.master().port();
+    group.master().kill();
+    group.replica().resume();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        match take(&registry).await {
+            Ok(token) => break token,
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no lock after the failover: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_ne!(
+        group.current_master_port(),
+        Some(old),
+        "the replica was promoted"
+    );
+    tokens.push(after);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing went backwards after the failover: {tokens:?}"
+    );
+}
