@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, UI (trybuild), integration and doc
-# tests. Installs redis-server first when it is missing: the integration
-# tests start their own redis-server processes on free loopback ports.
+# tests. Installs the servers the integration tests start (redis-server,
+# PostgreSQL) with apt-get when they are missing: the tests run their own
+# servers on free loopback ports in temporary directories.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-    echo "redis-server not found: installing it with apt-get" >&2
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} with apt-get" >&2
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
     $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 echo "using $(redis-server --version)" >&2
+echo "using $(ls -d /usr/lib/postgresql/*/bin | tail -n 1)" >&2
 
 # Warnings are errors here, as in CI (which sets the same flag for every step).
 case " ${RUSTFLAGS:-} " in

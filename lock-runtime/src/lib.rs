@@ -49,6 +49,8 @@
 //! - `macros` (default): the `#[distributed_lock]` attribute.
 //! - `redis` (default): [`RedisBackend`], [`RedlockBackend`],
 //!   [`LockRegistry::redis`] and [`LockRegistry::redlock`].
+//! - `postgres`: `PostgresBackend` and `LockRegistry::postgres`, a lease
+//!   table in a PostgreSQL database.
 
 #![warn(
     missing_docs,
@@ -70,6 +72,8 @@ mod registry;
 mod renewal;
 
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+pub use backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]
 pub use backend::redis::RedisBackend;
 #[cfg(feature = "redis")]

@@ -6,10 +6,12 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod contract;
+mod postgres_server;
 mod proxy;
 mod redis_server;
 mod worker;
 
+pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
 pub use worker::{Worker, field};
@@ -34,6 +36,18 @@ pub async fn lock_and_release(registry: &lock_runtime::LockRegistry, key: &str) 
         .await
         .expect("lock");
     guard.release().await.expect("release");
+}
+
+/// How long until `registry` holds `key` (waiting at most 5 s), then
+/// releases it: for checks that a key was freed at once, not after its ttl.
+/// On Tokio's clock, so it works under a paused test clock too.
+pub async fn time_to_lock(registry: &lock_runtime::LockRegistry, key: &str) -> std::time::Duration {
+    let started = tokio::time::Instant::now();
+    let opts = lock_runtime::LockOptions::default().wait_timeout(std::time::Duration::from_secs(5));
+    let guard = registry.lock(key, opts).await.expect("lock within 5 s");
+    let waited = started.elapsed();
+    guard.release().await.expect("release");
+    waited
 }
 
 /// True when `registry` cannot take `key` right now: someone holds it.

@@ -74,6 +74,30 @@ impl RedisServer {
         RedisServer::start_with(None, false, args.iter().map(|a| a.to_string()).collect())
     }
 
+    /// Starts a server for replicas to follow: one that sends them its data
+    /// at once (without the 5 s wait for a diskless sync).
+    pub fn master() -> RedisServer {
+        RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
+    }
+
+    /// Starts a replica of `master` and waits until it acknowledges writes
+    /// (a `SET` on the master that `WAIT 1` confirms).
+    pub fn replica_of(master: &RedisServer) -> RedisServer {
+        let port = master.port().to_string();
+        let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+        wait_for("the replica to acknowledge writes", || {
+            let mut conn = master.connection();
+            let () = redis::cmd("SET")
+                .arg("probe")
+                .arg(1)
+                .query(&mut conn)
+                .unwrap();
+            let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+            acked == 1
+        });
+        replica
+    }
+
     /// Starts a Sentinel (`redis-server <conf> --sentinel`) whose
     /// configuration file holds `conf`.
     pub fn sentinel(conf: &str) -> RedisServer {
@@ -420,20 +444,9 @@ impl RedisSentinels {
     /// Starts the group and waits until the replica is in sync and every
     /// Sentinel knows the replica and the other Sentinels.
     pub fn spawn() -> RedisSentinels {
-        // No 5 s wait before the first (diskless) sync.
-        let master = RedisServer::with_args(&["--repl-diskless-sync-delay", "0"]);
-        let port = master.port().to_string();
-        let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-        wait_for("the replica to acknowledge writes", || {
-            let mut conn = master.connection();
-            let () = redis::cmd("SET")
-                .arg("probe")
-                .arg(1)
-                .query(&mut conn)
-                .unwrap();
-            let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
-            acked == 1
-        });
+        let master = RedisServer::master();
+        let port = master.port();
+        let replica = RedisServer::replica_of(&master);
         let conf = format!(
             "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {port} 2\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\

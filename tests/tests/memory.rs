@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, distributed_lock, fencing_token};
-use lock_tests::{is_held, unique_key};
+use lock_tests::{is_held, time_to_lock, unique_key};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -300,15 +300,6 @@ async fn enter_then(k: &str, entered: oneshot::Sender<()>, panic: bool) {
     std::future::pending::<()>().await;
 }
 
-/// How long until the key can be taken again, with a bound well below the ttl.
-async fn time_to_reacquire(registry: &LockRegistry, key: &str) -> Duration {
-    let started = Instant::now();
-    let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
-    let guard = registry.lock(key, opts).await.unwrap();
-    guard.release().await.unwrap();
-    started.elapsed()
-}
-
 #[tokio::test(start_paused = true)]
 async fn dropping_the_future_mid_body_releases_promptly() {
     let registry = setup();
@@ -322,7 +313,7 @@ async fn dropping_the_future_mid_body_releases_promptly() {
     };
     let (_, entered) = tokio::join!(caller, entered_rx);
     entered.unwrap();
-    let waited = time_to_reacquire(registry, &format!("exit:{k}")).await;
+    let waited = time_to_lock(registry, &format!("exit:{k}")).await;
     assert!(
         waited < Duration::from_millis(10),
         "reacquired after {waited:?}, ttl is 30s"
@@ -340,7 +331,7 @@ async fn a_panicking_body_releases_promptly() {
     };
     entered_rx.await.unwrap();
     assert!(task.await.unwrap_err().is_panic());
-    let waited = time_to_reacquire(registry, &format!("exit:{k}")).await;
+    let waited = time_to_lock(registry, &format!("exit:{k}")).await;
     assert!(
         waited < Duration::from_millis(10),
         "reacquired after {waited:?}, ttl is 30s"

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lock_runtime::{
     LockError, LockOptions, LockRegistry, RedisBackend, distributed_lock, fencing_token,
 };
-use lock_tests::{RedisSentinels, RedisServer, unique_key};
+use lock_tests::{RedisSentinels, RedisServer, time_to_lock, unique_key};
 use tokio::sync::Mutex;
 
 /// Set while some holder is inside the critical section.
@@ -119,29 +119,10 @@ async fn locks_follow_a_failover_without_overlap_or_going_back() {
     );
 }
 
-/// Waits until the replica acknowledges writes: a `SET` that `WAIT 1`
-/// confirms.
-async fn wait_for_replica(master: &RedisServer) {
-    lock_tests::wait_until("the replica to acknowledge writes", || {
-        let mut conn = master.connection();
-        let () = redis::cmd("SET")
-            .arg("probe")
-            .arg(1)
-            .query(&mut conn)
-            .unwrap();
-        let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
-        acked == 1
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone() {
-    // No 5 s wait before the first (diskless) sync.
-    let master = RedisServer::with_args(&["--repl-diskless-sync-delay", "0"]);
-    let port = master.port().to_string();
-    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-    wait_for_replica(&master).await;
+    let master = RedisServer::master();
+    let replica = RedisServer::replica_of(&master);
     let timeout = Duration::from_millis(500);
     let backend = RedisBackend::builder(&master.url())
         .replica_acks(1, timeout)
@@ -183,15 +164,8 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
         "{took:?}"
     );
     // The grant the replica never confirmed was undone: the key is free.
-    let started = Instant::now();
-    let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
-    let guard = plain.lock(&key, opts).await.unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
-    guard.release().await.unwrap();
+    let waited = time_to_lock(&plain, &key).await;
+    assert!(waited < Duration::from_secs(1), "{waited:?}");
 }
 
 #[tokio::test]

@@ -32,6 +32,8 @@ use tokio::sync::{Notify, watch};
 use crate::error::BackendError;
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]

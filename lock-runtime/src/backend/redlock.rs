@@ -53,12 +53,12 @@ use futures_util::future::join_all;
 use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout};
 
-use super::redis::{RedisBackend, redact};
+use super::redis::RedisBackend;
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
     ReleaseWatch, SafetyMargin,
 };
-use crate::error::{BackendError, LockError};
+use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
 
 /// What Redlock can do. The shortest lease leaves room for the node round

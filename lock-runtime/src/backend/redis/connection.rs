@@ -231,7 +231,7 @@ impl SentinelUrl {
         let invalid = |why: &str| -> BackendError {
             format!(
                 "invalid Sentinel URL `{}`: {why}; expected redis+sentinel://host:port[,host:port...]/master-name[/db]",
-                super::redact(url)
+                crate::error::redact(url)
             )
             .into()
         };

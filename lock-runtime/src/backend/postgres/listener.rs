@@ -1,0 +1,201 @@
+//! The one listening connection of a PostgreSQL store: `LISTEN` on the
+//! release channel while some task of this process waits, and a wake-up for
+//! the waiters of each released key.
+//!
+//! A notification reaches only the sessions listening when it is committed,
+//! so after the connection drops every waiter is woken (releases may have
+//! been missed) and the connection is made again and listens again while
+//! anyone waits.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::task::AbortHandle;
+use tokio_postgres::{AsyncMessage, Config, NoTls};
+
+use super::{CHANNEL, pg_error};
+use crate::backend::{BoxFuture, ReleaseWatch};
+use crate::error::BackendError;
+
+/// The listening connection and who waits for which row.
+pub(super) struct Listener {
+    config: Config,
+    connect_timeout: Duration,
+    state: Mutex<State>,
+    /// One connect at a time.
+    connecting: AsyncMutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Waiters by row id (hex), as the notifications name them.
+    rows: HashMap<String, watch::Sender<()>>,
+    /// The task that reads notifications, while the connection is up.
+    reader: Option<AbortHandle>,
+    /// The listening session's client.
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Listener {
+    pub(super) fn new(config: Config, connect_timeout: Duration) -> Arc<Listener> {
+        Arc::new(Listener {
+            config,
+            connect_timeout,
+            state: Mutex::default(),
+            connecting: AsyncMutex::new(()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // One map or field update per use: consistent after a panic.
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Subscribes to releases of the row `id`, listening first if nobody did.
+    pub(super) async fn watch(self: &Arc<Self>, id: String) -> Result<ReleaseWatch, BackendError> {
+        let rx = self
+            .state()
+            .rows
+            .entry(id.clone())
+            .or_insert_with(|| watch::Sender::new(()))
+            .subscribe();
+        let unwatch = Unwatch {
+            listener: Arc::downgrade(self),
+            id,
+        };
+        self.listen().await?;
+        Ok(ReleaseWatch::new(rx, Some(Box::new(unwatch))))
+    }
+
+    /// Makes sure the connection is up and listening.
+    async fn listen(self: &Arc<Self>) -> Result<(), BackendError> {
+        let _one = self.connecting.lock().await;
+        let up = self
+            .state()
+            .reader
+            .as_ref()
+            .is_some_and(|reader| !reader.is_finished());
+        if up {
+            return Ok(());
+        }
+        let reader = tokio::time::timeout(self.connect_timeout, self.connect())
+            .await
+            .map_err(|_| "timed out connecting the listening connection")??;
+        self.state().reader = Some(reader);
+        Ok(())
+    }
+
+    /// Connects, listens, and starts the task that reads notifications.
+    /// Boxed: the reader may reconnect, which calls this again, and only a
+    /// named future type lets the compiler see that the cycle is `Send`.
+    fn connect(self: &Arc<Self>) -> BoxFuture<'_, Result<AbortHandle, BackendError>> {
+        Box::pin(self.connect_now())
+    }
+
+    async fn connect_now(self: &Arc<Self>) -> Result<AbortHandle, BackendError> {
+        let (client, mut connection) = self.config.connect(NoTls).await.map_err(pg_error)?;
+        let listener = Arc::downgrade(self);
+        let reader = tokio::spawn(async move {
+            loop {
+                let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+                let Some(listener) = listener.upgrade() else {
+                    return;
+                };
+                match message {
+                    Some(Ok(AsyncMessage::Notification(note))) => {
+                        if let Some(waiters) = listener.state().rows.get(note.payload()) {
+                            waiters.send_replace(());
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => {
+                        tracing::warn!(
+                            "lock listening connection lost; waiters retry on their timers until it is back"
+                        );
+                        listener.wake_all();
+                        tokio::spawn(reconnect(Arc::downgrade(&listener)));
+                        return;
+                    }
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(pg_error)?;
+        // Kept while listening: dropping the client would end the session.
+        self.state().client = Some(client);
+        Ok(reader.abort_handle())
+    }
+
+    fn wake_all(&self) {
+        for waiters in self.state().rows.values() {
+            waiters.send_replace(());
+        }
+    }
+}
+
+/// Connects and listens again, with backoff, while anyone waits; stops when
+/// the store is gone or nobody waits (the next waiter connects).
+async fn reconnect(listener: Weak<Listener>) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        let Some(listener) = listener.upgrade() else {
+            return;
+        };
+        if listener.state().rows.is_empty() {
+            return;
+        }
+        if listener.listen().await.is_ok() {
+            tracing::info!("lock listening connection restored");
+            // Releases while it was down were missed: every waiter retries.
+            listener.wake_all();
+            return;
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(reader) = self.state().reader.take() {
+            reader.abort();
+        }
+    }
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("rows", &self.state().rows.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Forgets the row when its last waiter goes away.
+struct Unwatch {
+    listener: Weak<Listener>,
+    id: String,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        let Some(listener) = self.listener.upgrade() else {
+            return;
+        };
+        let mut state = listener.state();
+        if state
+            .rows
+            .get(&self.id)
+            .is_some_and(|waiters| waiters.receiver_count() == 0)
+        {
+            state.rows.remove(&self.id);
+        }
+    }
+}

@@ -1,0 +1,635 @@
+//! PostgreSQL: a lease table, for teams whose only shared store is their
+//! database (seed 004's database lock, done with expiring leases and
+//! fencing).
+//!
+//! # Table
+//!
+//! ```sql
+//! CREATE TABLE lock_leases (
+//!     id         bytea PRIMARY KEY,       -- sha256 of the key
+//!     key        bytea NOT NULL,          -- the key itself, for people reading the table
+//!     token      text NOT NULL,           -- the holder's random token
+//!     fencing    bigint NOT NULL,         -- from the sequence below
+//!     expires_at timestamptz NOT NULL     -- by the database's clock
+//! );
+//! CREATE SEQUENCE lock_leases_fencing;
+//! ```
+//!
+//! Both are created on first use (`CREATE ... IF NOT EXISTS`, under an
+//! advisory lock so that processes starting together do not collide); the
+//! name is a builder option. A user without the right to create them gets a
+//! clear error at connect; create them beforehand with the statements above.
+//! The row's id is the key's SHA-256, so keys of any bytes and any length up
+//! to the registry's limit fit the index.
+//!
+//! # Statements
+//!
+//! Every operation is one statement, one round trip, with the key and token
+//! as parameters (never spliced into the SQL), timed by the database's clock
+//! (`clock_timestamp()`), never the client's:
+//!
+//! - acquire inserts the row, or takes over an expired one, with the next
+//!   value of the sequence; otherwise returns the holder's remaining time;
+//! - renew, release and hand-over are owner-checked by token; release
+//!   deletes the row and sends `NOTIFY` in the same statement; a release
+//!   that must linger (`hold_at_least`) shortens the row's expiry instead.
+//!
+//! Waiters listen on one channel (`LISTEN`, one connection per store, which
+//! reconnects and listens again after it drops); the payload is the hex
+//! SHA-256 of the released key. Expired rows send nothing, so waiters also
+//! retry when the holder's lease says it ends.
+//!
+//! # Fencing
+//!
+//! Tokens come from the sequence: strictly increasing across keys and
+//! holders, across restarts and crashes of the server (a sequence never
+//! hands out a value twice once it is durable). After a failover to an
+//! asynchronous standby that missed the last commits, values handed out in
+//! that window can be handed out again: the promise then holds only with
+//! synchronous replication.
+
+mod listener;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex as AsyncMutex;
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    ReleaseWatch, SafetyMargin,
+};
+use crate::error::{BackendError, LockError, redact};
+use crate::registry::LockRegistry;
+use listener::Listener;
+
+/// What the PostgreSQL store can do.
+const CAPABILITIES: Capabilities = Capabilities::new("postgres")
+    .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
+    .with_features(true, true, true, false)
+    .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
+    .with_fencing(FencingPromise::new(true, false, true));
+
+/// The channel releases are announced on.
+const CHANNEL: &str = "lock_leases_released";
+
+impl LockRegistry {
+    /// A registry over a PostgreSQL database
+    /// (`postgres://user:password@host:port/dbname`, or `host=.. user=..`),
+    /// with the [`PostgresBackend`] defaults: table `lock_leases`, created if
+    /// missing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the connect string (password redacted)
+    /// when it is invalid, the server cannot be reached, refuses the
+    /// credentials, or the table cannot be created.
+    pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
+        let backend = PostgresBackend::builder(url)
+            .connect()
+            .await
+            .map_err(|source| LockError::Backend {
+                key: redact(url),
+                action: "connect to",
+                source,
+            })?;
+        Ok(LockRegistry::from_backend(Arc::new(backend)))
+    }
+}
+
+/// Configures and connects a [`PostgresBackend`].
+#[derive(Debug)]
+pub struct PostgresBackendBuilder {
+    url: String,
+    table: String,
+    connections: usize,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl PostgresBackendBuilder {
+    /// The lease table's name (default `lock_leases`; its sequence is the
+    /// name with `_fencing`). Letters, digits and `_`, at most 50 bytes,
+    /// not starting with a digit.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How many connections run statements (default 4). Each pipelines the
+    /// statements of many tasks; a connection that drops is replaced.
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections.max(1);
+        self
+    }
+
+    /// How long a statement may take before it fails (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take before it fails (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects the first statement connection, creates the table and the
+    /// sequence if they are missing, and prepares the statements. The
+    /// listening connection is made on the first wait. Connections are not
+    /// encrypted (TLS is not offered yet).
+    ///
+    /// # Errors
+    ///
+    /// An invalid connect string or table name, an unreachable server,
+    /// refused credentials, or no right to create the table. Never contains
+    /// the password.
+    pub async fn connect(self) -> Result<PostgresBackend, BackendError> {
+        let table = Table::new(&self.table)?;
+        let mut config: Config = self
+            .url
+            .parse()
+            .map_err(|err| format!("invalid connect string `{}`: {err}", redact(&self.url)))?;
+        config.connect_timeout(self.connection_timeout);
+        let shared = Arc::new(Shared {
+            config,
+            table,
+            response_timeout: self.response_timeout,
+            slots: (0..self.connections)
+                .map(|_| AsyncMutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+        });
+        let client = shared.open().await?;
+        shared.table.create(&client).await?;
+        let first = shared.prepared(client).await?;
+        *shared.slots[0].lock().await = Some(first);
+        let listener = Listener::new(shared.config.clone(), self.connection_timeout);
+        Ok(PostgresBackend {
+            shared,
+            listener,
+            shown: redact(&self.url),
+        })
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share the connections.
+///
+/// # Examples
+///
+/// ```no_run
+/// use lock_runtime::{LockError, LockOptions, LockRegistry};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let registry = LockRegistry::postgres("postgres://app:secret@10.0.0.7/shop").await?;
+/// let guard = registry.lock("stock:7", LockOptions::default()).await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+    listener: Arc<Listener>,
+    shown: String,
+}
+
+impl PostgresBackend {
+    /// Starts configuring a store for `url`.
+    pub fn builder(url: &str) -> PostgresBackendBuilder {
+        PostgresBackendBuilder {
+            url: url.to_owned(),
+            table: "lock_leases".to_owned(),
+            connections: 4,
+            response_timeout: Duration::from_secs(2),
+            connection_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The statement connections and what they need.
+struct Shared {
+    config: Config,
+    table: Table,
+    response_timeout: Duration,
+    /// Statement connections, made on first use and replaced once closed.
+    slots: Vec<AsyncMutex<Option<Conn>>>,
+    next: AtomicUsize,
+}
+
+/// One statement connection and its prepared statements.
+#[derive(Clone)]
+struct Conn {
+    client: Arc<Client>,
+    statements: Arc<Statements>,
+}
+
+struct Statements {
+    acquire: Statement,
+    renew: Statement,
+    release: Statement,
+    linger: Statement,
+    hand_over: Statement,
+    force_release: Statement,
+}
+
+impl Shared {
+    /// A new session, driven by a task of its own.
+    async fn open(&self) -> Result<Client, BackendError> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(pg_error)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "lock statement connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// `client` with the statements prepared on it.
+    async fn prepared(&self, client: Client) -> Result<Conn, BackendError> {
+        let statements = self.table.prepare(&client).await.map_err(pg_error)?;
+        Ok(Conn {
+            client: Arc::new(client),
+            statements: Arc::new(statements),
+        })
+    }
+
+    async fn connect(&self) -> Result<Conn, BackendError> {
+        let client = self.open().await?;
+        self.prepared(client).await
+    }
+
+    /// The next statement connection, connected if it is not.
+    async fn conn(&self) -> Result<Conn, BackendError> {
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[at].lock().await;
+        if let Some(conn) = slot.as_ref().filter(|conn| !conn.client.is_closed()) {
+            return Ok(conn.clone());
+        }
+        let conn = self.connect().await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Runs one statement within the response timeout.
+    async fn query_one(
+        &self,
+        pick: impl Fn(&Statements) -> &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, BackendError> {
+        let run = async {
+            let conn = self.conn().await?;
+            let row = conn
+                .client
+                .query_one(pick(&conn.statements), params)
+                .await
+                .map_err(pg_error)?;
+            Ok::<_, BackendError>(row)
+        };
+        tokio::time::timeout(self.response_timeout, run)
+            .await
+            .map_err(|_| -> BackendError {
+                format!("no answer within {:?}", self.response_timeout).into()
+            })?
+    }
+
+    async fn release(
+        &self,
+        id: &[u8],
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        let token = token.to_string();
+        let row = if linger.is_zero() {
+            self.query_one(|s| &s.release, &[&id, &token, &CHANNEL])
+                .await?
+        } else {
+            let linger = millis(linger);
+            self.query_one(|s| &s.linger, &[&id, &token, &linger])
+                .await?
+        };
+        Ok(row.get::<_, i64>(0) == 1)
+    }
+}
+
+/// The lease table's name, checked, and its statements.
+struct Table {
+    name: String,
+}
+
+impl Table {
+    fn new(name: &str) -> Result<Table, BackendError> {
+        let valid = !name.is_empty()
+            && name.len() <= 50
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "invalid table name `{name}`: letters, digits and `_`, at most 50 bytes, not starting with a digit"
+            )
+            .into());
+        }
+        Ok(Table {
+            name: name.to_ascii_lowercase(),
+        })
+    }
+
+    /// Creates the table and its sequence if they are missing, one process
+    /// at a time.
+    async fn create(&self, client: &Client) -> Result<(), BackendError> {
+        let t = &self.name;
+        // Creating needs the right to create, even when the table exists:
+        // a role that may only use it must not be asked to.
+        let exists: bool = client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+                &[&t, &format!("{t}_fencing")],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        if exists {
+            return Ok(());
+        }
+        let sql = format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('lock-runtime:{t}'));
+             CREATE TABLE IF NOT EXISTS {t} (
+                 id bytea PRIMARY KEY,
+                 key bytea NOT NULL,
+                 token text NOT NULL,
+                 fencing bigint NOT NULL,
+                 expires_at timestamptz NOT NULL
+             );
+             CREATE SEQUENCE IF NOT EXISTS {t}_fencing;
+             COMMIT;"
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|err| -> BackendError {
+                format!(
+                    "cannot create the lease table `{t}` (create it beforehand, see the docs): {}",
+                    pg_error(err)
+                )
+                .into()
+            })
+    }
+
+    async fn prepare(&self, client: &Client) -> Result<Statements, tokio_postgres::Error> {
+        let t = &self.name;
+        let remaining = "ceil(extract(epoch from (expires_at - clock_timestamp())) * 1000)::bigint";
+        Ok(Statements {
+            // $1 id, $2 key, $3 token, $4 ttl ms. A repeat by the same token
+            // answers as the first run did (same fencing).
+            acquire: client
+                .prepare(&format!(
+                    "WITH granted AS (
+                         INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
+                         VALUES ($1, $2, $3, nextval('{t}_fencing'),
+                                 clock_timestamp() + $4::bigint * interval '1 millisecond')
+                         ON CONFLICT (id) DO UPDATE
+                             SET token = excluded.token,
+                                 fencing = CASE WHEN l.token = excluded.token
+                                                THEN l.fencing ELSE excluded.fencing END,
+                                 expires_at = excluded.expires_at
+                             WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
+                         RETURNING fencing
+                     )
+                     SELECT (SELECT fencing FROM granted),
+                            (SELECT {remaining} FROM {t} WHERE id = $1)"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 ttl ms.
+            renew: client
+                .prepare(&format!(
+                    "WITH renewed AS (
+                         UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                         RETURNING 1
+                     )
+                     SELECT count(*) FROM renewed"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 channel.
+            release: client
+                .prepare(&format!(
+                    "WITH released AS (
+                         DELETE FROM {t}
+                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                         RETURNING id
+                     )
+                     SELECT count(pg_notify($3, encode(id, 'hex'))) FROM released"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 linger ms.
+            linger: client
+                .prepare(&format!(
+                    "WITH kept AS (
+                         UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                         RETURNING 1
+                     )
+                     SELECT count(*) FROM kept"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 next token, $4 ttl ms.
+            hand_over: client
+                .prepare(&format!(
+                    "WITH moved AS (
+                         UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
+                             expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                         RETURNING fencing
+                     )
+                     SELECT (SELECT fencing FROM moved)"
+                ))
+                .await?,
+            // $1 id, $2 channel.
+            force_release: client
+                .prepare(&format!(
+                    "WITH released AS (
+                         DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
+                         RETURNING id
+                     )
+                     SELECT count(pg_notify($2, encode(id, 'hex'))) FROM released"
+                ))
+                .await?,
+        })
+    }
+}
+
+/// The client's error with the server's own message, which its `Display`
+/// leaves out ("db error").
+pub(super) fn pg_error(err: tokio_postgres::Error) -> BackendError {
+    match err.as_db_error() {
+        Some(db) => format!("{err}: {db}").into(),
+        None => Box::new(err),
+    }
+}
+
+/// The row id of `key`: its SHA-256.
+fn row_id(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// One lease row: its id and our token.
+struct PostgresLease {
+    shared: Arc<Shared>,
+    id: Vec<u8>,
+    token: LockToken,
+    ttl: Duration,
+}
+
+impl Lease for PostgresLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let (token, ttl) = (self.token.to_string(), millis(self.ttl));
+            let row = self
+                .shared
+                .query_one(|s| &s.renew, &[&self.id, &token, &ttl])
+                .await?;
+            Ok(row.get::<_, i64>(0) == 1)
+        })
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.shared.release(&self.id, self.token, linger))
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let next = LockToken::random();
+            let (token, next_text, ttl) =
+                (self.token.to_string(), next.to_string(), millis(self.ttl));
+            let row = self
+                .shared
+                .query_one(|s| &s.hand_over, &[&self.id, &token, &next_text, &ttl])
+                .await?;
+            let fencing: Option<i64> = row.get(0);
+            if fencing.is_some() {
+                self.token = next;
+            }
+            Ok(fencing.map(|f| u64::try_from(f).unwrap_or(0)))
+        })
+    }
+}
+
+impl fmt::Debug for PostgresLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLease").finish_non_exhaustive()
+    }
+}
+
+impl Backend for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let id = row_id(request.key);
+            let key = request.key.as_bytes();
+            let (token, ttl) = (request.token.to_string(), millis(request.ttl));
+            let row = self
+                .shared
+                .query_one(|s| &s.acquire, &[&id, &key, &token, &ttl])
+                .await?;
+            let fencing: Option<i64> = row.get(0);
+            let remaining: Option<i64> = row.get(1);
+            Ok(match fencing {
+                Some(fencing) => Acquire::Acquired {
+                    fencing: u64::try_from(fencing).unwrap_or(0),
+                    lease: Box::new(PostgresLease {
+                        shared: self.shared.clone(),
+                        id,
+                        token: request.token,
+                        ttl: request.ttl,
+                    }),
+                },
+                None => Acquire::Held {
+                    remaining: remaining
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(Duration::from_millis),
+                },
+            })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.shared
+                .release(&row_id(key), token, Duration::ZERO)
+                .await
+        })
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(self.listener.watch(hex(&row_id(key))))
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let id = row_id(key);
+            let row = self
+                .shared
+                .query_one(|s| &s.force_release, &[&id, &CHANNEL])
+                .await?;
+            Ok(row.get::<_, i64>(0) == 1)
+        })
+    }
+}
+
+/// Lowercase hex, as PostgreSQL's `encode(.., 'hex')` writes it.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("url", &self.shown)
+            .field("table", &self.shared.table.name)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_checked() {
+        assert!(Table::new("lock_leases").is_ok());
+        assert_eq!(Table::new("Shop_Locks").unwrap().name, "shop_locks");
+        for bad in ["", "1locks", "locks; DROP TABLE x", "a-b", &"x".repeat(51)] {
+            let err = Table::new(bad).err().expect(bad).to_string();
+            assert!(err.starts_with("invalid table name"), "{err}");
+        }
+    }
+
+    #[test]
+    fn row_ids_are_the_keys_sha256_in_hex_as_postgres_writes_it() {
+        assert_eq!(
+            hex(&row_id("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

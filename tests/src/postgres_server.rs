@@ -1,0 +1,303 @@
+//! PostgreSQL servers for tests: `initdb` into a temporary directory, the
+//! postmaster on a free loopback port, killed and restarted on purpose,
+//! stopped on drop. As root (CI) both run as the `postgres` user, since
+//! `initdb` refuses root.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// One PostgreSQL server on `127.0.0.1`, trusting local connections (user
+/// `postgres`, no password) except role `app`'s, which must give its
+/// password (create it with [`psql`](Self::psql)), with `fsync` off (a
+/// killed server still keeps its commits).
+#[derive(Debug)]
+pub struct PostgresServer {
+    port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+    /// The user to run as, when running as root.
+    user: Option<(u32, u32)>,
+    child: Option<Child>,
+}
+
+/// The directory of `initdb`, `postgres` and `pg_isready`:
+/// `LOCK_TEST_PG_BIN`, else the newest `/usr/lib/postgresql/*/bin`.
+fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("LOCK_TEST_PG_BIN") {
+        return dir.into();
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+                .filter(|bin| bin.join("initdb").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.pop().unwrap_or_else(|| {
+        panic!(
+            "no PostgreSQL server found under /usr/lib/postgresql; install it \
+             (apt-get install -y postgresql) or point LOCK_TEST_PG_BIN at its bin directory"
+        )
+    })
+}
+
+/// The `postgres` user's uid and gid when we are root, else `None`.
+fn run_as() -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata("/proc/self").expect("/proc/self").uid();
+    if me != 0 {
+        return None;
+    }
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").arg(flag).arg("postgres").output().ok()?;
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    Some((
+        id("-u").expect("a `postgres` user (created by the postgresql package)"),
+        id("-g").expect("the `postgres` group"),
+    ))
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+impl PostgresServer {
+    /// Makes a new database cluster and starts it.
+    pub fn new() -> PostgresServer {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-pg-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let user = run_as();
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the directory");
+        }
+        let mut server = PostgresServer {
+            port: 0,
+            dir,
+            bin: bin_dir(),
+            user,
+            child: None,
+        };
+        let initdb = server
+            .command("initdb")
+            .arg("-D")
+            .arg(server.data())
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+            .output()
+            .expect("run initdb");
+        assert!(
+            initdb.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&initdb.stderr)
+        );
+        // Role `app` must give its password; everyone else is trusted.
+        let hba = "host all app 127.0.0.1/32 scram-sha-256\n\
+                   host all all 127.0.0.1/32 trust\n\
+                   local all all trust\n";
+        std::fs::write(server.data().join("pg_hba.conf"), hba).expect("write pg_hba.conf");
+        for _ in 0..3 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!(
+            "postgres did not start in 3 attempts; log:\n{}",
+            server.log()
+        );
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn command(&self, name: &str) -> Command {
+        let mut command = Command::new(self.bin.join(name));
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        command
+    }
+
+    /// Starts the postmaster on `self.port`; `true` once it accepts
+    /// connections.
+    fn spawn(&mut self) -> bool {
+        let log = std::fs::File::create(self.dir.join("postgres.log")).expect("create the log");
+        if let Some((uid, gid)) = self.user {
+            let _ = std::os::unix::fs::chown(self.dir.join("postgres.log"), Some(uid), Some(gid));
+        }
+        let child = self
+            .command("postgres")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-k")
+            .arg(&self.dir)
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            // A killed server keeps what it committed (the OS has it);
+            // only a machine crash could lose it.
+            .args(["-c", "fsync=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+            .args(["-c", "shared_preload_libraries=pg_stat_statements"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("run postgres");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
+            if exited {
+                return false;
+            }
+            if self.is_ready() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        false
+    }
+
+    fn is_ready(&self) -> bool {
+        Command::new(self.bin.join("pg_isready"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs SQL through `psql` as the superuser; returns its output.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args([
+                "-d",
+                "postgres",
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql failed on {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// How many times statements starting with `prefix` ran
+    /// (`pg_stat_statements`, created on first use).
+    pub fn statement_calls(&self, prefix: &str) -> u64 {
+        self.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        let prefix = prefix.replace('\'', "''");
+        self.psql(&format!(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE '{prefix}%'"
+        ))
+        .parse()
+        .expect("a count")
+    }
+
+    /// Kills the postmaster (SIGKILL); its sessions end with it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            // Backends notice their postmaster is gone and exit; a new
+            // postmaster waits for the old shared memory to be released.
+        }
+    }
+
+    /// Kills the server and starts it again on the same port and data
+    /// (crash recovery keeps what was committed).
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "postgres did not restart on port {}:\n{}",
+            self.port,
+            self.log()
+        );
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+    }
+
+    /// The data directory (for inspection).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Default for PostgresServer {
+    fn default() -> Self {
+        PostgresServer::new()
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // Immediate shutdown: the postmaster ends its sessions too.
+            let _ = Command::new("kill")
+                .arg("-QUIT")
+                .arg(child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while let Some(child) = self.child.as_mut() {
+                if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,260 @@
+//! The PostgreSQL store against real servers: the contract, bad input, and
+//! faults (a killed server, killed sessions).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresBackend};
+use lock_tests::contract::Store;
+use lock_tests::{
+    PostgresServer, backend_contract, is_held, lock_and_release, time_to_lock, unique_key,
+};
+
+async fn postgres_store() -> Store {
+    let server = PostgresServer::new();
+    let connect = || PostgresBackend::builder(&server.url()).connect();
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    Store::new(Arc::new(a), Arc::new(b), server)
+}
+
+backend_contract!(postgres_contract, postgres_store);
+
+async fn registry(server: &PostgresServer) -> LockRegistry {
+    LockRegistry::postgres(&server.url()).await.unwrap()
+}
+
+/// How long a release in `holder` takes to wake a waiter in `waiter` whose
+/// holder's lease still has ~30 s: only a notification explains a short one.
+async fn handoff(
+    server: &PostgresServer,
+    holder: &LockRegistry,
+    waiter: &LockRegistry,
+    key: &str,
+) -> Duration {
+    let attempts = || server.statement_calls("WITH granted AS");
+    let held = holder.lock(key, LockOptions::default()).await.unwrap();
+    let before = attempts();
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        async move {
+            let guard = waiter.lock(&key, LockOptions::default()).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    // Its first attempt, then (listening by then) its second: both refused.
+    lock_tests::wait_until("the waiter's second attempt", || attempts() >= before + 2).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter acquires within 10 s")
+        .unwrap();
+    acquired - released
+}
+
+#[tokio::test]
+async fn the_table_is_created_once_and_shared() {
+    let server = PostgresServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("table");
+    let guard = a.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(is_held(&b, &key).await);
+    assert_eq!(server.psql("SELECT count(*) FROM lock_leases"), "1");
+    guard.release().await.unwrap();
+    assert_eq!(server.psql("SELECT count(*) FROM lock_leases"), "0");
+    let custom = PostgresBackend::builder(&server.url())
+        .table("shop_locks")
+        .connect()
+        .await
+        .unwrap();
+    let shop = LockRegistry::builder(custom).build().unwrap();
+    lock_and_release(&shop, &key).await;
+    assert_eq!(server.psql("SELECT count(*) FROM shop_locks"), "0");
+    let err = PostgresBackend::builder(&server.url())
+        .table("locks; DROP TABLE lock_leases")
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("invalid table name"), "{err}");
+}
+
+#[tokio::test]
+async fn keys_of_any_bytes_and_length_stay_distinct_and_safe() {
+    let server = PostgresServer::new();
+    let registry = registry(&server).await;
+    let long = "k".repeat(60 * 1024);
+    let keys = [
+        "a'b",
+        "'); DROP TABLE lock_leases; --",
+        "nul\0byte",
+        "ключ:🔒:{id}",
+        "%",
+        "\\x00",
+        long.as_str(),
+    ];
+    let mut guards = Vec::new();
+    for key in keys {
+        let guard = registry
+            .try_lock(key, LockOptions::default())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key:?} collided with an earlier key"));
+        guards.push(guard);
+    }
+    for key in keys {
+        assert!(is_held(&registry, key).await, "{key:?}");
+    }
+    assert_eq!(
+        server.psql("SELECT count(*) FROM lock_leases"),
+        keys.len().to_string()
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_credentials_and_missing_rights_are_clear_errors_without_the_password() {
+    let server = PostgresServer::new();
+    let secret = "s3cret-Pa55word";
+    server.psql(&format!("CREATE ROLE app LOGIN PASSWORD '{secret}'"));
+    let port = server.port();
+    let wrong = format!("postgres://app:wrong-{secret}@127.0.0.1:{port}/postgres");
+    let err = LockRegistry::postgres(&wrong).await.unwrap_err();
+    let shown = format!(
+        "{err} / {err:?} / {}",
+        std::error::Error::source(&err).unwrap()
+    );
+    assert!(!shown.contains(secret), "password leaked: {shown}");
+    assert!(shown.contains("password authentication failed"), "{shown}");
+    assert!(
+        err.to_string()
+            .starts_with("lock backend failed to connect to `postgres://app:***@127.0.0.1:"),
+        "{err}"
+    );
+    // The right password, but no right to create the table (PostgreSQL 15
+    // does not let every role create in `public`).
+    let right = format!("postgres://app:{secret}@127.0.0.1:{port}/postgres");
+    let err = LockRegistry::postgres(&right).await.unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        shown.contains("cannot create the lease table `lock_leases`"),
+        "{shown}"
+    );
+    assert!(shown.contains("permission denied"), "{shown}");
+    assert!(!shown.contains(secret), "{shown}");
+    // Once an administrator made the table, the role locks.
+    lock_and_release(&registry(&server).await, "warm").await;
+    server.psql("GRANT SELECT, INSERT, UPDATE, DELETE ON lock_leases TO app");
+    server.psql("GRANT USAGE ON SEQUENCE lock_leases_fencing TO app");
+    let app = LockRegistry::postgres(&right).await.unwrap();
+    lock_and_release(&app, &unique_key("app")).await;
+
+    let err = LockRegistry::postgres(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        port + 1
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
+    let mut server = PostgresServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("down");
+    lock_and_release(&registry, &key).await;
+    server.kill();
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
+    let err = registry.lock(&key, opts.clone()).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains(&key), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match registry.lock(&key, opts.clone()).await {
+            Ok(guard) => break guard,
+            Err(err) if Instant::now() < deadline => {
+                assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!(
+                "no recovery after the restart: {err}: {:?}",
+                std::error::Error::source(&err)
+            ),
+        }
+    };
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_before_and_after_a_restart() {
+    let mut server = PostgresServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let quick = handoff(&server, &a, &b, &unique_key("wake")).await;
+    assert!(
+        quick < Duration::from_secs(1),
+        "hand-off took {quick:?}: no notification"
+    );
+    server.restart();
+    // The statement and listening connections come back by themselves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a
+        .try_lock(&unique_key("probe"), LockOptions::default())
+        .await
+        .is_err()
+        || b.try_lock(&unique_key("probe"), LockOptions::default())
+            .await
+            .is_err()
+    {
+        assert!(Instant::now() < deadline, "no recovery after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = handoff(&server, &a, &b, &unique_key("wake")).await;
+    assert!(
+        after < Duration::from_secs(1),
+        "hand-off took {after:?} after the restart"
+    );
+}
+
+#[tokio::test]
+async fn sessions_killed_with_pg_terminate_backend_are_replaced() {
+    let server = PostgresServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("terminate");
+    let quick = handoff(&server, &a, &b, &key).await;
+    assert!(quick < Duration::from_secs(1), "{quick:?}");
+    let killed = server.psql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    );
+    assert_ne!(killed, "0", "sessions were killed");
+    // A statement on a killed session fails; the next one gets a new one.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a
+        .try_lock(&unique_key("probe"), LockOptions::default())
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "statement connections not replaced"
+        );
+    }
+    let after = handoff(&server, &a, &b, &key).await;
+    assert!(
+        after < Duration::from_secs(1),
+        "hand-off took {after:?}: LISTEN not restored"
+    );
+    assert!(time_to_lock(&b, &key).await < Duration::from_secs(1));
+}
