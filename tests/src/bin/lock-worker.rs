@@ -1,7 +1,9 @@
 //! A worker process for the multi-process tests. It prints one event per
 //! line on stdout (`acquired fencing=3 at_ms=…`), which the test reads.
 //!
-//! Usage: `lock-worker SCENARIO REDIS_URL KEY [ARGS…]`.
+//! Usage: `lock-worker SCENARIO LOCK_URL KEY [ARGS…]`, where `LOCK_URL` is
+//! a Redis URL, several (Redlock), or a PostgreSQL one; the shared data of
+//! the scenarios lives in Redis (`LOCK_WORKER_DATA_URL`, else `LOCK_URL`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -112,15 +114,19 @@ async fn main() -> Result<(), LockError> {
     let scenario = arg(&args, 1, "scenario");
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
-    // Several comma-separated URLs: Redlock over them.
-    let registry = if url.contains(',') {
+    // Several comma-separated URLs: Redlock over them; `postgres://`: the
+    // PostgreSQL store (the shared data then needs LOCK_WORKER_DATA_URL).
+    let registry = if url.starts_with("postgres://") {
+        LockRegistry::postgres(&url).await?
+    } else if url.contains(',') {
         let urls: Vec<&str> = url.split(',').collect();
         LockRegistry::redlock(&urls).await?
     } else {
         LockRegistry::redis(&url).await?
     };
     lock_runtime::init(registry)?;
-    // Shared data lives on LOCK_WORKER_DATA_URL, else on the (first) lock server.
+    // Shared data lives in Redis: LOCK_WORKER_DATA_URL, else the (first)
+    // lock server.
     let data_url = std::env::var("LOCK_WORKER_DATA_URL")
         .unwrap_or_else(|_| url.split(',').next().unwrap_or_default().to_owned());
     let data = redis::Client::open(data_url.as_str()).expect("url");
