@@ -6,12 +6,15 @@
 //! cargo run -p examples --example flash_sale                      # in memory, one process
 //! cargo run -p examples --example flash_sale -- --no-lock         # the same, oversold
 //! cargo run -p examples --example flash_sale -- --redis redis://127.0.0.1:6379 --processes 4
+//! cargo run -p examples --example flash_sale -- --postgres postgres://postgres@127.0.0.1/postgres --processes 4
 //! ```
 //!
 //! Options: `--stock N` (100), `--buyers N` (32, spread over the processes),
-//! `--pause-ms N` (2, between read and write), `--redis URL`,
-//! `--processes N` (1; more needs `--redis`: the example starts them itself),
-//! `--no-lock`. Exits with status 1 if anything was oversold with the lock on.
+//! `--pause-ms N` (2, between read and write), `--redis URL` or
+//! `--postgres URL` (the lock store, which also keeps the stock and the
+//! orders), `--processes N` (1; more needs a store: the example starts them
+//! itself), `--no-lock`. Exits with status 1 if anything was oversold with
+//! the lock on.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -32,6 +35,7 @@ struct Args {
     buyers: usize,
     pause: Duration,
     redis: Option<String>,
+    postgres: Option<String>,
     processes: usize,
     locked: bool,
     /// Set in the processes the example starts: the sale's id.
@@ -44,6 +48,7 @@ fn parse_args() -> Result<Args, Error> {
         buyers: 32,
         pause: Duration::from_millis(2),
         redis: None,
+        postgres: None,
         processes: 1,
         locked: true,
         worker: None,
@@ -56,6 +61,7 @@ fn parse_args() -> Result<Args, Error> {
             "--buyers" => args.buyers = value()?.parse()?,
             "--pause-ms" => args.pause = Duration::from_millis(value()?.parse()?),
             "--redis" => args.redis = Some(value()?),
+            "--postgres" => args.postgres = Some(value()?),
             "--processes" => args.processes = value()?.parse()?,
             "--no-lock" => args.locked = false,
             "--worker" => args.worker = Some(value()?),
@@ -67,9 +73,13 @@ fn parse_args() -> Result<Args, Error> {
             }
         }
     }
-    if args.processes > 1 && args.redis.is_none() {
+    if args.redis.is_some() && args.postgres.is_some() {
+        return Err("give --redis or --postgres, not both".into());
+    }
+    if args.processes > 1 && args.redis.is_none() && args.postgres.is_none() {
         return Err(
-            "--processes needs --redis: processes can only share a lock through Redis".into(),
+            "--processes needs --redis or --postgres: processes share a lock through a store"
+                .into(),
         );
     }
     if args.buyers == 0 || args.processes == 0 {
@@ -86,6 +96,10 @@ enum Store {
         conn: MultiplexedConnection,
         sale: String,
     },
+    Postgres {
+        client: Arc<tokio_postgres::Client>,
+        sale: String,
+    },
 }
 
 #[derive(Default)]
@@ -99,6 +113,12 @@ impl Store {
         Ok(match self {
             Store::Memory(shop) => shop.stock.load(Ordering::SeqCst),
             Store::Redis { conn, sale } => conn.get(format!("flash:{sale}:stock")).await?,
+            Store::Postgres { client, sale } => {
+                let row = client
+                    .query_one("SELECT stock FROM flash_stock WHERE sale = $1", &[sale])
+                    .await?;
+                row.get::<_, i64>(0) as u64
+            }
         })
     }
 
@@ -106,6 +126,16 @@ impl Store {
         match self {
             Store::Memory(shop) => shop.stock.store(level, Ordering::SeqCst),
             Store::Redis { conn, sale } => conn.set(format!("flash:{sale}:stock"), level).await?,
+            Store::Postgres { client, sale } => {
+                let level = level as i64;
+                client
+                    .execute(
+                        "INSERT INTO flash_stock (sale, stock) VALUES ($1, $2)
+                         ON CONFLICT (sale) DO UPDATE SET stock = excluded.stock",
+                        &[sale, &level],
+                    )
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -117,6 +147,15 @@ impl Store {
             Store::Redis { conn, sale } => {
                 let _: u64 = conn.rpush(format!("flash:{sale}:orders"), level).await?;
             }
+            Store::Postgres { client, sale } => {
+                let level = level as i64;
+                client
+                    .execute(
+                        "INSERT INTO flash_orders (sale, level) VALUES ($1, $2)",
+                        &[sale, &level],
+                    )
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -127,6 +166,12 @@ impl Store {
             Store::Redis { conn, sale } => {
                 conn.lrange(format!("flash:{sale}:orders"), 0, -1).await?
             }
+            Store::Postgres { client, sale } => client
+                .query("SELECT level FROM flash_orders WHERE sale = $1", &[sale])
+                .await?
+                .iter()
+                .map(|row| row.get::<_, i64>(0) as u64)
+                .collect(),
         })
     }
 
@@ -134,7 +179,71 @@ impl Store {
         Ok(match self {
             Store::Memory(shop) => shop.orders.lock().expect("orders").len() as u64,
             Store::Redis { conn, sale } => conn.llen(format!("flash:{sale}:orders")).await?,
+            Store::Postgres { client, sale } => {
+                let row = client
+                    .query_one("SELECT count(*) FROM flash_orders WHERE sale = $1", &[sale])
+                    .await?;
+                row.get::<_, i64>(0) as u64
+            }
         })
+    }
+
+    /// Connects to where `args` says the stock lives (a fresh connection, as
+    /// a separate client would have), for the sale `sale`.
+    async fn open(args: &Args, sale: &str) -> Result<Store, Error> {
+        let sale = sale.to_owned();
+        Ok(if let Some(url) = &args.redis {
+            let conn = redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            Store::Redis { conn, sale }
+        } else if let Some(url) = &args.postgres {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            Store::Postgres {
+                client: Arc::new(client),
+                sale,
+            }
+        } else {
+            Store::Memory(Arc::default())
+        })
+    }
+
+    /// Creates the tables of a PostgreSQL store (once, by the parent).
+    async fn create_tables(&self) -> Result<(), Error> {
+        if let Store::Postgres { client, .. } = self {
+            client
+                .batch_execute(
+                    "CREATE TABLE IF NOT EXISTS flash_stock (sale text PRIMARY KEY, stock bigint NOT NULL);
+                     CREATE TABLE IF NOT EXISTS flash_orders (sale text NOT NULL, level bigint NOT NULL);",
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the sale's data from a shared store.
+    async fn clean_up(self) -> Result<(), Error> {
+        match self {
+            Store::Memory(_) => {}
+            Store::Redis { mut conn, sale } => {
+                let _: u64 = conn
+                    .del(&[
+                        format!("flash:{sale}:stock"),
+                        format!("flash:{sale}:orders"),
+                    ])
+                    .await?;
+            }
+            Store::Postgres { client, sale } => {
+                client
+                    .execute("DELETE FROM flash_stock WHERE sale = $1", &[&sale])
+                    .await?;
+                client
+                    .execute("DELETE FROM flash_orders WHERE sale = $1", &[&sale])
+                    .await?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -190,14 +299,11 @@ async fn run_buyers(
 ) -> Result<Vec<Duration>, Error> {
     let mut tasks = Vec::new();
     for _ in 0..buyers {
-        let mut store = store.clone();
-        if let Store::Redis { conn, .. } = &mut store {
+        let store = match store {
+            Store::Memory(_) => store.clone(),
             // One connection per buyer, as separate clients would have.
-            let url = args.redis.as_deref().unwrap_or_default();
-            *conn = redis::Client::open(url)?
-                .get_multiplexed_async_connection()
-                .await?;
-        }
+            _ => Store::open(args, sale).await?,
+        };
         tasks.push(tokio::spawn(buyer(store, sale.to_owned(), args.clone())));
     }
     let mut waits = Vec::new();
@@ -238,7 +344,11 @@ fn ms(d: Duration) -> String {
 /// Starts the worker processes of a multi-process sale; returns their waits.
 fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
     let exe = std::env::current_exe()?;
-    let url = args.redis.clone().unwrap_or_default();
+    let store = match (&args.redis, &args.postgres) {
+        (Some(url), _) => ["--redis", url.as_str()],
+        (None, Some(url)) => ["--postgres", url.as_str()],
+        (None, None) => return Err("worker processes need a shared store".into()),
+    };
     let mut children = Vec::new();
     for i in 0..args.processes {
         // Spread the buyers; every process gets at least one.
@@ -246,14 +356,9 @@ fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
             (args.buyers / args.processes + usize::from(i < args.buyers % args.processes)).max(1);
         let mut command = Command::new(&exe);
         command
-            .args([
-                "--worker",
-                sale,
-                "--redis",
-                &url,
-                "--buyers",
-                &buyers.to_string(),
-            ])
+            .args(["--worker", sale])
+            .args(store)
+            .args(["--buyers", &buyers.to_string()])
             .args(["--pause-ms", &args.pause.as_millis().to_string()])
             .stdout(Stdio::piped());
         if !args.locked {
@@ -285,22 +390,19 @@ fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = parse_args()?;
-    let registry = match &args.redis {
-        Some(url) => LockRegistry::redis(url).await?,
-        None => LockRegistry::memory(),
+    let registry = match (&args.redis, &args.postgres) {
+        (Some(url), _) => LockRegistry::redis(url).await?,
+        (None, Some(url)) => LockRegistry::postgres(url).await?,
+        (None, None) => LockRegistry::memory(),
     };
     lock_runtime::init(registry)?;
 
     if let Some(sale) = &args.worker {
         // A worker process: buy, then report the lock waits to the parent.
-        let url = args.redis.as_deref().ok_or("--worker needs --redis")?;
-        let conn = redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?;
-        let store = Store::Redis {
-            conn,
-            sale: sale.clone(),
-        };
+        let store = Store::open(&args, sale).await?;
+        if let Store::Memory(_) = store {
+            return Err("--worker needs --redis or --postgres".into());
+        }
         let waits = run_buyers(&store, sale, &args, args.buyers).await?;
         let list: Vec<String> = waits.iter().map(|w| w.as_micros().to_string()).collect();
         println!("waits-us {}", list.join(","));
@@ -309,20 +411,13 @@ async fn main() -> Result<(), Error> {
 
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
     let sale = format!("{}-{stamp}", std::process::id());
-    let mut store = match &args.redis {
-        Some(url) => Store::Redis {
-            conn: redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?,
-            sale: sale.clone(),
-        },
-        None => Store::Memory(Arc::default()),
-    };
+    let mut store = Store::open(&args, &sale).await?;
+    store.create_tables().await?;
     store.write_stock(args.stock).await?;
-    let backend = if args.redis.is_some() {
-        "Redis"
-    } else {
-        "in-memory"
+    let backend = match &store {
+        Store::Memory(_) => "in-memory",
+        Store::Redis { .. } => "Redis",
+        Store::Postgres { .. } => "PostgreSQL",
     };
     println!(
         "flash sale: {} items, {} buyers in {} process(es), {} backend, lock {}",
@@ -378,13 +473,6 @@ async fn main() -> Result<(), Error> {
             std::process::exit(1);
         }
     }
-    if let Store::Redis { mut conn, sale } = store {
-        let _: u64 = conn
-            .del(&[
-                format!("flash:{sale}:stock"),
-                format!("flash:{sale}:orders"),
-            ])
-            .await?;
-    }
+    store.clean_up().await?;
     Ok(())
 }

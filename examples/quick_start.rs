@@ -1,7 +1,8 @@
 //! The quick start: the attribute in wait and skip mode.
 //!
 //! `cargo run -p examples --example quick_start` runs on the in-memory
-//! backend; add `-- --redis redis://127.0.0.1:6379` to lock through Redis,
+//! backend; add `-- --redis redis://127.0.0.1:6379` to lock through Redis
+//! (or `-- --postgres postgres://user@host/db` through PostgreSQL),
 //! and start it in several terminals at once to see the processes take turns.
 
 use std::time::Duration;
@@ -29,18 +30,19 @@ async fn nightly_report() -> usize {
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
     let args: Vec<String> = std::env::args().collect();
-    let registry = match args.iter().position(|arg| arg == "--redis") {
-        Some(at) => {
-            let url = args
-                .get(at + 1)
-                .map_or("redis://127.0.0.1:6379", String::as_str);
-            println!("locking through Redis at {url}");
-            LockRegistry::redis(url).await?
-        }
-        None => {
-            println!("locking in memory (pass --redis URL to lock through Redis)");
-            LockRegistry::memory()
-        }
+    let value_of = |flag: &str| {
+        let at = args.iter().position(|arg| arg == flag)?;
+        Some(args.get(at + 1).map_or("", String::as_str).to_owned())
+    };
+    let registry = if let Some(url) = value_of("--redis") {
+        println!("locking through Redis at {url}");
+        LockRegistry::redis(&url).await?
+    } else if let Some(url) = value_of("--postgres") {
+        println!("locking through PostgreSQL");
+        LockRegistry::postgres(&url).await?
+    } else {
+        println!("locking in memory (pass --redis URL or --postgres URL to lock through a store)");
+        LockRegistry::memory()
     };
     lock_runtime::init(registry)?;
 

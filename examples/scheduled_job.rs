@@ -6,6 +6,7 @@
 //! cargo run -p examples --example scheduled_job                       # 3 instances as tasks, in memory
 //! cargo run -p examples --example scheduled_job -- --no-hold          # without hold_at_least: ticks run twice
 //! cargo run -p examples --example scheduled_job -- --redis redis://127.0.0.1:6379 --instances 4
+//! cargo run -p examples --example scheduled_job -- --postgres postgres://postgres@127.0.0.1/postgres
 //! ```
 //!
 //! The job is `mode = "skip"`: an instance that finds the lock held does not
@@ -14,7 +15,8 @@
 //! run it again. `hold_at_least = "1500ms"` keeps the lock past the skew, so
 //! the late instances skip. Ticks are 3 s apart.
 //!
-//! Options: `--instances K` (3), `--ticks N` (4), `--redis URL` (instances
+//! Options: `--instances K` (3), `--ticks N` (4), `--redis URL` or
+//! `--postgres URL` (the lock store, which also keeps the ledger; instances
 //! become processes the example starts), `--no-hold`. Exits with status 1 if
 //! a tick ran other than once with `hold_at_least` on.
 
@@ -40,6 +42,7 @@ struct Args {
     instances: usize,
     ticks: u64,
     redis: Option<String>,
+    postgres: Option<String>,
     hold: bool,
     /// In a process the example starts: its instance number, run id and start.
     instance: Option<(usize, String, u128)>,
@@ -50,6 +53,7 @@ fn parse_args() -> Result<Args, Error> {
         instances: 3,
         ticks: 4,
         redis: None,
+        postgres: None,
         hold: true,
         instance: None,
     };
@@ -60,6 +64,7 @@ fn parse_args() -> Result<Args, Error> {
             "--instances" => args.instances = value()?.parse()?,
             "--ticks" => args.ticks = value()?.parse()?,
             "--redis" => args.redis = Some(value()?),
+            "--postgres" => args.postgres = Some(value()?),
             "--no-hold" => args.hold = false,
             "--instance" => {
                 let (i, run, start) = (value()?.parse()?, value()?, value()?.parse()?);
@@ -73,6 +78,9 @@ fn parse_args() -> Result<Args, Error> {
             }
         }
     }
+    if args.redis.is_some() && args.postgres.is_some() {
+        return Err("give --redis or --postgres, not both".into());
+    }
     if args.instances < 2 {
         return Err("--instances must be at least 2 for the job to be contended".into());
     }
@@ -84,6 +92,7 @@ fn parse_args() -> Result<Args, Error> {
 enum Ledger {
     Memory(Arc<Mutex<Vec<(u64, usize, bool)>>>),
     Redis(redis::aio::MultiplexedConnection, String),
+    Postgres(Arc<tokio_postgres::Client>, String),
 }
 
 impl Ledger {
@@ -95,6 +104,15 @@ impl Ledger {
                 let _: u64 = conn
                     .clone()
                     .rpush(format!("sched:{run}:ledger"), entry)
+                    .await?;
+            }
+            Ledger::Postgres(client, run) => {
+                let (tick, instance) = (tick as i64, instance as i64);
+                client
+                    .execute(
+                        "INSERT INTO sched_ledger (run, tick, instance, ran) VALUES ($1, $2, $3, $4)",
+                        &[run, &tick, &instance, &ran],
+                    )
                     .await?;
             }
         }
@@ -120,6 +138,40 @@ impl Ledger {
                     })
                     .collect()
             }
+            Ledger::Postgres(client, run) => {
+                let rows = client
+                    .query(
+                        "DELETE FROM sched_ledger WHERE run = $1 RETURNING tick, instance, ran",
+                        &[run],
+                    )
+                    .await?;
+                let mut entries: Vec<(u64, usize, bool)> = rows
+                    .iter()
+                    .map(|row| {
+                        let (tick, instance): (i64, i64) = (row.get(0), row.get(1));
+                        (tick as u64, instance as usize, row.get(2))
+                    })
+                    .collect();
+                entries.sort_unstable();
+                entries
+            }
+        })
+    }
+
+    /// The ledger `args` asks for: in the lock store, or in memory.
+    async fn open(args: &Args, run: &str) -> Result<Ledger, Error> {
+        let run = run.to_owned();
+        Ok(if let Some(url) = &args.redis {
+            let conn = redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            Ledger::Redis(conn, run)
+        } else if let Some(url) = &args.postgres {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            Ledger::Postgres(Arc::new(client), run)
+        } else {
+            Ledger::Memory(Arc::default())
         })
     }
 }
@@ -198,40 +250,40 @@ async fn instance(
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = parse_args()?;
-    let registry = match &args.redis {
-        Some(url) => LockRegistry::redis(url).await?,
-        None => LockRegistry::memory(),
+    let registry = match (&args.redis, &args.postgres) {
+        (Some(url), _) => LockRegistry::redis(url).await?,
+        (None, Some(url)) => LockRegistry::postgres(url).await?,
+        (None, None) => LockRegistry::memory(),
     };
     lock_runtime::init(registry)?;
-    let redis_conn = match &args.redis {
-        Some(url) => Some(
-            redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?,
-        ),
-        None => None,
-    };
 
     if let Some((i, run, start_ms)) = args.instance.clone() {
-        let conn = redis_conn.ok_or("--instance needs --redis")?;
-        let ledger = Ledger::Redis(conn, run.clone());
+        let ledger = Ledger::open(&args, &run).await?;
+        if let Ledger::Memory(_) = ledger {
+            return Err("--instance needs --redis or --postgres".into());
+        }
         return instance(i, args, run, start_ms, ledger).await;
     }
 
     let run = format!("{}-{}", std::process::id(), now_ms());
-    let ledger = match redis_conn {
-        Some(conn) => Ledger::Redis(conn, run.clone()),
-        None => Ledger::Memory(Arc::default()),
-    };
+    let ledger = Ledger::open(&args, &run).await?;
+    if let Ledger::Postgres(client, _) = &ledger {
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS sched_ledger \
+                 (run text NOT NULL, tick bigint NOT NULL, instance bigint NOT NULL, ran boolean NOT NULL)",
+            )
+            .await?;
+    }
     // Leave the instances time to start before the first tick.
     let start_ms = now_ms() + 500;
     println!(
         "scheduled job: {} instances ({}), {} ticks {} s apart, clocks behind by {}, hold_at_least {}",
         args.instances,
-        if args.redis.is_some() {
-            "processes on Redis"
-        } else {
-            "tasks in memory"
+        match (&args.redis, &args.postgres) {
+            (Some(_), _) => "processes on Redis",
+            (None, Some(_)) => "processes on PostgreSQL",
+            (None, None) => "tasks in memory",
         },
         args.ticks,
         PERIOD.as_secs(),
@@ -241,14 +293,20 @@ async fn main() -> Result<(), Error> {
             .join(", "),
         if args.hold { "1500ms" } else { "OFF" }
     );
-    if let Some(url) = &args.redis {
+    let store = match (&args.redis, &args.postgres) {
+        (Some(url), _) => Some(["--redis", url.as_str()]),
+        (None, Some(url)) => Some(["--postgres", url.as_str()]),
+        (None, None) => None,
+    };
+    if let Some(store) = store {
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
         for i in 0..args.instances {
             let mut command = Command::new(&exe);
             command
                 .args(["--instance", &i.to_string(), &run, &start_ms.to_string()])
-                .args(["--redis", url, "--instances", &args.instances.to_string()])
+                .args(store)
+                .args(["--instances", &args.instances.to_string()])
                 .args(["--ticks", &args.ticks.to_string()]);
             if !args.hold {
                 command.arg("--no-hold");

@@ -1,11 +1,11 @@
-//! Runs every example with small parameters, in memory and over Redis, so
-//! none of them can rot. `cargo test --workspace` builds the examples before
+//! Runs every example with small parameters, in memory, over Redis and over
+//! PostgreSQL, so none of them can rot. `cargo test --workspace` builds the examples before
 //! it runs any test.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use lock_tests::RedisServer;
+use lock_tests::{PostgresServer, RedisServer};
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
 fn example(name: &str) -> PathBuf {
@@ -86,6 +86,34 @@ fn flash_sale_across_processes_on_redis() {
 }
 
 #[test]
+fn flash_sale_across_processes_on_postgres() {
+    let server = PostgresServer::new();
+    let url = server.url();
+    let args = [
+        "--postgres",
+        &url,
+        "--processes",
+        "3",
+        "--stock",
+        "30",
+        "--buyers",
+        "6",
+    ];
+    let (ok, out) = run("flash_sale", &args);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("6 buyers in 3 process(es), PostgreSQL backend, lock on"),
+        "{out}"
+    );
+    assert!(out.contains("stock       30 -> 0"), "{out}");
+    assert!(out.contains("OK: every item sold exactly once."), "{out}");
+    // The control: the same processes without the lock oversell.
+    let (ok, out) = run("flash_sale", &[&args[..], &["--no-lock"]].concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("OVERSOLD without the lock"), "{out}");
+}
+
+#[test]
 fn flash_sale_refuses_processes_without_redis() {
     let (ok, out) = run("flash_sale", &["--processes", "2"]);
     assert!(!ok, "{out}");
@@ -128,6 +156,23 @@ fn scheduled_job_runs_each_tick_once_across_processes() {
 }
 
 #[test]
+fn scheduled_job_runs_each_tick_once_across_processes_on_postgres() {
+    let server = PostgresServer::new();
+    let url = server.url();
+    let (ok, out) = run(
+        "scheduled_job",
+        &["--postgres", &url, "--instances", "3", "--ticks", "2"],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("3 instances (processes on PostgreSQL)"),
+        "{out}"
+    );
+    assert_eq!(out.matches("(once)").count(), 2, "{out}");
+    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+}
+
+#[test]
 fn manual_api_in_memory_and_on_redis() {
     let server = RedisServer::new();
     let url = server.url();
@@ -146,10 +191,14 @@ fn manual_api_in_memory_and_on_redis() {
 }
 
 #[test]
-fn quick_start_in_memory_and_on_redis() {
-    let server = RedisServer::new();
-    let url = server.url();
-    for args in [vec![], vec!["--redis", url.as_str()]] {
+fn quick_start_in_memory_on_redis_and_on_postgres() {
+    let (redis, postgres) = (RedisServer::new(), PostgresServer::new());
+    let (redis_url, postgres_url) = (redis.url(), postgres.url());
+    for args in [
+        vec![],
+        vec!["--redis", redis_url.as_str()],
+        vec!["--postgres", postgres_url.as_str()],
+    ] {
         let (ok, out) = run("quick_start", &args);
         assert!(ok, "{out}");
         assert_eq!(out.matches("bought item 7").count(), 4, "{out}");
