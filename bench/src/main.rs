@@ -52,6 +52,68 @@ enum Lib {
     TokioMutex(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>),
     /// `#[distributed_lock]` over the global (memory) registry.
     Attribute,
+    /// The PostgreSQL floor: the library's insert-or-take-over statement,
+    /// retried at once while held, and an owner-checked delete; no library.
+    PgFloor(Arc<PgFloor>),
+}
+
+/// A PostgreSQL session with the floor's two statements prepared.
+struct PgFloor {
+    client: tokio_postgres::Client,
+    acquire: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+}
+
+impl PgFloor {
+    async fn connect(url: &str) -> Result<PgFloor, Error> {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS floor_leases (id text PRIMARY KEY, token text NOT NULL,
+                     fencing bigint NOT NULL, expires_at timestamptz NOT NULL);
+                 CREATE SEQUENCE IF NOT EXISTS floor_fencing;",
+            )
+            .await?;
+        let acquire = client
+            .prepare(
+                "INSERT INTO floor_leases AS l (id, token, fencing, expires_at)
+                 VALUES ($1, $2, nextval('floor_fencing'), clock_timestamp() + $3::bigint * interval '1 millisecond')
+                 ON CONFLICT (id) DO UPDATE SET token = excluded.token, fencing = excluded.fencing,
+                     expires_at = excluded.expires_at
+                 WHERE l.expires_at <= clock_timestamp()
+                 RETURNING fencing",
+            )
+            .await?;
+        let release = client
+            .prepare("DELETE FROM floor_leases WHERE id = $1 AND token = $2")
+            .await?;
+        Ok(PgFloor {
+            client,
+            acquire,
+            release,
+        })
+    }
+
+    /// Acquires `key`, retried at once while held; returns the token.
+    async fn acquire(&self, key: &str) -> Result<String, Error> {
+        let token = format!("{:032x}", rand_u128());
+        let ttl = TTL.as_millis() as i64;
+        loop {
+            let rows = self
+                .client
+                .query(&self.acquire, &[&key, &token, &ttl])
+                .await?;
+            if !rows.is_empty() {
+                return Ok(token);
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, token: &str) -> Result<(), Error> {
+        self.client.execute(&self.release, &[&key, &token]).await?;
+        Ok(())
+    }
 }
 
 static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
@@ -140,6 +202,13 @@ impl Lib {
                 Ok(waited)
             }
             Lib::Attribute => Ok(attribute_section(key, called).await?),
+            Lib::PgFloor(floor) => {
+                let token = floor.acquire(key).await?;
+                let waited = called.elapsed();
+                work();
+                floor.release(key, &token).await?;
+                Ok(waited)
+            }
         }
     }
 }
@@ -237,6 +306,8 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "lock-runtime" => Lib::Ours(LockRegistry::redis(url).await?),
         "rslock" => Lib::Rslock(rslock::LockManager::new(vec![url.to_owned()])),
         "memory" => Lib::Ours(LockRegistry::memory()),
+        "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
+        "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         other => return Err(format!("unknown contender {other}").into()),
     })
 }
@@ -310,6 +381,14 @@ async fn worker(args: &[String]) -> Result<(), Error> {
                         floor_release(&mut conn, key, &token).await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
+                    Lib::PgFloor(floor) => {
+                        let token = floor.acquire(key).await?;
+                        let acquired = now_ns();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let released = now_ns();
+                        floor.release(key, &token).await?;
+                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                    }
                     _ => return Err("no hand-off for this contender".into()),
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -346,7 +425,7 @@ fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, 
 }
 
 /// Scenario 4: 4 processes x 4 tasks on one hot key.
-fn run_processes(name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
+fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
     let key = format!("bench:{}:procs", rand_u128() as u32);
     let start = now_ns() + 300_000_000;
     let args: Vec<String> = ["hot", name, url, &key, &ops.to_string(), &start.to_string()]
@@ -373,7 +452,7 @@ fn run_processes(name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
     }
     waits.sort_unstable();
     Ok(Measured {
-        scenario: "4. 4 processes x 4 tasks, one hot key".into(),
+        scenario: scenario.into(),
         lib: name.into(),
         ops: waits.len() as u64,
         elapsed: Duration::from_nanos(last.saturating_sub(first) as u64),
@@ -383,7 +462,7 @@ fn run_processes(name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
 }
 
 /// Scenario 5: release in one process to acquire in the other.
-fn run_handoff(name: &str, url: &str, rounds: u64) -> Result<Measured, Error> {
+fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Measured, Error> {
     let key = format!("bench:{}:handoff", rand_u128() as u32);
     let start = now_ns() + 300_000_000;
     let args: Vec<String> = [
@@ -418,7 +497,7 @@ fn run_handoff(name: &str, url: &str, rounds: u64) -> Result<Measured, Error> {
     handoffs.sort_unstable();
     let count = handoffs.len();
     Ok(Measured {
-        scenario: "5. hand-off: release in A to acquire in waiting B".into(),
+        scenario: scenario.into(),
         lib: name.into(),
         ops: count as u64,
         elapsed: Duration::ZERO,
@@ -685,7 +764,7 @@ async fn main() -> Result<(), Error> {
         let ops = 500 / scale;
         let m = tokio::task::spawn_blocking({
             let url = url.clone();
-            move || run_processes(name, &url, ops)
+            move || run_processes("4. 4 processes x 4 tasks, one hot key", name, &url, ops)
         })
         .await??;
         push(m);
@@ -694,7 +773,14 @@ async fn main() -> Result<(), Error> {
         let rounds = if quick { 30 } else { 200 };
         let m = tokio::task::spawn_blocking({
             let url = url.clone();
-            move || run_handoff(name, &url, rounds)
+            move || {
+                run_handoff(
+                    "5. hand-off: release in A to acquire in waiting B",
+                    name,
+                    &url,
+                    rounds,
+                )
+            }
         })
         .await??;
         push(m);
@@ -751,6 +837,80 @@ async fn main() -> Result<(), Error> {
         .await?,
     );
 
+    // PostgreSQL: the library beside the raw-SQL floor, on one server.
+    let postgres = lock_tests::PostgresServer::new();
+    let pg_url = postgres.url();
+    let pg_floor = make_lib("pg-floor", &pg_url).await?;
+    let pg_ours = make_lib("pg-lock-runtime", &pg_url).await?;
+    let pg_contenders = [("floor", &pg_floor), ("lock-runtime", &pg_ours)];
+    for (_, lib) in pg_contenders {
+        run_tasks(lib, "warm-up", "", 1, 100, false).await?;
+    }
+    for (scenario, tasks, ops) in [
+        ("9. postgres: 1 task, uncontended", 1usize, 4_000 / scale),
+        ("10. postgres: 64 tasks, distinct keys", 64, 200 / scale),
+    ] {
+        let mut best: HashMap<&str, Measured> = HashMap::new();
+        for _ in 0..repeat {
+            for (name, lib) in pg_contenders {
+                let m = run_tasks(lib, scenario, name, tasks, ops, false).await?;
+                if best
+                    .get(name)
+                    .is_none_or(|b| m.throughput() > b.throughput())
+                {
+                    best.insert(name, m);
+                }
+            }
+        }
+        for (name, _) in pg_contenders {
+            if let Some(m) = best.remove(name) {
+                push(m);
+            }
+        }
+    }
+    for (name, worker_lib) in [("floor", "pg-floor"), ("lock-runtime", "pg-lock-runtime")] {
+        let ops = 200 / scale;
+        let url = pg_url.clone();
+        let mut m = tokio::task::spawn_blocking(move || {
+            run_processes(
+                "11. postgres: 4 processes x 4 tasks, one hot key",
+                worker_lib,
+                &url,
+                ops,
+            )
+        })
+        .await??;
+        m.lib = name.into();
+        push(m);
+    }
+    for (name, worker_lib) in [("floor", "pg-floor"), ("lock-runtime", "pg-lock-runtime")] {
+        let rounds = if quick { 30 } else { 200 };
+        let url = pg_url.clone();
+        let mut m = tokio::task::spawn_blocking(move || {
+            run_handoff(
+                "12. postgres: hand-off, release in A to acquire in waiting B",
+                worker_lib,
+                &url,
+                rounds,
+            )
+        })
+        .await??;
+        m.lib = name.into();
+        push(m);
+    }
+    let pg_rtt = {
+        let floor = PgFloor::connect(&pg_url).await?;
+        let mut samples = Vec::new();
+        for _ in 0..200 {
+            let started = Instant::now();
+            floor.client.simple_query("SELECT 1").await?;
+            samples.push(started.elapsed());
+        }
+        samples.sort_unstable();
+        samples[samples.len() / 2]
+    };
+    drop(postgres);
+
     // The table.
     let floor_of = |scenario: &str| {
         results
@@ -769,13 +929,20 @@ async fn main() -> Result<(), Error> {
     writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
     for m in &results {
         let (rate, ratio) = match &m.note {
-            Some(note) if m.scenario.starts_with('5') => (
-                note.clone(),
-                format!(
-                    "{:.1} RTT (p50)",
-                    m.pct(50.0).as_secs_f64() / rtt.as_secs_f64()
-                ),
-            ),
+            Some(note) if m.scenario.starts_with("5.") || m.scenario.starts_with("12.") => {
+                let round_trip = if m.scenario.starts_with("12.") {
+                    pg_rtt
+                } else {
+                    rtt
+                };
+                (
+                    note.clone(),
+                    format!(
+                        "{:.1} RTT (p50)",
+                        m.pct(50.0).as_secs_f64() / round_trip.as_secs_f64()
+                    ),
+                )
+            }
             Some(note) => (note.clone(), String::new()),
             None => {
                 let ratio = floor_of(&m.scenario)
@@ -812,14 +979,17 @@ async fn main() -> Result<(), Error> {
          Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
          interleaved, keeping the faster run. \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
-         backend; the manual API for the attribute); for hand-offs it is the median in round trips.\n",
+         backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
+         owner-checked delete, no library); for hand-offs it is the median in round trips (PostgreSQL: \
+         `SELECT 1` p50 {}).\n",
         if quick {
             "--quick (figures are rough)"
         } else {
             "full"
         },
         fmt_d(rtt),
-        uncontended_floor
+        uncontended_floor,
+        fmt_d(pg_rtt)
     )?;
     report.push_str(&table);
     report.push_str("\nWait-time distributions: `BENCHMARKS.svg`.\n");
