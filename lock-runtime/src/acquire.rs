@@ -97,7 +97,8 @@ pub(crate) async fn acquire(
     loop {
         let sent_at = Instant::now();
         let attempt = Attempt::start(parts.backend, &permit, token);
-        let request = AcquireRequest::new(permit.key(), token, opts.ttl, &loss);
+        let request =
+            AcquireRequest::new(permit.key(), token, opts.ttl, &loss).waiting(mode == Mode::Wait);
         let answer = within(deadline, backend.acquire(request))
             .await
             .ok_or_else(timed_out)?

@@ -258,3 +258,43 @@ async fn sessions_killed_with_pg_terminate_backend_are_replaced() {
     );
     assert!(time_to_lock(&b, &key).await < Duration::from_secs(1));
 }
+
+#[tokio::test]
+async fn every_waiter_is_notified_even_when_another_took_the_key_first() {
+    let server = PostgresServer::new();
+    let (a, b, c) = (
+        registry(&server).await,
+        registry(&server).await,
+        registry(&server).await,
+    );
+    let key = unique_key("queue");
+    let held = a.lock(&key, LockOptions::default()).await.unwrap();
+    let attempts = || server.statement_calls("WITH granted AS");
+    let before = attempts();
+    // B and C wait; each subscribed and was refused twice.
+    let waiters: Vec<_> = [b, c]
+        .into_iter()
+        .map(|registry| {
+            let key = key.clone();
+            tokio::spawn(async move {
+                let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+                let acquired = Instant::now();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let released = Instant::now();
+                guard.release().await.unwrap();
+                (acquired, released)
+            })
+        })
+        .collect();
+    lock_tests::wait_until("both waiters refused twice", || attempts() >= before + 4).await;
+    held.release().await.unwrap();
+    let mut turns = Vec::new();
+    for waiter in waiters {
+        turns.push(waiter.await.unwrap());
+    }
+    turns.sort();
+    // The second waiter was refused by the first (whose row it then
+    // marked), so the first's release notified it: no 5 s fallback retry.
+    let gap = turns[1].0 - turns[0].1;
+    assert!(gap < Duration::from_secs(1), "second hand-off took {gap:?}");
+}

@@ -281,6 +281,10 @@ pub struct AcquireRequest<'a> {
     /// that [pushes losses](Capabilities::pushes_loss) keeps a clone in
     /// its handle.
     pub loss: &'a LossSignal,
+    /// Whether the caller waits for a release if the key is held (wait
+    /// mode), rather than giving up at once: a store whose release
+    /// notifications cost something can send them only when someone waits.
+    pub waits: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -291,7 +295,14 @@ impl<'a> AcquireRequest<'a> {
             token,
             ttl,
             loss,
+            waits: false,
         }
+    }
+
+    /// Says whether the caller waits for a release if the key is held.
+    pub fn waiting(mut self, waits: bool) -> Self {
+        self.waits = waits;
+        self
     }
 }
 

@@ -10,7 +10,8 @@
 //!     key        bytea NOT NULL,          -- the key itself, for people reading the table
 //!     token      text NOT NULL,           -- the holder's random token
 //!     fencing    bigint NOT NULL,         -- from the sequence below
-//!     expires_at timestamptz NOT NULL     -- by the database's clock
+//!     expires_at timestamptz NOT NULL,    -- by the database's clock
+//!     waiting    boolean NOT NULL DEFAULT false  -- someone waits for its release
 //! );
 //! CREATE SEQUENCE lock_leases_fencing;
 //! ```
@@ -31,8 +32,15 @@
 //! - acquire inserts the row, or takes over an expired one, with the next
 //!   value of the sequence; otherwise returns the holder's remaining time;
 //! - renew, release and hand-over are owner-checked by token; release
-//!   deletes the row and sends `NOTIFY` in the same statement; a release
-//!   that must linger (`hold_at_least`) shortens the row's expiry instead.
+//!   deletes the row and, if someone waits for it, sends `NOTIFY` in the
+//!   same statement; a release that must linger (`hold_at_least`) shortens
+//!   the row's expiry instead.
+//!
+//! `NOTIFY` is not free: PostgreSQL serialises the commits of notifying
+//! transactions. So a release notifies only when the row says someone
+//! waits: a waiter marks the row when it subscribes and with every refused
+//! attempt (the holder may have changed meanwhile), and an uncontended lock
+//! never notifies.
 //!
 //! Waiters listen on one channel (`LISTEN`, one connection per store, which
 //! reconnects and listens again after it drops); the payload is the hex
@@ -234,6 +242,7 @@ struct Statements {
     acquire: Statement,
     renew: Statement,
     release: Statement,
+    mark: Statement,
     linger: Statement,
     hand_over: Statement,
     force_release: Statement,
@@ -291,6 +300,28 @@ impl Shared {
                 .await
                 .map_err(pg_error)?;
             Ok::<_, BackendError>(row)
+        };
+        tokio::time::timeout(self.response_timeout, run)
+            .await
+            .map_err(|_| -> BackendError {
+                format!("no answer within {:?}", self.response_timeout).into()
+            })?
+    }
+
+    /// Runs one statement that returns no rows, within the response timeout.
+    async fn execute(
+        &self,
+        pick: impl Fn(&Statements) -> &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, BackendError> {
+        let run = async {
+            let conn = self.conn().await?;
+            let rows = conn
+                .client
+                .execute(pick(&conn.statements), params)
+                .await
+                .map_err(pg_error)?;
+            Ok::<_, BackendError>(rows)
         };
         tokio::time::timeout(self.response_timeout, run)
             .await
@@ -365,7 +396,8 @@ impl Table {
                  key bytea NOT NULL,
                  token text NOT NULL,
                  fencing bigint NOT NULL,
-                 expires_at timestamptz NOT NULL
+                 expires_at timestamptz NOT NULL,
+                 waiting boolean NOT NULL DEFAULT false
              );
              CREATE SEQUENCE IF NOT EXISTS {t}_fencing;
              COMMIT;"
@@ -386,8 +418,10 @@ impl Table {
         let t = &self.name;
         let remaining = "ceil(extract(epoch from (expires_at - clock_timestamp())) * 1000)::bigint";
         Ok(Statements {
-            // $1 id, $2 key, $3 token, $4 ttl ms. A repeat by the same token
-            // answers as the first run did (same fencing).
+            // $1 id, $2 key, $3 token, $4 ttl ms, $5 the caller waits. A
+            // repeat by the same token answers as the first run did (same
+            // fencing). A refused caller that waits marks the row, so that
+            // its release notifies.
             acquire: client
                 .prepare(&format!(
                     "WITH granted AS (
@@ -398,12 +432,20 @@ impl Table {
                              SET token = excluded.token,
                                  fencing = CASE WHEN l.token = excluded.token
                                                 THEN l.fencing ELSE excluded.fencing END,
-                                 expires_at = excluded.expires_at
+                                 expires_at = excluded.expires_at,
+                                 waiting = l.waiting AND l.token = excluded.token
                              WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
                          RETURNING fencing
+                     ),
+                     marked AS (
+                         UPDATE {t} SET waiting = true
+                         WHERE $5 AND id = $1 AND NOT waiting
+                           AND NOT EXISTS (SELECT 1 FROM granted)
+                         RETURNING 1
                      )
                      SELECT (SELECT fencing FROM granted),
-                            (SELECT {remaining} FROM {t} WHERE id = $1)"
+                            (SELECT {remaining} FROM {t} WHERE id = $1),
+                            (SELECT count(*) FROM marked)"
                 ))
                 .await?,
             // $1 id, $2 token, $3 ttl ms.
@@ -417,15 +459,24 @@ impl Table {
                      SELECT count(*) FROM renewed"
                 ))
                 .await?,
-            // $1 id, $2 token, $3 channel.
+            // $1 id, $2 token, $3 channel. Notifies only if someone waits.
             release: client
                 .prepare(&format!(
                     "WITH released AS (
                          DELETE FROM {t}
                          WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
-                         RETURNING id
+                         RETURNING id, waiting
                      )
-                     SELECT count(pg_notify($3, encode(id, 'hex'))) FROM released"
+                     SELECT count(*),
+                            (SELECT count(pg_notify($3, encode(id, 'hex')))
+                             FROM released WHERE waiting)
+                     FROM released"
+                ))
+                .await?,
+            // $1 id: a subscriber marks the row it waits for.
+            mark: client
+                .prepare(&format!(
+                    "UPDATE {t} SET waiting = true WHERE id = $1 AND NOT waiting"
                 ))
                 .await?,
             // $1 id, $2 token, $3 linger ms.
@@ -546,7 +597,7 @@ impl Backend for PostgresBackend {
             let (token, ttl) = (request.token.to_string(), millis(request.ttl));
             let row = self
                 .shared
-                .query_one(|s| &s.acquire, &[&id, &key, &token, &ttl])
+                .query_one(|s| &s.acquire, &[&id, &key, &token, &ttl, &request.waits])
                 .await?;
             let fencing: Option<i64> = row.get(0);
             let remaining: Option<i64> = row.get(1);
@@ -582,7 +633,13 @@ impl Backend for PostgresBackend {
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
-        Box::pin(self.listener.watch(hex(&row_id(key))))
+        Box::pin(async move {
+            let id = row_id(key);
+            let watch = self.listener.watch(hex(&id)).await?;
+            // Listening first: a release after the mark is not missed.
+            self.shared.execute(|s| &s.mark, &[&id]).await?;
+            Ok(watch)
+        })
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
