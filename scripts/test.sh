@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, UI (trybuild), integration and doc
 # tests. Installs the servers the integration tests start (redis-server,
-# PostgreSQL) with apt-get when they are missing: the tests run their own
-# servers on free loopback ports in temporary directories.
+# PostgreSQL) and OpenSSL with apt-get when they are missing: the tests run
+# their own servers on free loopback ports in temporary directories.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+# The TLS test: a client built on OpenSSL, and the CLI that makes the
+# server's certificate.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev pkg-config)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]} with apt-get" >&2
     sudo=""

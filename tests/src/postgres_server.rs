@@ -21,6 +21,8 @@ pub struct PostgresServer {
     bin: PathBuf,
     /// The user to run as, when running as root.
     user: Option<(u32, u32)>,
+    /// Whether the server accepts TLS (with a self-signed certificate).
+    tls: bool,
     child: Option<Child>,
 }
 
@@ -72,6 +74,16 @@ fn free_port() -> u16 {
 impl PostgresServer {
     /// Makes a new database cluster and starts it.
     pub fn new() -> PostgresServer {
+        PostgresServer::start(false)
+    }
+
+    /// As [`new`](Self::new), accepting TLS with a self-signed certificate
+    /// for `127.0.0.1`; role `tls` may connect only over TLS.
+    pub fn with_tls() -> PostgresServer {
+        PostgresServer::start(true)
+    }
+
+    fn start(tls: bool) -> PostgresServer {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lock-tests-pg-{}-{}",
@@ -88,6 +100,7 @@ impl PostgresServer {
             dir,
             bin: bin_dir(),
             user,
+            tls,
             child: None,
         };
         let initdb = server
@@ -102,11 +115,16 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&initdb.stderr)
         );
-        // Role `app` must give its password; everyone else is trusted.
+        // Role `app` must give its password, role `tls` must use TLS;
+        // everyone else is trusted.
         let hba = "host all app 127.0.0.1/32 scram-sha-256\n\
+                   hostnossl all tls 127.0.0.1/32 reject\n\
                    host all all 127.0.0.1/32 trust\n\
                    local all all trust\n";
         std::fs::write(server.data().join("pg_hba.conf"), hba).expect("write pg_hba.conf");
+        if tls {
+            server.make_certificate();
+        }
         for _ in 0..3 {
             server.port = free_port();
             if server.spawn() {
@@ -117,6 +135,36 @@ impl PostgresServer {
             "postgres did not start in 3 attempts; log:\n{}",
             server.log()
         );
+    }
+
+    /// A self-signed certificate for `127.0.0.1`, readable by the server only.
+    fn make_certificate(&self) {
+        let (key, cert) = (
+            self.data().join("server.key"),
+            self.data().join("server.crt"),
+        );
+        let made = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=127.0.0.1", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("run openssl (apt-get install -y openssl)");
+        assert!(
+            made.status.success(),
+            "openssl failed: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        if let Some((uid, gid)) = self.user {
+            for file in [&key, &cert] {
+                std::os::unix::fs::chown(file, Some(uid), Some(gid)).expect("chown");
+            }
+        }
     }
 
     fn data(&self) -> PathBuf {
@@ -152,6 +200,7 @@ impl PostgresServer {
             .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
             .args(["-c", "shared_preload_libraries=pg_stat_statements"])
+            .args(if self.tls { &["-c", "ssl=on"][..] } else { &[] })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
-use tokio_postgres::{AsyncMessage, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Config};
 
+use super::session::Opener;
 use super::{CHANNEL, pg_error};
 use crate::backend::{BoxFuture, ReleaseWatch};
 use crate::error::BackendError;
@@ -23,6 +24,7 @@ use crate::error::BackendError;
 /// The listening connection and who waits for which row.
 pub(super) struct Listener {
     config: Config,
+    opener: Opener,
     connect_timeout: Duration,
     state: Mutex<State>,
     /// One connect at a time.
@@ -40,9 +42,10 @@ struct State {
 }
 
 impl Listener {
-    pub(super) fn new(config: Config, connect_timeout: Duration) -> Arc<Listener> {
+    pub(super) fn new(config: Config, opener: Opener, connect_timeout: Duration) -> Arc<Listener> {
         Arc::new(Listener {
             config,
+            opener,
             connect_timeout,
             state: Mutex::default(),
             connecting: AsyncMutex::new(()),
@@ -98,11 +101,11 @@ impl Listener {
     }
 
     async fn connect_now(self: &Arc<Self>) -> Result<AbortHandle, BackendError> {
-        let (client, mut connection) = self.config.connect(NoTls).await.map_err(pg_error)?;
+        let (client, mut messages) = self.opener.open(&self.config).await.map_err(pg_error)?;
         let listener = Arc::downgrade(self);
         let reader = tokio::spawn(async move {
             loop {
-                let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+                let message = std::future::poll_fn(|cx| messages(cx)).await;
                 let Some(listener) = listener.upgrade() else {
                     return;
                 };

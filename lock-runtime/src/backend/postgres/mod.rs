@@ -57,6 +57,7 @@
 //! synchronous replication.
 
 mod listener;
+mod session;
 
 use std::fmt;
 use std::sync::Arc;
@@ -65,7 +66,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex as AsyncMutex;
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, Config, Socket, Statement};
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
@@ -74,6 +76,7 @@ use super::{
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
 use listener::Listener;
+use session::Opener;
 
 /// What the PostgreSQL store can do.
 const CAPABILITIES: Capabilities = Capabilities::new("postgres")
@@ -117,9 +120,26 @@ pub struct PostgresBackendBuilder {
     connections: usize,
     response_timeout: Duration,
     connection_timeout: Duration,
+    opener: Opener,
 }
 
 impl PostgresBackendBuilder {
+    /// Connects through `tls`, any `tokio-postgres` TLS connector
+    /// (`postgres_openssl::MakeTlsConnector`,
+    /// `tokio_postgres_rustls::MakeRustlsConnect`, ...): every session of
+    /// the store, statements and listening alike. Without it, sessions are
+    /// plain TCP; `sslmode=require` in the connect string then fails.
+    pub fn tls<T>(mut self, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        self.opener = Opener::tls(tls);
+        self
+    }
+
     /// The lease table's name (default `lock_leases`; its sequence is the
     /// name with `_fencing`). Letters, digits and `_`, at most 50 bytes,
     /// not starting with a digit.
@@ -149,8 +169,8 @@ impl PostgresBackendBuilder {
 
     /// Connects the first statement connection, creates the table and the
     /// sequence if they are missing, and prepares the statements. The
-    /// listening connection is made on the first wait. Connections are not
-    /// encrypted (TLS is not offered yet).
+    /// listening connection is made on the first wait. Sessions are plain
+    /// TCP unless [`tls`](Self::tls) gave a connector.
     ///
     /// # Errors
     ///
@@ -165,6 +185,7 @@ impl PostgresBackendBuilder {
             .map_err(|err| format!("invalid connect string `{}`: {err}", redact(&self.url)))?;
         config.connect_timeout(self.connection_timeout);
         let shared = Arc::new(Shared {
+            opener: self.opener.clone(),
             config,
             table,
             response_timeout: self.response_timeout,
@@ -177,7 +198,7 @@ impl PostgresBackendBuilder {
         shared.table.create(&client).await?;
         let first = shared.prepared(client).await?;
         *shared.slots[0].lock().await = Some(first);
-        let listener = Listener::new(shared.config.clone(), self.connection_timeout);
+        let listener = Listener::new(shared.config.clone(), self.opener, self.connection_timeout);
         Ok(PostgresBackend {
             shared,
             listener,
@@ -217,12 +238,14 @@ impl PostgresBackend {
             connections: 4,
             response_timeout: Duration::from_secs(2),
             connection_timeout: Duration::from_secs(2),
+            opener: Opener::plain(),
         }
     }
 }
 
 /// The statement connections and what they need.
 struct Shared {
+    opener: Opener,
     config: Config,
     table: Table,
     response_timeout: Duration,
@@ -251,10 +274,14 @@ struct Statements {
 impl Shared {
     /// A new session, driven by a task of its own.
     async fn open(&self) -> Result<Client, BackendError> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(pg_error)?;
+        let (client, mut messages) = self.opener.open(&self.config).await.map_err(pg_error)?;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "lock statement connection ended");
+            // Drives the session; its notices are of no use here.
+            while let Some(message) = std::future::poll_fn(|cx| messages(cx)).await {
+                if let Err(error) = message {
+                    tracing::debug!(%error, "lock statement connection ended");
+                    return;
+                }
             }
         });
         Ok(client)
@@ -664,6 +691,7 @@ impl fmt::Debug for PostgresBackend {
         f.debug_struct("PostgresBackend")
             .field("url", &self.shown)
             .field("table", &self.shared.table.name)
+            .field("sessions", &self.shared.opener)
             .finish_non_exhaustive()
     }
 }
