@@ -61,7 +61,6 @@ mod session;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -192,7 +191,6 @@ impl PostgresBackendBuilder {
             slots: (0..self.connections)
                 .map(|_| AsyncMutex::new(None))
                 .collect(),
-            next: AtomicUsize::new(0),
         });
         let client = shared.open().await?;
         shared.table.create(&client).await?;
@@ -251,7 +249,6 @@ struct Shared {
     response_timeout: Duration,
     /// Statement connections, made on first use and replaced once closed.
     slots: Vec<AsyncMutex<Option<Conn>>>,
-    next: AtomicUsize,
 }
 
 /// One statement connection and its prepared statements.
@@ -301,9 +298,13 @@ impl Shared {
         self.prepared(client).await
     }
 
-    /// The next statement connection, connected if it is not.
-    async fn conn(&self) -> Result<Conn, BackendError> {
-        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+    /// The statement connection of the row `id` (always the same one, so a
+    /// key's statements keep their order and one task stays on one
+    /// session), connected if it is not.
+    async fn conn(&self, id: &[u8]) -> Result<Conn, BackendError> {
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&id[..8]);
+        let at = (u64::from_le_bytes(prefix) % self.slots.len() as u64) as usize;
         let mut slot = self.slots[at].lock().await;
         if let Some(conn) = slot.as_ref().filter(|conn| !conn.client.is_closed()) {
             return Ok(conn.clone());
@@ -316,11 +317,12 @@ impl Shared {
     /// Runs one statement within the response timeout.
     async fn query_one(
         &self,
+        id: &[u8],
         pick: impl Fn(&Statements) -> &Statement,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, BackendError> {
         let run = async {
-            let conn = self.conn().await?;
+            let conn = self.conn(id).await?;
             let row = conn
                 .client
                 .query_one(pick(&conn.statements), params)
@@ -338,11 +340,12 @@ impl Shared {
     /// Runs one statement that returns no rows, within the response timeout.
     async fn execute(
         &self,
+        id: &[u8],
         pick: impl Fn(&Statements) -> &Statement,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<u64, BackendError> {
         let run = async {
-            let conn = self.conn().await?;
+            let conn = self.conn(id).await?;
             let rows = conn
                 .client
                 .execute(pick(&conn.statements), params)
@@ -365,11 +368,11 @@ impl Shared {
     ) -> Result<bool, BackendError> {
         let token = token.to_string();
         let row = if linger.is_zero() {
-            self.query_one(|s| &s.release, &[&id, &token, &CHANNEL])
+            self.query_one(id, |s| &s.release, &[&id, &token, &CHANNEL])
                 .await?
         } else {
             let linger = millis(linger);
-            self.query_one(|s| &s.linger, &[&id, &token, &linger])
+            self.query_one(id, |s| &s.linger, &[&id, &token, &linger])
                 .await?
         };
         Ok(row.get::<_, i64>(0) == 1)
@@ -575,7 +578,7 @@ impl Lease for PostgresLease {
             let (token, ttl) = (self.token.to_string(), millis(self.ttl));
             let row = self
                 .shared
-                .query_one(|s| &s.renew, &[&self.id, &token, &ttl])
+                .query_one(&self.id, |s| &s.renew, &[&self.id, &token, &ttl])
                 .await?;
             Ok(row.get::<_, i64>(0) == 1)
         })
@@ -592,7 +595,11 @@ impl Lease for PostgresLease {
                 (self.token.to_string(), next.to_string(), millis(self.ttl));
             let row = self
                 .shared
-                .query_one(|s| &s.hand_over, &[&self.id, &token, &next_text, &ttl])
+                .query_one(
+                    &self.id,
+                    |s| &s.hand_over,
+                    &[&self.id, &token, &next_text, &ttl],
+                )
                 .await?;
             let fencing: Option<i64> = row.get(0);
             if fencing.is_some() {
@@ -624,7 +631,11 @@ impl Backend for PostgresBackend {
             let (token, ttl) = (request.token.to_string(), millis(request.ttl));
             let row = self
                 .shared
-                .query_one(|s| &s.acquire, &[&id, &key, &token, &ttl, &request.waits])
+                .query_one(
+                    &id,
+                    |s| &s.acquire,
+                    &[&id, &key, &token, &ttl, &request.waits],
+                )
                 .await?;
             let fencing: Option<i64> = row.get(0);
             let remaining: Option<i64> = row.get(1);
@@ -664,7 +675,7 @@ impl Backend for PostgresBackend {
             let id = row_id(key);
             let watch = self.listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
-            self.shared.execute(|s| &s.mark, &[&id]).await?;
+            self.shared.execute(&id, |s| &s.mark, &[&id]).await?;
             Ok(watch)
         })
     }
@@ -674,7 +685,7 @@ impl Backend for PostgresBackend {
             let id = row_id(key);
             let row = self
                 .shared
-                .query_one(|s| &s.force_release, &[&id, &CHANNEL])
+                .query_one(&id, |s| &s.force_release, &[&id, &CHANNEL])
                 .await?;
             Ok(row.get::<_, i64>(0) == 1)
         })

@@ -27,6 +27,9 @@ const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 /// group (`redis+sentinel://`). Cheap to clone; clones share it.
 #[derive(Clone)]
 pub struct RedisConnection {
+    /// The plain server's connection, used directly: no lock, no second
+    /// future on the path of every command.
+    direct: Option<(ConnectionManager, Client)>,
     shared: Arc<Shared>,
 }
 
@@ -99,7 +102,9 @@ impl RedisConnection {
         let mut conn = client.get_connection_manager_with_config(config).await?;
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        let direct = sentinel.is_none().then(|| (conn.clone(), client.clone()));
         Ok(RedisConnection {
+            direct,
             shared: Arc::new(Shared {
                 current: Mutex::new((conn, client)),
                 sentinel,
@@ -108,7 +113,10 @@ impl RedisConnection {
     }
 
     fn current(&self) -> (ConnectionManager, Client) {
-        lock(&self.shared.current).clone()
+        match &self.direct {
+            Some(direct) => direct.clone(),
+            None => lock(&self.shared.current).clone(),
+        }
     }
 
     /// After an error a failover explains, asks the Sentinels for the master
@@ -171,6 +179,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        // `if let Some(..) = &mut self.direct { return .. }` would keep
+        // `self` borrowed on the other path too (the borrow checker's known
+        // limit with conditional returns of borrows).
+        #[allow(clippy::unnecessary_unwrap)]
+        if self.direct.is_some() {
+            let (conn, _) = self.direct.as_mut().expect("checked above");
+            return conn.req_packed_command(cmd);
+        }
         Box::pin(async move {
             let (mut conn, _) = self.current();
             let result = conn.req_packed_command(cmd).await;
@@ -187,6 +203,12 @@ impl ConnectionLike for RedisConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        // As in `req_packed_command`.
+        #[allow(clippy::unnecessary_unwrap)]
+        if self.direct.is_some() {
+            let (conn, _) = self.direct.as_mut().expect("checked above");
+            return conn.req_packed_commands(pipeline, offset, count);
+        }
         Box::pin(async move {
             let (mut conn, _) = self.current();
             let result = conn.req_packed_commands(pipeline, offset, count).await;
