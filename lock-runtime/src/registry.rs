@@ -12,7 +12,7 @@ use once_cell::sync::OnceCell;
 
 use crate::acquire::{self, Parts};
 use crate::backend::Backend;
-use crate::error::LockError;
+use crate::error::{BackendError, LockError};
 use crate::guard::{Context, LockGuard};
 use crate::local_queue::LocalQueues;
 use crate::options::{LockOptions, Mode};
@@ -135,10 +135,24 @@ impl LockRegistry {
         }
     }
 
-    /// A registry over `backend` without a namespace (for the stores'
-    /// constructors).
-    pub(crate) fn from_backend(backend: Arc<dyn Backend>) -> LockRegistry {
-        LockRegistry::with_prefix(backend, String::new())
+    /// A registry over a store just connected to `address` (the stores'
+    /// constructors): a failed connect is a [`LockError::Backend`] naming
+    /// the address, password redacted.
+    pub(crate) fn connected<B: Backend>(
+        address: &str,
+        backend: Result<B, BackendError>,
+    ) -> Result<LockRegistry, LockError> {
+        let backend = backend.map_err(|source| LockError::Backend {
+            key: address.to_owned(),
+            action: "connect to",
+            source,
+        })?;
+        Ok(LockRegistry::over(backend))
+    }
+
+    /// A registry over `backend` without a namespace.
+    pub(crate) fn over(backend: impl Backend) -> LockRegistry {
+        LockRegistry::with_prefix(Arc::new(backend), String::new())
     }
 
     fn with_prefix(backend: Arc<dyn Backend>, prefix: String) -> LockRegistry {

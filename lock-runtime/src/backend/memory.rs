@@ -31,7 +31,7 @@ impl LockRegistry {
     /// An in-process registry over a fresh [`MemoryBackend`]: locks exclude
     /// tasks of this process only.
     pub fn memory() -> LockRegistry {
-        LockRegistry::from_backend(Arc::new(MemoryBackend::new()))
+        LockRegistry::over(MemoryBackend::new())
     }
 }
 

@@ -81,18 +81,8 @@ impl LockRegistry {
     /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
     /// majority reachable.
     pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
-        let backend = RedlockBackend::connect(urls)
-            .await
-            .map_err(|source| LockError::Backend {
-                key: urls
-                    .iter()
-                    .map(|url| redact(url))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                action: "connect to",
-                source,
-            })?;
-        Ok(LockRegistry::from_backend(Arc::new(backend)))
+        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+        LockRegistry::connected(&shown.join(", "), RedlockBackend::connect(urls).await)
     }
 }
 

@@ -99,15 +99,8 @@ impl LockRegistry {
     /// when it is invalid, the server cannot be reached, refuses the
     /// credentials, or the table cannot be created.
     pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
-        let backend = PostgresBackend::builder(url)
-            .connect()
-            .await
-            .map_err(|source| LockError::Backend {
-                key: redact(url),
-                action: "connect to",
-                source,
-            })?;
-        Ok(LockRegistry::from_backend(Arc::new(backend)))
+        let backend = PostgresBackend::builder(url).connect().await;
+        LockRegistry::connected(&redact(url), backend)
     }
 }
 
@@ -314,7 +307,8 @@ impl Shared {
         Ok(conn)
     }
 
-    /// Runs one statement within the response timeout.
+    /// Runs one statement (each returns one row) within the response
+    /// timeout.
     async fn query_one(
         &self,
         id: &[u8],
@@ -329,29 +323,6 @@ impl Shared {
                 .await
                 .map_err(pg_error)?;
             Ok::<_, BackendError>(row)
-        };
-        tokio::time::timeout(self.response_timeout, run)
-            .await
-            .map_err(|_| -> BackendError {
-                format!("no answer within {:?}", self.response_timeout).into()
-            })?
-    }
-
-    /// Runs one statement that returns no rows, within the response timeout.
-    async fn execute(
-        &self,
-        id: &[u8],
-        pick: impl Fn(&Statements) -> &Statement,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, BackendError> {
-        let run = async {
-            let conn = self.conn(id).await?;
-            let rows = conn
-                .client
-                .execute(pick(&conn.statements), params)
-                .await
-                .map_err(pg_error)?;
-            Ok::<_, BackendError>(rows)
         };
         tokio::time::timeout(self.response_timeout, run)
             .await
@@ -506,7 +477,10 @@ impl Table {
             // $1 id: a subscriber marks the row it waits for.
             mark: client
                 .prepare(&format!(
-                    "UPDATE {t} SET waiting = true WHERE id = $1 AND NOT waiting"
+                    "WITH marked AS (
+                         UPDATE {t} SET waiting = true WHERE id = $1 AND NOT waiting RETURNING 1
+                     )
+                     SELECT count(*) FROM marked"
                 ))
                 .await?,
             // $1 id, $2 token, $3 linger ms.
@@ -675,7 +649,7 @@ impl Backend for PostgresBackend {
             let id = row_id(key);
             let watch = self.listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
-            self.shared.execute(&id, |s| &s.mark, &[&id]).await?;
+            self.shared.query_one(&id, |s| &s.mark, &[&id]).await?;
             Ok(watch)
         })
     }

@@ -77,15 +77,8 @@ impl LockRegistry {
     /// [`LockError::Backend`] naming the URL (password redacted) when the URL
     /// is invalid or the server cannot be reached or refuses the credentials.
     pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
-        let backend = RedisBackend::builder(url)
-            .connect()
-            .await
-            .map_err(|source| LockError::Backend {
-                key: redact(url),
-                action: "connect to",
-                source,
-            })?;
-        Ok(LockRegistry::from_backend(Arc::new(backend)))
+        let backend = RedisBackend::builder(url).connect().await;
+        LockRegistry::connected(&redact(url), backend)
     }
 }
 
