@@ -253,10 +253,9 @@ struct Conn {
 
 struct Statements {
     acquire: Statement,
-    renew: Statement,
+    extend: Statement,
     release: Statement,
     mark: Statement,
-    linger: Statement,
     hand_over: Statement,
     force_release: Statement,
 }
@@ -343,7 +342,7 @@ impl Shared {
                 .await?
         } else {
             let linger = millis(linger);
-            self.query_one(id, |s| &s.linger, &[&id, &token, &linger])
+            self.query_one(id, |s| &s.extend, &[&id, &token, &linger])
                 .await?
         };
         Ok(row.get::<_, i64>(0) == 1)
@@ -449,8 +448,9 @@ impl Table {
                             (SELECT count(*) FROM marked)"
                 ))
                 .await?,
-            // $1 id, $2 token, $3 ttl ms.
-            renew: client
+            // $1 id, $2 token, $3 ms: our lease ends that long from now (a
+            // renewal by the ttl, a lingering release by what is left).
+            extend: client
                 .prepare(&format!(
                     "WITH renewed AS (
                          UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
@@ -481,17 +481,6 @@ impl Table {
                          UPDATE {t} SET waiting = true WHERE id = $1 AND NOT waiting RETURNING 1
                      )
                      SELECT count(*) FROM marked"
-                ))
-                .await?,
-            // $1 id, $2 token, $3 linger ms.
-            linger: client
-                .prepare(&format!(
-                    "WITH kept AS (
-                         UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
-                         RETURNING 1
-                     )
-                     SELECT count(*) FROM kept"
                 ))
                 .await?,
             // $1 id, $2 token, $3 next token, $4 ttl ms.
@@ -552,7 +541,7 @@ impl Lease for PostgresLease {
             let (token, ttl) = (self.token.to_string(), millis(self.ttl));
             let row = self
                 .shared
-                .query_one(&self.id, |s| &s.renew, &[&self.id, &token, &ttl])
+                .query_one(&self.id, |s| &s.extend, &[&self.id, &token, &ttl])
                 .await?;
             Ok(row.get::<_, i64>(0) == 1)
         })
