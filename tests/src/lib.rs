@@ -7,6 +7,7 @@
 
 pub mod contract;
 mod postgres_server;
+pub mod processes;
 mod proxy;
 mod redis_server;
 mod worker;

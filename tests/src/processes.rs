@@ -1,0 +1,158 @@
+//! The multi-process scenarios every store must pass, run with real OS
+//! processes of the `lock-worker` binary: they lock through `lock_url` and
+//! race on shared data in the Redis at `data_url`.
+
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+
+use crate::{Worker, field, unique_key};
+
+/// How long a worker may take to start and report.
+pub const STARTUP: Duration = Duration::from_secs(10);
+
+/// Workers of one store, and where their shared data lives.
+#[derive(Debug)]
+pub struct Processes {
+    exe: String,
+    lock_url: String,
+    data_url: String,
+}
+
+impl Processes {
+    /// `exe` is the worker binary (`env!("CARGO_BIN_EXE_lock-worker")`).
+    pub fn new(exe: &str, lock_url: &str, data_url: &str) -> Processes {
+        Processes {
+            exe: exe.to_owned(),
+            lock_url: lock_url.to_owned(),
+            data_url: data_url.to_owned(),
+        }
+    }
+
+    /// Starts a worker running `scenario` on `key`.
+    pub fn worker(&self, scenario: &str, key: &str, extra: &[&str]) -> Worker {
+        let mut args = vec![scenario, self.lock_url.as_str(), key];
+        args.extend_from_slice(extra);
+        Worker::spawn_with_env(
+            &self.exe,
+            &args,
+            &[("LOCK_WORKER_DATA_URL", &self.data_url)],
+        )
+    }
+
+    fn data(&self) -> redis::Connection {
+        redis::Client::open(self.data_url.as_str())
+            .and_then(|client| client.get_connection())
+            .expect("connect to the data server")
+    }
+
+    /// Runs `processes` workers of 4 tasks against a stock of `stock`;
+    /// returns the levels sold.
+    fn sell(&self, scenario: &str, processes: usize, stock: i64) -> Vec<i64> {
+        let item = unique_key("item");
+        let mut conn = self.data();
+        let () = conn.set(format!("oversell:{item}:level"), stock).unwrap();
+        let workers: Vec<_> = (0..processes)
+            .map(|_| self.worker(scenario, &item, &["4"]))
+            .collect();
+        for worker in workers {
+            let (status, lines) = worker.finish(Duration::from_secs(60));
+            assert!(status.success(), "worker failed: {lines:?}");
+        }
+        let level: i64 = conn.get(format!("oversell:{item}:level")).unwrap();
+        assert_eq!(level, 0, "stock left");
+        conn.lrange(format!("oversell:{item}:sold"), 0, -1).unwrap()
+    }
+
+    /// 4 processes x 4 tasks sell a stock of 40: each level exactly once.
+    pub fn four_processes_sell_exactly_the_stock(&self) {
+        let mut sold = self.sell("oversell", 4, 40);
+        sold.sort_unstable();
+        assert_eq!(
+            sold,
+            (1..=40).collect::<Vec<_>>(),
+            "each stock level sold exactly once"
+        );
+    }
+
+    /// The control: without the lock the same processes oversell.
+    pub fn without_the_lock_the_same_processes_oversell(&self) {
+        let sold = self.sell("oversell-unlocked", 4, 40);
+        assert!(
+            sold.len() > 40,
+            "expected an oversell without the lock, sold {}",
+            sold.len()
+        );
+    }
+
+    /// A skip-mode job skips while another process runs it, and runs once
+    /// that one is done.
+    pub fn skip_mode_skips_while_another_process_runs_the_job(&self) {
+        let key = unique_key("job");
+        let mut holder = self.worker("hold-30s", &key, &["1500"]);
+        holder.expect("acquired", STARTUP);
+        let (status, lines) = self.worker("skip", &key, &[]).finish(STARTUP);
+        assert!(status.success());
+        assert!(lines.iter().any(|l| l.starts_with("skipped")), "{lines:?}");
+        assert!(!lines.iter().any(|l| l.starts_with("ran")), "{lines:?}");
+        holder.expect("released", STARTUP);
+        let (status, lines) = self.worker("skip", &key, &[]).finish(STARTUP);
+        assert!(status.success());
+        assert!(lines.iter().any(|l| l.starts_with("ran")), "{lines:?}");
+    }
+
+    /// A SIGKILLed holder of a 1 s lease blocks a waiting process for less
+    /// than 1.3 s.
+    pub fn a_sigkilled_holder_blocks_others_for_at_most_its_ttl(&self) {
+        let key = unique_key("crash");
+        let mut holder = self.worker("hold-1s", &key, &["60000"]);
+        holder.expect("acquired", STARTUP);
+        let mut waiter = self.worker("wait", &key, &[]);
+        waiter.expect("ready", STARTUP);
+        holder.kill();
+        let killed_at = Instant::now();
+        waiter.expect("acquired", Duration::from_secs(5));
+        let blocked = killed_at.elapsed();
+        // The lease had at most 1 s left; allow for the waiter's jitter.
+        assert!(
+            blocked < Duration::from_millis(1300),
+            "blocked {blocked:?} after SIGKILL"
+        );
+    }
+
+    /// Fencing tokens strictly increase over 4 processes x 25 rounds.
+    pub fn fencing_tokens_strictly_increase_across_processes(&self) {
+        let key = unique_key("fence");
+        let workers: Vec<_> = (0..4)
+            .map(|_| self.worker("fence", &key, &["25"]))
+            .collect();
+        for worker in workers {
+            let (status, lines) = worker.finish(Duration::from_secs(60));
+            assert!(status.success(), "{lines:?}");
+        }
+        // Appended under the lock, so list order is holding order.
+        let tokens: Vec<u64> = self.data().lrange(format!("fence:{key}"), 0, -1).unwrap();
+        assert_eq!(tokens.len(), 100);
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    }
+
+    /// A waiting process takes over within a second of the release, while
+    /// the holder's 30 s lease had ~29 s left: only the release
+    /// notification explains that.
+    pub fn a_waiter_in_another_process_is_woken_by_the_release(&self) {
+        let key = unique_key("handoff");
+        let mut holder = self.worker("hold-30s", &key, &["1500"]);
+        holder.expect("acquired", STARTUP);
+        let mut waiter = self.worker("wait", &key, &[]);
+        waiter.expect("ready", STARTUP);
+        let released: u128 = field(&holder.expect("releasing", STARTUP), "at_ms")
+            .parse()
+            .unwrap();
+        let acquired: u128 = field(&waiter.expect("acquired", STARTUP), "at_ms")
+            .parse()
+            .unwrap();
+        let handoff = acquired.saturating_sub(released);
+        assert!(handoff < 1000, "hand-off took {handoff} ms");
+        eprintln!("cross-process hand-off: {handoff} ms");
+    }
+}
