@@ -48,6 +48,9 @@ enum Lib {
     Floor(MultiplexedConnection),
     Ours(LockRegistry),
     Rslock(rslock::LockManager),
+    /// A store driven through the `Backend` trait alone, without the
+    /// runtime (profiling only).
+    Raw(Arc<dyn lock_runtime::Backend>),
     /// In-process baseline: one tokio mutex per key.
     TokioMutex(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>),
     /// `#[distributed_lock]` over the global (memory) registry.
@@ -202,6 +205,24 @@ impl Lib {
                 Ok(waited)
             }
             Lib::Attribute => Ok(attribute_section(key, called).await?),
+            Lib::Raw(backend) => {
+                let loss = lock_runtime::LossSignal::new();
+                let request = lock_runtime::AcquireRequest::new(
+                    key,
+                    lock_runtime::LockToken::random(),
+                    TTL,
+                    &loss,
+                );
+                let lock_runtime::Acquire::Acquired { mut lease, .. } =
+                    backend.acquire(request).await?
+                else {
+                    return Err("held".into());
+                };
+                let waited = called.elapsed();
+                work();
+                lease.release(Duration::ZERO).await?;
+                Ok(waited)
+            }
             Lib::PgFloor(floor) => {
                 let token = floor.acquire(key).await?;
                 let waited = called.elapsed();
@@ -308,6 +329,11 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "memory" => Lib::Ours(LockRegistry::memory()),
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
+        "pg-raw" => Lib::Raw(Arc::new(
+            lock_runtime::PostgresBackend::builder(url)
+                .connect()
+                .await?,
+        )),
         other => return Err(format!("unknown contender {other}").into()),
     })
 }
@@ -679,6 +705,35 @@ async fn main() -> Result<(), Error> {
     }
     if args.first().map(String::as_str) == Some("--profile") {
         // `--profile LIB OPS`: scenario 1 alone, for perf or callgrind.
+        // `--profile pg-floor,pg-lock-runtime,pg-raw OPS [TASKS [ROUNDS]]`:
+        // scenario 9 (or 10), the contenders in turn on one server, then the
+        // server's time per statement (pg_stat_statements).
+        if args[1].starts_with("pg-") {
+            let postgres = lock_tests::PostgresServer::new();
+            let ops: u64 = args[2].parse()?;
+            let names: Vec<&str> = args[1].split(',').collect();
+            let mut libs = Vec::new();
+            for name in &names {
+                let lib = make_lib(name, &postgres.url()).await?;
+                run_tasks(&lib, "warm-up", name, 1, 100, false).await?;
+                libs.push((name, lib));
+            }
+            let tasks: usize = args.get(3).map_or(Ok(1), |t| t.parse())?;
+            for _ in 0..args.get(4).map_or(Ok(1), |r| r.parse::<usize>())? {
+                for (name, lib) in &libs {
+                    let m = run_tasks(lib, "profile", name, tasks, ops, false).await?;
+                    println!("{name}: {:.0}/s", m.throughput());
+                }
+            }
+            postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+            println!(
+                "{}",
+                postgres.psql(
+                    "SELECT calls, round(mean_exec_time::numeric * 1000, 1) AS us, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_statements WHERE calls > 1000 ORDER BY calls DESC"
+                )
+            );
+            return Ok(());
+        }
         let server = RedisServer::new();
         let lib = make_lib(&args[1], &server.url()).await?;
         let ops: u64 = args[2].parse()?;

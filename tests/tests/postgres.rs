@@ -31,7 +31,7 @@ async fn handoff(
     waiter: &LockRegistry,
     key: &str,
 ) -> Duration {
-    let attempts = || server.statement_calls("WITH granted AS");
+    let attempts = || server.statement_calls("INSERT INTO lock_leases");
     let held = holder.lock(key, LockOptions::default()).await.unwrap();
     let before = attempts();
     let waiting = tokio::spawn({
@@ -269,7 +269,7 @@ async fn every_waiter_is_notified_even_when_another_took_the_key_first() {
     );
     let key = unique_key("queue");
     let held = a.lock(&key, LockOptions::default()).await.unwrap();
-    let attempts = || server.statement_calls("WITH granted AS");
+    let attempts = || server.statement_calls("INSERT INTO lock_leases");
     let before = attempts();
     // B and C wait; each subscribed and was refused twice.
     let waiters: Vec<_> = [b, c]

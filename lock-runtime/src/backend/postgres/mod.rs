@@ -30,7 +30,11 @@
 //! (`clock_timestamp()`), never the client's:
 //!
 //! - acquire inserts the row, or takes over an expired one, with the next
-//!   value of the sequence; otherwise returns the holder's remaining time;
+//!   value of the sequence, and returns the fencing value: the statement of
+//!   a plain lock table, nothing more, so an uncontended lock costs what the
+//!   raw SQL costs. Refused, it asks a second statement for the holder's
+//!   remaining time (and marks the row when the caller waits): only a
+//!   contended attempt pays two round trips;
 //! - renew, release and hand-over are owner-checked by token; release
 //!   deletes the row and, if someone waits for it, sends `NOTIFY` in the
 //!   same statement; a release that must linger (`hold_at_least`) shortens
@@ -66,7 +70,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Client, Config, Socket, Statement};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Row, Socket, Statement};
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
@@ -83,6 +88,10 @@ const CAPABILITIES: Capabilities = Capabilities::new("postgres")
     .with_features(true, true, true, false)
     .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
     .with_fencing(FencingPromise::new(true, false, true));
+
+/// How often an acquire tries again at once when it was refused by a holder
+/// that was gone by the time it asked how long it holds.
+const REFUSALS_RETRIED: usize = 3;
 
 /// The channel releases are announced on.
 const CHANNEL: &str = "lock_leases_released";
@@ -253,9 +262,9 @@ struct Conn {
 
 struct Statements {
     acquire: Statement,
+    refused: Statement,
     extend: Statement,
     release: Statement,
-    mark: Statement,
     hand_over: Statement,
     force_release: Statement,
 }
@@ -306,28 +315,57 @@ impl Shared {
         Ok(conn)
     }
 
-    /// Runs one statement (each returns one row) within the response
-    /// timeout.
-    async fn query_one(
+    /// Runs one statement that returns at most one row, within the
+    /// response timeout.
+    async fn query_opt(
         &self,
         id: &[u8],
         pick: impl Fn(&Statements) -> &Statement,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<tokio_postgres::Row, BackendError> {
-        let run = async {
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, BackendError> {
+        self.timed(async {
             let conn = self.conn(id).await?;
-            let row = conn
-                .client
-                .query_one(pick(&conn.statements), params)
-                .await
-                .map_err(pg_error)?;
-            Ok::<_, BackendError>(row)
-        };
+            let row = conn.client.query_opt(pick(&conn.statements), params);
+            row.await.map_err(pg_error)
+        })
+        .await
+    }
+
+    /// Runs one statement within the response timeout; how many rows it
+    /// changed.
+    async fn execute(
+        &self,
+        id: &[u8],
+        pick: impl Fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, BackendError> {
+        self.timed(async {
+            let conn = self.conn(id).await?;
+            let changed = conn.client.execute(pick(&conn.statements), params);
+            changed.await.map_err(pg_error)
+        })
+        .await
+    }
+
+    async fn timed<T>(
+        &self,
+        run: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
         tokio::time::timeout(self.response_timeout, run)
             .await
             .map_err(|_| -> BackendError {
                 format!("no answer within {:?}", self.response_timeout).into()
             })?
+    }
+
+    /// After a refusal: the live holder's remaining time, if there still
+    /// is one; marks its row when `mark`.
+    async fn refused(&self, id: &[u8], mark: bool) -> Result<Option<Duration>, BackendError> {
+        let row = self.query_opt(id, |s| &s.refused, &[&id, &mark]).await?;
+        Ok(row.map(|row| {
+            let ms: i64 = row.get(0);
+            Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+        }))
     }
 
     async fn release(
@@ -337,15 +375,15 @@ impl Shared {
         linger: Duration,
     ) -> Result<bool, BackendError> {
         let token = token.to_string();
-        let row = if linger.is_zero() {
-            self.query_one(id, |s| &s.release, &[&id, &token, &CHANNEL])
+        let changed = if linger.is_zero() {
+            self.execute(id, |s| &s.release, &[&id, &token, &CHANNEL])
                 .await?
         } else {
             let linger = millis(linger);
-            self.query_one(id, |s| &s.extend, &[&id, &token, &linger])
+            self.execute(id, |s| &s.extend, &[&id, &token, &linger])
                 .await?
         };
-        Ok(row.get::<_, i64>(0) == 1)
+        Ok(changed == 1)
     }
 }
 
@@ -418,91 +456,69 @@ impl Table {
         let t = &self.name;
         let remaining = "ceil(extract(epoch from (expires_at - clock_timestamp())) * 1000)::bigint";
         Ok(Statements {
-            // $1 id, $2 key, $3 token, $4 ttl ms, $5 the caller waits. A
-            // repeat by the same token answers as the first run did (same
-            // fencing). A refused caller that waits marks the row, so that
-            // its release notifies.
+            // $1 id, $2 key, $3 token, $4 ttl ms: the fencing value if
+            // granted, no row if held. A repeat by the same token answers
+            // as the first run did (same fencing). The statement a plain
+            // lock table needs and no more: the common path pays for
+            // nothing else.
             acquire: client
                 .prepare(&format!(
-                    "WITH granted AS (
-                         INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
-                         VALUES ($1, $2, $3, nextval('{t}_fencing'),
-                                 clock_timestamp() + $4::bigint * interval '1 millisecond')
-                         ON CONFLICT (id) DO UPDATE
-                             SET token = excluded.token,
-                                 fencing = CASE WHEN l.token = excluded.token
-                                                THEN l.fencing ELSE excluded.fencing END,
-                                 expires_at = excluded.expires_at,
-                                 waiting = l.waiting AND l.token = excluded.token
-                             WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
-                         RETURNING fencing
-                     ),
-                     marked AS (
+                    "INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
+                     VALUES ($1, $2, $3, nextval('{t}_fencing'),
+                             clock_timestamp() + $4::bigint * interval '1 millisecond')
+                     ON CONFLICT (id) DO UPDATE
+                         SET token = excluded.token,
+                             fencing = CASE WHEN l.token = excluded.token
+                                            THEN l.fencing ELSE excluded.fencing END,
+                             expires_at = excluded.expires_at,
+                             waiting = l.waiting AND l.token = excluded.token
+                         WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
+                     RETURNING fencing"
+                ))
+                .await?,
+            // $1 id, $2 mark: after a refusal (or to subscribe), the
+            // holder's remaining time, no row if there is no live holder
+            // any more; marks the row when asked, so that its release
+            // notifies.
+            refused: client
+                .prepare(&format!(
+                    "WITH marked AS (
                          UPDATE {t} SET waiting = true
-                         WHERE $5 AND id = $1 AND NOT waiting
-                           AND NOT EXISTS (SELECT 1 FROM granted)
-                         RETURNING 1
+                         WHERE $2 AND id = $1 AND NOT waiting AND expires_at > clock_timestamp()
                      )
-                     SELECT (SELECT fencing FROM granted),
-                            (SELECT {remaining} FROM {t} WHERE id = $1),
-                            (SELECT count(*) FROM marked)"
+                     SELECT {remaining} FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()"
                 ))
                 .await?,
             // $1 id, $2 token, $3 ms: our lease ends that long from now (a
             // renewal by the ttl, a lingering release by what is left).
             extend: client
                 .prepare(&format!(
-                    "WITH renewed AS (
-                         UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
-                         RETURNING 1
-                     )
-                     SELECT count(*) FROM renewed"
+                    "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()"
                 ))
                 .await?,
             // $1 id, $2 token, $3 channel. Notifies only if someone waits.
             release: client
                 .prepare(&format!(
-                    "WITH released AS (
-                         DELETE FROM {t}
-                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
-                         RETURNING id, waiting
-                     )
-                     SELECT count(*),
-                            (SELECT count(pg_notify($3, encode(id, 'hex')))
-                             FROM released WHERE waiting)
-                     FROM released"
-                ))
-                .await?,
-            // $1 id: a subscriber marks the row it waits for.
-            mark: client
-                .prepare(&format!(
-                    "WITH marked AS (
-                         UPDATE {t} SET waiting = true WHERE id = $1 AND NOT waiting RETURNING 1
-                     )
-                     SELECT count(*) FROM marked"
+                    "DELETE FROM {t}
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING (CASE WHEN waiting THEN pg_notify($3, encode(id, 'hex')) END) IS NULL"
                 ))
                 .await?,
             // $1 id, $2 token, $3 next token, $4 ttl ms.
             hand_over: client
                 .prepare(&format!(
-                    "WITH moved AS (
-                         UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
-                             expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
-                         WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
-                         RETURNING fencing
-                     )
-                     SELECT (SELECT fencing FROM moved)"
+                    "UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
+                         expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING fencing"
                 ))
                 .await?,
             // $1 id, $2 channel.
             force_release: client
                 .prepare(&format!(
-                    "WITH released AS (
-                         DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
-                         RETURNING id
-                     )
-                     SELECT count(pg_notify($2, encode(id, 'hex'))) FROM released"
+                    "DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
+                     RETURNING pg_notify($2, encode(id, 'hex')) IS NULL"
                 ))
                 .await?,
         })
@@ -539,11 +555,11 @@ impl Lease for PostgresLease {
     fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
         Box::pin(async move {
             let (token, ttl) = (self.token.to_string(), millis(self.ttl));
-            let row = self
+            let changed = self
                 .shared
-                .query_one(&self.id, |s| &s.extend, &[&self.id, &token, &ttl])
+                .execute(&self.id, |s| &s.extend, &[&self.id, &token, &ttl])
                 .await?;
-            Ok(row.get::<_, i64>(0) == 1)
+            Ok(changed == 1)
         })
     }
 
@@ -558,13 +574,13 @@ impl Lease for PostgresLease {
                 (self.token.to_string(), next.to_string(), millis(self.ttl));
             let row = self
                 .shared
-                .query_one(
+                .query_opt(
                     &self.id,
                     |s| &s.hand_over,
                     &[&self.id, &token, &next_text, &ttl],
                 )
                 .await?;
-            let fencing: Option<i64> = row.get(0);
+            let fencing: Option<i64> = row.map(|row| row.get(0));
             if fencing.is_some() {
                 self.token = next;
             }
@@ -592,31 +608,33 @@ impl Backend for PostgresBackend {
             let id = row_id(request.key);
             let key = request.key.as_bytes();
             let (token, ttl) = (request.token.to_string(), millis(request.ttl));
-            let row = self
-                .shared
-                .query_one(
-                    &id,
-                    |s| &s.acquire,
-                    &[&id, &key, &token, &ttl, &request.waits],
-                )
-                .await?;
-            let fencing: Option<i64> = row.get(0);
-            let remaining: Option<i64> = row.get(1);
-            Ok(match fencing {
-                Some(fencing) => Acquire::Acquired {
-                    fencing: u64::try_from(fencing).unwrap_or(0),
-                    lease: Box::new(PostgresLease {
-                        shared: self.shared.clone(),
-                        id,
-                        token: request.token,
-                        ttl: request.ttl,
-                    }),
-                },
-                None => Acquire::Held {
-                    remaining: remaining
-                        .and_then(|ms| u64::try_from(ms).ok())
-                        .map(Duration::from_millis),
-                },
+            // A refusal whose holder is gone by the time it is asked how
+            // long it holds: try again at once, a few times.
+            for _ in 0..REFUSALS_RETRIED {
+                let granted = self
+                    .shared
+                    .query_opt(&id, |s| &s.acquire, &[&id, &key, &token, &ttl])
+                    .await?;
+                if let Some(row) = granted {
+                    let fencing: i64 = row.get(0);
+                    return Ok(Acquire::Acquired {
+                        fencing: u64::try_from(fencing).unwrap_or(0),
+                        lease: Box::new(PostgresLease {
+                            shared: self.shared.clone(),
+                            id,
+                            token: request.token,
+                            ttl: request.ttl,
+                        }),
+                    });
+                }
+                if let Some(remaining) = self.shared.refused(&id, request.waits).await? {
+                    return Ok(Acquire::Held {
+                        remaining: Some(remaining),
+                    });
+                }
+            }
+            Ok(Acquire::Held {
+                remaining: Some(Duration::ZERO),
             })
         })
     }
@@ -638,7 +656,7 @@ impl Backend for PostgresBackend {
             let id = row_id(key);
             let watch = self.listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
-            self.shared.query_one(&id, |s| &s.mark, &[&id]).await?;
+            self.shared.refused(&id, true).await?;
             Ok(watch)
         })
     }
@@ -646,11 +664,11 @@ impl Backend for PostgresBackend {
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let id = row_id(key);
-            let row = self
+            let changed = self
                 .shared
-                .query_one(&id, |s| &s.force_release, &[&id, &CHANNEL])
+                .execute(&id, |s| &s.force_release, &[&id, &CHANNEL])
                 .await?;
-            Ok(row.get::<_, i64>(0) == 1)
+            Ok(changed == 1)
         })
     }
 }
