@@ -112,6 +112,8 @@ pub(crate) async fn acquire(
                     waited_ms = started.elapsed().as_millis() as u64,
                     "lock acquired"
                 );
+                // A lease the store prepared ahead counts from then.
+                let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                 let grant = Grant {
                     lease,
                     loss,

@@ -51,6 +51,8 @@
 //!   [`LockRegistry::redis`] and [`LockRegistry::redlock`].
 //! - `postgres`: `PostgresBackend` and `LockRegistry::postgres`, a lease
 //!   table in a PostgreSQL database.
+//! - `etcd`: `EtcdBackend` and `LockRegistry::etcd`, leases on an etcd
+//!   cluster with its revisions as fencing tokens (its build needs `protoc`).
 
 #![warn(
     missing_docs,
@@ -72,6 +74,8 @@ mod registry;
 mod renewal;
 
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "etcd")]
+pub use backend::etcd::EtcdBackend;
 #[cfg(feature = "postgres")]
 pub use backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]

@@ -6,12 +6,14 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod contract;
+mod etcd_server;
 mod postgres_server;
 pub mod processes;
 mod proxy;
 mod redis_server;
 mod worker;
 
+pub use etcd_server::EtcdCluster;
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
@@ -108,6 +110,23 @@ pub async fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
             "gave up after 5 s waiting until {what}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// Polls `ready` every 10 ms on this thread until it holds; panics after
+/// `within`, naming `what`. For tests that drive real processes.
+pub fn wait_until_blocking(
+    what: &str,
+    within: std::time::Duration,
+    mut ready: impl FnMut() -> bool,
+) {
+    let since = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            since.elapsed() < within,
+            "gave up after {within:?} waiting until {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

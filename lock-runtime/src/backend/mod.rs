@@ -32,6 +32,8 @@ use tokio::sync::{Notify, watch};
 use crate::error::BackendError;
 
 pub mod memory;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -350,6 +352,15 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// no longer ours. Only asked of stores with [`Capabilities::hand_over`].
     fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
         Box::pin(async { Err("this store cannot hand a lease over".into()) })
+    }
+
+    /// When the store started counting this lease's ttl, if that was before
+    /// the acquire request was sent: a store that prepares leases ahead
+    /// (etcd) says when it last granted or extended the one it used. The
+    /// runtime counts the lease's validity and its renewals from the
+    /// earlier of the two. `None` (the default): from the request.
+    fn started_at(&self) -> Option<tokio::time::Instant> {
+        None
     }
 }
 

@@ -115,9 +115,14 @@ async fn main() -> Result<(), LockError> {
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
     // Several comma-separated URLs: Redlock over them; `postgres://`: the
-    // PostgreSQL store (the shared data then needs LOCK_WORKER_DATA_URL).
+    // PostgreSQL store, `etcd://host:port,host:port`: the etcd store (the
+    // shared data then needs LOCK_WORKER_DATA_URL).
     let registry = if url.starts_with("postgres://") {
         LockRegistry::postgres(&url).await?
+    } else if let Some(members) = url.strip_prefix("etcd://") {
+        let endpoints: Vec<String> = members.split(',').map(|m| format!("http://{m}")).collect();
+        let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+        LockRegistry::etcd(&endpoints).await?
     } else if url.contains(',') {
         let urls: Vec<&str> = url.split(',').collect();
         LockRegistry::redlock(&urls).await?

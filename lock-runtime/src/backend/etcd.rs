@@ -1,0 +1,718 @@
+//! etcd: leases and revision fencing, for locks that must stay correct when
+//! a server dies (Raft-replicated, linearizable).
+//!
+//! # How a lock is kept
+//!
+//! A lock is one key (the registry's key under the store's prefix, default
+//! `locks/`) whose value is the holder's token, attached to an etcd lease of
+//! the lock's ttl. A crashed holder stops renewing; etcd expires the lease
+//! and deletes the key with it.
+//!
+//! - **Acquire** is one transaction: `If create_revision(key) == 0 Then
+//!   Put(key, token, lease) Else Get(key)`. Granted, the fencing token is the
+//!   transaction's revision: cluster-wide, strictly increasing, kept by
+//!   every member (it survives the loss of any minority of them). Refused,
+//!   the holder's lease says how long it has left (one more call).
+//! - **Leases are prepared ahead** so the common path is that one round
+//!   trip: a released lock's lease, still fresh, waits in a small pool per
+//!   ttl for the next acquire with the same ttl, and only the first acquire
+//!   of a ttl (or one after a long hold) grants a new lease first. Such a
+//!   lease is counted from when it was last granted or renewed, not from the
+//!   acquire ([`Lease::started_at`]), so the runtime never believes in more
+//!   of it than etcd does.
+//! - **Renew** sends a keep-alive for the lease and checks, in the same round
+//!   trip, that the key still holds our token: a revoked lease, an expired
+//!   one or a key deleted under the holder is a lost lock, and the body is
+//!   cancelled.
+//! - **Release** deletes the key if it holds our token. `hold_at_least`
+//!   moves the key to a new lease of what is left instead.
+//! - **Waiting** watches the key for its deletion (a release, an expiry, a
+//!   revoked lease), created before the next attempt, so no release is
+//!   missed; a watch that breaks resumes from the last revision it saw, and
+//!   waiters retry on a timer as well.
+//!
+//! # Ttls
+//!
+//! etcd counts leases in whole seconds and raises a ttl below its minimum
+//! (1.5 election timeouts: 2 s at default settings) to it. The store asks
+//! the cluster its minimum when it connects, declares whole seconds from
+//! that minimum in its [`Capabilities`], and refuses other ttls with
+//! `InvalidOptions`: a lock never believes in a shorter or longer lease
+//! than etcd's. A `hold_at_least` is rounded up to whole seconds.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, KvClient, LeaseClient, PutOptions, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchClient, WatchOptions,
+};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    ReleaseWatch, SafetyMargin,
+};
+use crate::error::{BackendError, LockError};
+use crate::registry::LockRegistry;
+
+/// The most unused leases kept per ttl.
+const MAX_SPARES: usize = 256;
+
+/// How long a watch that broke waits before it resumes.
+const WATCH_RETRY: Duration = Duration::from_millis(100);
+
+impl LockRegistry {
+    /// A registry over the etcd cluster at `endpoints`
+    /// (`http://127.0.0.1:2379`, ...), with the [`EtcdBackend`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the endpoints when none answers.
+    pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
+        let backend = EtcdBackend::builder(endpoints).connect().await;
+        LockRegistry::connected(&endpoints.join(","), backend)
+    }
+}
+
+/// Configures and connects an [`EtcdBackend`].
+pub struct EtcdBackendBuilder {
+    endpoints: Vec<String>,
+    prefix: String,
+    user: Option<(String, String)>,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl EtcdBackendBuilder {
+    /// The prefix of every lock's key in etcd (default `locks/`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Authenticates as `name` (etcd's user/password authentication).
+    pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((name.into(), password.into()));
+        self
+    }
+
+    /// How long one call may take before it fails (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long connecting to an endpoint may take (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects, and asks the cluster the shortest lease it grants.
+    ///
+    /// # Errors
+    ///
+    /// No endpoint given or none answers, refused credentials. Never
+    /// contains the password.
+    pub async fn connect(self) -> Result<EtcdBackend, BackendError> {
+        let shown = self.endpoints.join(",");
+        if self.endpoints.is_empty() {
+            return Err("no etcd endpoint given".into());
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.connection_timeout)
+            // Without a leader (quorum lost) calls fail at once instead of
+            // waiting for one.
+            .with_require_leader(true);
+        if let Some((name, password)) = &self.user {
+            options = options.with_user(name.as_str(), password.as_str());
+        }
+        let connect = Client::connect(&self.endpoints, Some(options));
+        let client = within(self.response_timeout + self.connection_timeout, connect)
+            .await
+            .map_err(|err| format!("cannot connect to etcd at {shown}: {err}"))?;
+        let mut store = EtcdBackend {
+            kv: client.kv_client(),
+            leases: client.lease_client(),
+            watches: client.watch_client(),
+            shared: Arc::new(Shared {
+                spares: Mutex::default(),
+            }),
+            capabilities: capabilities(Duration::from_secs(1)),
+            prefix: self.prefix,
+            timeout: self.response_timeout,
+            shown,
+        };
+        let min_ttl = store.min_ttl().await?;
+        store.capabilities = capabilities(min_ttl);
+        Ok(store)
+    }
+}
+
+impl fmt::Debug for EtcdBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackendBuilder")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the etcd store can do, given the cluster's shortest lease.
+fn capabilities(min_ttl: Duration) -> Capabilities {
+    Capabilities::new("etcd")
+        .with_ttl(min_ttl, Duration::from_secs(1))
+        .with_features(true, true, true, false)
+        // The leader expires leases by its clock, counted from when it
+        // received the grant or keep-alive (after we sent it); a new leader
+        // extends every lease. Left: clock rate and timer slack.
+        .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
+        .with_fencing(FencingPromise::new(true, true, true))
+}
+
+/// The etcd store. Cheap to clone; clones share the connection and the
+/// pool of prepared leases.
+///
+/// # Examples
+///
+/// ```no_run
+/// use lock_runtime::{LockError, LockOptions, LockRegistry};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let registry = LockRegistry::etcd(&["http://10.0.0.7:2379", "http://10.0.0.8:2379"]).await?;
+/// let options = LockOptions::default().ttl(Duration::from_secs(10));
+/// let guard = registry.lock("stock:7", options).await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    kv: KvClient,
+    leases: LeaseClient,
+    watches: WatchClient,
+    shared: Arc<Shared>,
+    capabilities: Capabilities,
+    prefix: String,
+    timeout: Duration,
+    shown: String,
+}
+
+/// What clones of one store share.
+struct Shared {
+    /// Unused leases by ttl in seconds.
+    spares: Mutex<HashMap<i64, Vec<Spare>>>,
+}
+
+/// A lease nobody's key is attached to, and since when etcd counts it.
+#[derive(Clone, Copy, Debug)]
+struct Spare {
+    id: i64,
+    fresh_at: Instant,
+}
+
+impl Shared {
+    /// An unused lease of `secs` granted or renewed less than a quarter of
+    /// its ttl ago: a lock on it has at least three quarters of its ttl
+    /// left, and the runtime renews it early.
+    fn take(&self, secs: i64) -> Option<Spare> {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let list = spares.get_mut(&secs)?;
+        let fresh = Duration::from_secs(secs.unsigned_abs()) / 4;
+        while let Some(spare) = list.pop() {
+            if spare.fresh_at.elapsed() < fresh {
+                return Some(spare);
+            }
+            // Older ones are older still: let them all expire in etcd.
+            list.clear();
+        }
+        None
+    }
+
+    fn give_back(&self, secs: i64, spare: Spare) {
+        let fresh = Duration::from_secs(secs.unsigned_abs()) / 4;
+        if spare.fresh_at.elapsed() >= fresh {
+            return;
+        }
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let list = spares.entry(secs).or_default();
+        if list.len() < MAX_SPARES {
+            list.push(spare);
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Starts configuring a store for the cluster at `endpoints`.
+    pub fn builder(endpoints: &[&str]) -> EtcdBackendBuilder {
+        EtcdBackendBuilder {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            prefix: "locks/".to_owned(),
+            user: None,
+            response_timeout: Duration::from_secs(2),
+            connection_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// The shortest lease the cluster grants: ask for 1 s, see what it gave.
+    async fn min_ttl(&self) -> Result<Duration, BackendError> {
+        let mut leases = self.leases.clone();
+        let granted = self.timed(leases.grant(1, None)).await?;
+        let _ = self.timed(leases.revoke(granted.id())).await;
+        Ok(Duration::from_secs(granted.ttl().max(1).unsigned_abs()))
+    }
+
+    fn key(&self, key: &str) -> Vec<u8> {
+        let mut full = Vec::with_capacity(self.prefix.len() + key.len());
+        full.extend_from_slice(self.prefix.as_bytes());
+        full.extend_from_slice(key.as_bytes());
+        full
+    }
+
+    /// Runs one call within the response timeout.
+    async fn timed<T>(
+        &self,
+        call: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, BackendError> {
+        within(self.timeout, call).await
+    }
+
+    /// A new lease of `secs`, counted from before its request was sent.
+    async fn grant(&self, secs: i64) -> Result<Spare, BackendError> {
+        let fresh_at = Instant::now();
+        let granted = self.timed(self.leases.clone().grant(secs, None)).await?;
+        if granted.ttl() != secs {
+            // Only if the cluster's minimum rose since we connected.
+            let _ = self.timed(self.leases.clone().revoke(granted.id())).await;
+            return Err(format!(
+                "etcd granted a {}s lease for a {secs}s ttl (its minimum changed?)",
+                granted.ttl()
+            )
+            .into());
+        }
+        Ok(Spare {
+            id: granted.id(),
+            fresh_at,
+        })
+    }
+
+    /// The holder's remaining time, rounded up to whole seconds as etcd
+    /// rounds it down.
+    async fn remaining(&self, lease: i64) -> Result<Option<Duration>, BackendError> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let left = self
+            .timed(self.leases.clone().time_to_live(lease, None))
+            .await?;
+        Ok(Some(Duration::from_secs(
+            (left.ttl() + 1).max(0).unsigned_abs(),
+        )))
+    }
+
+    fn lease(&self, key: Vec<u8>, token: LockToken, secs: i64, spare: Spare) -> EtcdLease {
+        EtcdLease {
+            store: self.clone(),
+            key,
+            token,
+            secs,
+            lease: spare,
+            counted_from_grant: true,
+        }
+    }
+}
+
+/// Runs `call` within `timeout`; errors and timeouts as backend errors.
+async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(err)) => Err(etcd_error(err)),
+        Err(_) => Err(format!("no answer from etcd within {timeout:?}").into()),
+    }
+}
+
+fn etcd_error(err: etcd_client::Error) -> BackendError {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            format!("etcd refused: {} ({:?})", status.message(), status.code()).into()
+        }
+        other => format!("etcd: {other}").into(),
+    }
+}
+
+/// Whether `err` says a lease does not exist (expired or revoked).
+fn lease_gone(err: &BackendError) -> bool {
+    err.to_string().contains("requested lease not found")
+}
+
+/// `If value(key) == token`.
+fn owned(key: &[u8], token: &str) -> Compare {
+    Compare::value(key, CompareOp::Equal, token)
+}
+
+/// The key's current entry in a refused transaction's `Get`.
+fn holder(answer: &TxnResponse) -> Option<etcd_client::KeyValue> {
+    answer.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+        _ => None,
+    })
+}
+
+fn revision(answer: &TxnResponse) -> u64 {
+    answer
+        .header()
+        .map_or(0, |header| header.revision().max(0).unsigned_abs())
+}
+
+fn whole_seconds(duration: Duration) -> i64 {
+    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+/// One held key and the lease it is attached to.
+struct EtcdLease {
+    store: EtcdBackend,
+    key: Vec<u8>,
+    token: LockToken,
+    secs: i64,
+    lease: Spare,
+    /// Whether the lease was granted before the acquire was sent.
+    counted_from_grant: bool,
+}
+
+impl EtcdLease {
+    /// A keep-alive of our lease and a check that the key is still ours,
+    /// sent together; `Some(fencing)` after moving the key to `next`.
+    async fn refresh(&mut self, next: Option<LockToken>) -> Result<Option<u64>, BackendError> {
+        let sent_at = Instant::now();
+        let store = &self.store;
+        let token = self.token.to_string();
+        let mut txn = Txn::new().when([owned(&self.key, &token)]);
+        if let Some(next) = next {
+            let options = PutOptions::new().with_lease(self.lease.id);
+            txn = txn.and_then([TxnOp::put(
+                self.key.clone(),
+                next.to_string(),
+                Some(options),
+            )]);
+        }
+        let mut leases = store.leases.clone();
+        let mut kv = store.kv.clone();
+        let (alive, ours) = tokio::join!(
+            store.timed(leases.keep_alive(self.lease.id)),
+            store.timed(kv.txn(txn))
+        );
+        let ours = ours?;
+        match alive {
+            Ok(_) => {}
+            Err(err) if err.to_string().contains("lease not found") => return Ok(None),
+            Err(err) => return Err(err),
+        }
+        if !ours.succeeded() {
+            return Ok(None);
+        }
+        self.lease.fresh_at = sent_at;
+        if let Some(next) = next {
+            self.token = next;
+        }
+        Ok(Some(revision(&ours)))
+    }
+}
+
+impl Lease for EtcdLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move { Ok(self.refresh(None).await?.is_some()) })
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let store = self.store.clone();
+            let token = self.token.to_string();
+            let then = if linger.is_zero() {
+                TxnOp::delete(self.key.clone(), None)
+            } else {
+                // What is left moves to a lease of its own, which expires;
+                // at least the cluster's minimum, which it would grant anyway.
+                let min = whole_seconds(store.capabilities.min_ttl);
+                let keep = store.grant(whole_seconds(linger).max(min)).await?;
+                let options = PutOptions::new().with_lease(keep.id);
+                TxnOp::put(self.key.clone(), token.clone(), Some(options))
+            };
+            let txn = Txn::new()
+                .when([owned(&self.key, &token)])
+                .and_then([then]);
+            let answer = store.timed(store.kv.clone().txn(txn)).await?;
+            if answer.succeeded() {
+                store.shared.give_back(self.secs, self.lease);
+            }
+            Ok(answer.succeeded())
+        })
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let fencing = self.refresh(Some(LockToken::random())).await?;
+            self.counted_from_grant = false;
+            Ok(fencing)
+        })
+    }
+
+    fn started_at(&self) -> Option<Instant> {
+        self.counted_from_grant.then_some(self.lease.fresh_at)
+    }
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("lease", &self.lease.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let key = self.key(request.key);
+            let token = request.token.to_string();
+            let secs = whole_seconds(request.ttl);
+            // A prepared lease may have expired meanwhile: then once more
+            // with a new one.
+            let mut attempts = 0;
+            let (spare, answer) = loop {
+                attempts += 1;
+                let spare = match self.shared.take(secs) {
+                    Some(spare) => spare,
+                    None => self.grant(secs).await?,
+                };
+                let options = PutOptions::new().with_lease(spare.id);
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.clone(), token.clone(), Some(options))])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                match self.timed(self.kv.clone().txn(txn)).await {
+                    Err(err) if attempts < 2 && lease_gone(&err) => continue,
+                    answer => break (spare, answer?),
+                }
+            };
+            if answer.succeeded() {
+                return Ok(Acquire::Acquired {
+                    fencing: revision(&answer),
+                    lease: Box::new(self.lease(key, request.token, secs, spare)),
+                });
+            }
+            self.shared.give_back(secs, spare);
+            let Some(holder) = holder(&answer) else {
+                // Deleted between the compare and the get cannot happen
+                // in one transaction; a key without an entry is free.
+                return Ok(Acquire::Held {
+                    remaining: Some(Duration::ZERO),
+                });
+            };
+            if holder.value() == token.as_bytes() {
+                // Our own earlier attempt, whose answer was lost: the same
+                // grant. Its lease is extended now, so it counts from now.
+                let mut lease = self.lease(
+                    key,
+                    request.token,
+                    secs,
+                    Spare {
+                        id: holder.lease(),
+                        fresh_at: Instant::now(),
+                    },
+                );
+                lease.counted_from_grant = false;
+                if lease.refresh(None).await?.is_some() {
+                    return Ok(Acquire::Acquired {
+                        fencing: holder.mod_revision().max(0).unsigned_abs(),
+                        lease: Box::new(lease),
+                    });
+                }
+                return Ok(Acquire::Held {
+                    remaining: Some(Duration::ZERO),
+                });
+            }
+            Ok(Acquire::Held {
+                remaining: self.remaining(holder.lease()).await?,
+            })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let key = self.key(key);
+            let txn = Txn::new()
+                .when([owned(&key, &token.to_string())])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            Ok(self.timed(self.kv.clone().txn(txn)).await?.succeeded())
+        })
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(async move {
+            let key = self.key(key);
+            let (tx, rx) = watch::channel(());
+            // Created (acknowledged by etcd) before we return: every
+            // deletion after this is reported.
+            let stream = self.open_watch(&key, None).await?;
+            let task = tokio::spawn(follow(self.clone(), key, stream, tx));
+            Ok(ReleaseWatch::new(
+                rx,
+                Some(Box::new(AbortOnDrop(task.abort_handle()))),
+            ))
+        })
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let deleted = self
+                .timed(self.kv.clone().delete(self.key(key), None))
+                .await?;
+            Ok(deleted.deleted() > 0)
+        })
+    }
+}
+
+impl EtcdBackend {
+    /// A watch of `key`'s deletions from `from` (default: from now),
+    /// acknowledged; with the revision it starts after.
+    async fn open_watch(
+        &self,
+        key: &[u8],
+        from: Option<i64>,
+    ) -> Result<(etcd_client::WatchStream, i64), BackendError> {
+        let mut options =
+            WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
+        if let Some(from) = from {
+            options = options.with_start_revision(from);
+        }
+        let mut watches = self.watches.clone();
+        let mut stream = self.timed(watches.watch(key.to_vec(), Some(options))).await?;
+        let created = self
+            .timed(stream.message())
+            .await?
+            .ok_or("etcd closed the watch at once")?;
+        let seen = created.header().map_or(0, |header| header.revision());
+        Ok((stream, seen))
+    }
+}
+
+/// Reports each deletion of `key` on `tx` until nobody listens; a broken
+/// watch resumes after the last revision it saw.
+async fn follow(
+    store: EtcdBackend,
+    key: Vec<u8>,
+    opened: (etcd_client::WatchStream, i64),
+    tx: watch::Sender<()>,
+) {
+    let (mut stream, mut seen) = opened;
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) => {
+                if let Some(header) = answer.header() {
+                    seen = seen.max(header.revision());
+                }
+                let deleted = answer
+                    .events()
+                    .iter()
+                    .any(|event| event.event_type() == EventType::Delete);
+                if deleted {
+                    tx.send_replace(());
+                }
+                if !answer.canceled() {
+                    continue;
+                }
+                if answer.compact_revision() > 0 {
+                    // What we missed is gone from history: wake the waiter
+                    // to look, and go on from the compaction.
+                    tx.send_replace(());
+                    seen = seen.max(answer.compact_revision() - 1);
+                }
+            }
+            Ok(None) | Err(_) => {}
+        }
+        // Broken or cancelled: resume after what we saw.
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            tokio::time::sleep(WATCH_RETRY).await;
+            match store.open_watch(&key, Some(seen + 1)).await {
+                Ok((resumed, _)) => {
+                    stream = resumed;
+                    break;
+                }
+                Err(error) => tracing::debug!(%error, "etcd watch: resuming failed"),
+            }
+        }
+    }
+}
+
+/// Aborts a task when the subscription it serves is dropped.
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.shown)
+            .field("prefix", &self.prefix)
+            .field("min_ttl", &self.capabilities.min_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lingers_round_up_to_whole_seconds() {
+        assert_eq!(whole_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
+        assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_fresh_spare_leases_are_reused() {
+        let shared = Shared {
+            spares: Mutex::default(),
+        };
+        let at = Instant::now();
+        shared.give_back(4, Spare { id: 1, fresh_at: at });
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(shared.take(4).map(|s| s.id), Some(1));
+        shared.give_back(4, Spare { id: 1, fresh_at: at });
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(shared.take(4).is_none(), "a quarter of the ttl old");
+        assert!(shared.take(8).is_none());
+    }
+}

@@ -1,0 +1,292 @@
+//! etcd for tests: one member or a cluster of several, on free loopback
+//! ports with temporary data directories; members are killed, frozen and
+//! restarted by pid on purpose, and all of them killed on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to elect its first leader.
+const READY_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The binary to run: `LOCK_TEST_ETCD_BIN`, else `etcd` on `PATH`.
+fn binary() -> String {
+    std::env::var("LOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".into())
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// One member: its ports, data directory and process.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// An etcd cluster of one or more members on `127.0.0.1`, with fast Raft
+/// timings (10 ms heartbeats, 100 ms elections: the shortest lease is then
+/// 1 s). Every member is killed (SIGKILL) and its directory removed on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial: String,
+}
+
+impl EtcdCluster {
+    /// One member.
+    pub fn single() -> EtcdCluster {
+        EtcdCluster::spawn(1)
+    }
+
+    /// `n` members, started together; returns once a leader is elected.
+    pub fn spawn(n: usize) -> EtcdCluster {
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let mut cluster = EtcdCluster::planned(n);
+            for i in 0..n {
+                cluster.start(i);
+            }
+            if cluster.wait_healthy(READY_DEADLINE) {
+                return cluster;
+            }
+            last_log = (0..n).map(|i| cluster.log(i)).collect::<Vec<_>>().join("\n---\n");
+        }
+        panic!("etcd did not start in 3 attempts; last logs:\n{last_log}");
+    }
+
+    fn planned(n: usize) -> EtcdCluster {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let members: Vec<Member> = (0..n)
+            .map(|i| {
+                let dir = std::env::temp_dir().join(format!(
+                    "lock-tests-etcd-{}-{}",
+                    std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(&dir).expect("create the member's directory");
+                Member {
+                    name: format!("m{i}"),
+                    client: free_port(),
+                    peer: free_port(),
+                    dir,
+                    child: None,
+                }
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        EtcdCluster { members, initial }
+    }
+
+    /// Starts member `i` (again, on its ports and data).
+    fn start(&mut self, i: usize) {
+        let member = &self.members[i];
+        let client = format!("http://127.0.0.1:{}", member.client);
+        let peer = format!("http://127.0.0.1:{}", member.peer);
+        let log = std::fs::File::create(member.dir.join("etcd.log")).expect("log file");
+        let child = Command::new(binary())
+            .args(["--name", &member.name])
+            .arg("--data-dir")
+            .arg(member.dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-token", "lock-tests"])
+            .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot run `{}`: {err}; install etcd (apt-get install -y etcd-server) \
+                     or point LOCK_TEST_ETCD_BIN at it",
+                    binary()
+                )
+            });
+        self.members[i].child = Some(child);
+    }
+
+    /// True once every running member says it is healthy (has a leader).
+    fn wait_healthy(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let exited = self.members.iter_mut().any(|m| {
+                m.child
+                    .as_mut()
+                    .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
+            });
+            if exited {
+                return false; // a port was taken, say
+            }
+            let healthy = self
+                .members
+                .iter()
+                .filter(|m| m.child.is_some())
+                .all(|m| http(m.client, "GET", "/health", "").contains("\"health\":\"true\""));
+            if healthy {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The client URLs of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// The client URL of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client)
+    }
+
+    /// `etcd://127.0.0.1:PORT,...`: every member, as the test worker
+    /// takes them.
+    pub fn worker_url(&self) -> String {
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client))
+            .collect();
+        format!("etcd://{}", members.join(","))
+    }
+
+    /// The client port of member `i`.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client
+    }
+
+    /// The number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Never: a cluster has at least one member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The index of the member that leads now, if a running one knows.
+    pub fn leader(&self) -> Option<usize> {
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let status = http(m.client, "POST", "/v3/maintenance/status", "{}");
+            let (Some(me), Some(leader)) = (
+                json_field(&status, "member_id"),
+                json_field(&status, "leader"),
+            ) else {
+                continue;
+            };
+            if leader == "0" {
+                continue;
+            }
+            // Ask each member its own id to find the leader's index.
+            if me == leader {
+                return self.members.iter().position(|x| x.client == m.client);
+            }
+            for (i, other) in self.members.iter().enumerate() {
+                if other.child.is_none() {
+                    continue;
+                }
+                let theirs = http(other.client, "POST", "/v3/maintenance/status", "{}");
+                if json_field(&theirs, "member_id").as_deref() == Some(leader.as_str()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Kills member `i` (SIGKILL); its data stays for a restart.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data; waits until the cluster is
+    /// healthy again (it may not be, without quorum: then returns `false`).
+    pub fn restart(&mut self, i: usize) -> bool {
+        self.kill(i);
+        self.start(i);
+        self.wait_healthy(READY_DEADLINE)
+    }
+
+    /// Freezes member `i` (SIGSTOP).
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Thaws member `i`.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let child = self.members[i].child.as_ref().expect("member is running");
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// Member `i`'s log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.members[i].dir.join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            // SIGKILL ends a frozen (SIGSTOPped) member too.
+            self.kill(i);
+            let _ = std::fs::remove_dir_all(&self.members[i].dir);
+        }
+    }
+}
+
+/// One HTTP/1.1 request to the member's client port; the response, or
+/// empty on any error.
+fn http(port: u16, method: &str, path: &str, body: &str) -> String {
+    let attempt = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    };
+    attempt().unwrap_or_default()
+}
+
+/// The string value of `"name":"..."` in a JSON text.
+fn json_field(json: &str, name: &str) -> Option<String> {
+    let start = json.find(&format!("\"{name}\":\""))? + name.len() + 4;
+    let end = json[start..].find('"')? + start;
+    Some(json[start..end].to_owned())
+}
