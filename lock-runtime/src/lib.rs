@@ -73,9 +73,9 @@ mod private;
 mod registry;
 mod renewal;
 
-pub use backend::memory::MemoryBackend;
 #[cfg(feature = "etcd")]
 pub use backend::etcd::EtcdBackend;
+pub use backend::memory::MemoryBackend;
 #[cfg(feature = "postgres")]
 pub use backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]

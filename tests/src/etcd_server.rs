@@ -58,7 +58,10 @@ impl EtcdCluster {
             if cluster.wait_healthy(READY_DEADLINE) {
                 return cluster;
             }
-            last_log = (0..n).map(|i| cluster.log(i)).collect::<Vec<_>>().join("\n---\n");
+            last_log = (0..n)
+                .map(|i| cluster.log(i))
+                .collect::<Vec<_>>()
+                .join("\n---\n");
         }
         panic!("etcd did not start in 3 attempts; last logs:\n{last_log}");
     }

@@ -25,3 +25,170 @@ async fn registry(cluster: &EtcdCluster) -> LockRegistry {
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     LockRegistry::etcd(&endpoints).await.unwrap()
 }
+
+fn ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+#[tokio::test]
+async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
+    let cluster = EtcdCluster::single();
+    let registry = registry(&cluster).await;
+    let caps = registry.backend().capabilities().clone();
+    // With 100 ms elections etcd's shortest lease is 1 s (2 s by default).
+    assert_eq!(caps.min_ttl, Duration::from_secs(1), "{caps:?}");
+    assert_eq!(caps.ttl_granularity, Duration::from_secs(1));
+    let key = unique_key("ttl");
+    for (ttl, says) in [
+        (
+            ms(1500),
+            "is not a whole number of 1s, the unit the etcd store counts ttls in",
+        ),
+        (ms(500), "is shorter than the etcd store's minimum 1s"),
+    ] {
+        let err = registry
+            .lock(&key, LockOptions::default().ttl(ttl))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        assert!(err.to_string().contains(says), "{err}");
+        assert!(err.to_string().contains(&key), "{err}");
+    }
+    // The lease etcd keeps is exactly the lock's ttl, under the prefix.
+    let guard = registry
+        .lock(&key, LockOptions::default().ttl(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let entry = client.get(format!("locks/{key}"), None).await.unwrap();
+    let lease = entry.kvs()[0].lease();
+    let left = client.lease_time_to_live(lease, None).await.unwrap();
+    assert_eq!(left.granted_ttl(), 3);
+    assert!(left.ttl() <= 3 && left.ttl() >= 2, "{}", left.ttl());
+    guard.release().await.unwrap();
+    assert!(
+        client
+            .get(format!("locks/{key}"), None)
+            .await
+            .unwrap()
+            .kvs()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn keys_of_any_characters_are_stored_as_given() {
+    let cluster = EtcdCluster::single();
+    let (a, b) = (registry(&cluster).await, registry(&cluster).await);
+    for key in ["a b/c", "ключ:7", "\"quoted\"\n'and' \\ more", "*?[]{}"] {
+        let guard = a.lock(key, LockOptions::default()).await.unwrap();
+        assert!(lock_tests::is_held(&b, key).await, "{key:?}");
+        guard.release().await.unwrap();
+        lock_and_release(&b, key).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_is_a_clear_error_within_the_timeouts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    let err = LockRegistry::etcd(&[&endpoint]).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(shown.contains(&endpoint), "{shown}");
+    let err = LockRegistry::etcd(&[]).await.unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(shown.contains("no etcd endpoint"), "{shown}");
+}
+
+#[tokio::test]
+async fn refused_credentials_are_a_clear_error_without_the_password() {
+    let cluster = EtcdCluster::single();
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    admin.user_add("root", "root-secret-1", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let endpoints = cluster.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let err = EtcdBackend::builder(&endpoints)
+        .user("root", "wrong-secret-2")
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(!err.contains("wrong-secret-2"), "{err}");
+    let backend = EtcdBackend::builder(&endpoints)
+        .user("root", "root-secret-1")
+        .connect()
+        .await
+        .unwrap();
+    assert!(!format!("{backend:?}").contains("root-secret-1"));
+    let registry = LockRegistry::builder(backend).build().unwrap();
+    lock_and_release(&registry, &unique_key("auth")).await;
+}
+
+/// A member that is not the leader dies: nobody notices.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_minority_member_is_skipped() {
+    let mut cluster = EtcdCluster::spawn(3);
+    let registry = registry(&cluster).await;
+    let key = unique_key("minority");
+    lock_and_release(&registry, &key).await;
+    let leader = cluster.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    cluster.kill(follower);
+    let guard = registry
+        .lock(&key, LockOptions::default().ttl(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    // Three renewals of the 1 s lease go through the two members left.
+    tokio::time::sleep(ms(1200)).await;
+    assert!(guard.is_held(), "renewals failed with a quorum alive");
+    guard.release().await.unwrap();
+    assert!(time_to_lock(&registry, &key).await < Duration::from_secs(1));
+    assert!(cluster.restart(follower));
+}
+
+/// Two of three members die: calls fail with a clear error within the
+/// wait timeout; once one is back, locks work again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
+    let mut cluster = EtcdCluster::spawn(3);
+    let registry = registry(&cluster).await;
+    let key = unique_key("quorum");
+    lock_and_release(&registry, &key).await;
+    cluster.kill(1);
+    cluster.kill(2);
+    let started = Instant::now();
+    let options = LockOptions::default().wait_timeout(Duration::from_secs(3));
+    let err = registry.lock(&key, options.clone()).await.unwrap_err();
+    let waited = started.elapsed();
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    eprintln!("without quorum: {err} ({cause:?}) after {waited:?}");
+    assert!(waited < Duration::from_millis(3500), "{waited:?}");
+    assert!(
+        matches!(err, LockError::Backend { .. } | LockError::Timeout { .. }),
+        "{err:?}"
+    );
+    if let LockError::Backend { .. } = err {
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert!(cause.contains("etcd"), "{cause}");
+    }
+    assert!(cluster.restart(1), "quorum back with two members");
+    let guard = registry.lock(&key, options).await.unwrap();
+    guard.release().await.unwrap();
+}

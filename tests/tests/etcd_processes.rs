@@ -119,7 +119,9 @@ fn killing_the_leader_while_processes_contend_breaks_no_exclusion() {
     let mut servers = Servers::new(3);
     let key = unique_key("leader");
     let shared = servers.shared();
-    let workers: Vec<_> = (0..2).map(|_| shared.worker("chaos", &key, &["6"])).collect();
+    let workers: Vec<_> = (0..2)
+        .map(|_| shared.worker("chaos", &key, &["6"]))
+        .collect();
     let mut data = servers.data.connection();
     let entries = |data: &mut redis::Connection| -> usize {
         data.llen(format!("chaos:{key}:tokens")).unwrap()

@@ -67,6 +67,9 @@ const MAX_SPARES: usize = 256;
 /// How long a watch that broke waits before it resumes.
 const WATCH_RETRY: Duration = Duration::from_millis(100);
 
+/// How long a call no member could take waits before it is sent again.
+const RETRY: Duration = Duration::from_millis(10);
+
 impl LockRegistry {
     /// A registry over the etcd cluster at `endpoints`
     /// (`http://127.0.0.1:2379`, ...), with the [`EtcdBackend`] defaults.
@@ -265,9 +268,13 @@ impl EtcdBackend {
 
     /// The shortest lease the cluster grants: ask for 1 s, see what it gave.
     async fn min_ttl(&self) -> Result<Duration, BackendError> {
-        let mut leases = self.leases.clone();
-        let granted = self.timed(leases.grant(1, None)).await?;
-        let _ = self.timed(leases.revoke(granted.id())).await;
+        let granted = self
+            .lease_call(|mut c| async move { c.grant(1, None).await })
+            .await?;
+        let id = granted.id();
+        let _ = self
+            .lease_call(|mut c| async move { c.revoke(id).await })
+            .await;
         Ok(Duration::from_secs(granted.ttl().max(1).unsigned_abs()))
     }
 
@@ -278,21 +285,68 @@ impl EtcdBackend {
         full
     }
 
-    /// Runs one call within the response timeout.
-    async fn timed<T>(
-        &self,
-        call: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, BackendError> {
-        within(self.timeout, call).await
+    /// Runs `txn` (see [`timed`](Self::timed)).
+    async fn txn(&self, txn: &Txn) -> Result<TxnResponse, BackendError> {
+        self.timed(|| {
+            let (mut kv, txn) = (self.kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Runs a call on the lease service (see [`timed`](Self::timed)).
+    async fn lease_call<T, F, Fut>(&self, call: F) -> Result<T, BackendError>
+    where
+        F: Fn(LeaseClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.timed(|| call(self.leases.clone())).await
+    }
+
+    /// Runs one call within the response timeout, again while no member
+    /// can take it (an endpoint that just died, an election): each of the
+    /// store's calls may run twice (an acquire by the same token gets the
+    /// same answer, a release or a renewal is owner-checked).
+    async fn timed<T, F, Fut>(&self, mut call: F) -> Result<T, BackendError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let mut refused = None;
+        loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(err)) if unavailable(&err) && Instant::now() + RETRY < deadline => {
+                    tracing::debug!(%err, "etcd: no member took the call; again");
+                    refused = Some(etcd_error(err));
+                    tokio::time::sleep(RETRY).await;
+                }
+                Ok(Err(err)) => return Err(etcd_error(err)),
+                Err(_) => {
+                    let timeout = self.timeout;
+                    return Err(match refused {
+                        Some(last) => format!("no answer from etcd within {timeout:?} ({last})"),
+                        None => format!("no answer from etcd within {timeout:?}"),
+                    }
+                    .into());
+                }
+            }
+        }
     }
 
     /// A new lease of `secs`, counted from before its request was sent.
     async fn grant(&self, secs: i64) -> Result<Spare, BackendError> {
         let fresh_at = Instant::now();
-        let granted = self.timed(self.leases.clone().grant(secs, None)).await?;
+        let granted = self
+            .lease_call(|mut c| async move { c.grant(secs, None).await })
+            .await?;
         if granted.ttl() != secs {
             // Only if the cluster's minimum rose since we connected.
-            let _ = self.timed(self.leases.clone().revoke(granted.id())).await;
+            let id = granted.id();
+            let _ = self
+                .lease_call(|mut c| async move { c.revoke(id).await })
+                .await;
             return Err(format!(
                 "etcd granted a {}s lease for a {secs}s ttl (its minimum changed?)",
                 granted.ttl()
@@ -312,7 +366,7 @@ impl EtcdBackend {
             return Ok(None);
         }
         let left = self
-            .timed(self.leases.clone().time_to_live(lease, None))
+            .lease_call(|mut c| async move { c.time_to_live(lease, None).await })
             .await?;
         Ok(Some(Duration::from_secs(
             (left.ttl() + 1).max(0).unsigned_abs(),
@@ -350,6 +404,12 @@ fn etcd_error(err: etcd_client::Error) -> BackendError {
         }
         other => format!("etcd: {other}").into(),
     }
+}
+
+/// gRPC's `UNAVAILABLE`: the call reached no member that could serve it.
+fn unavailable(err: &etcd_client::Error) -> bool {
+    const UNAVAILABLE: i32 = 14;
+    matches!(err, etcd_client::Error::GRpcStatus(status) if i32::from(status.code()) == UNAVAILABLE)
 }
 
 /// Whether `err` says a lease does not exist (expired or revoked).
@@ -408,11 +468,10 @@ impl EtcdLease {
                 Some(options),
             )]);
         }
-        let mut leases = store.leases.clone();
-        let mut kv = store.kv.clone();
+        let id = self.lease.id;
         let (alive, ours) = tokio::join!(
-            store.timed(leases.keep_alive(self.lease.id)),
-            store.timed(kv.txn(txn))
+            store.lease_call(|mut c| async move { c.keep_alive(id).await }),
+            store.txn(&txn)
         );
         let ours = ours?;
         match alive {
@@ -450,10 +509,8 @@ impl Lease for EtcdLease {
                 let options = PutOptions::new().with_lease(keep.id);
                 TxnOp::put(self.key.clone(), token.clone(), Some(options))
             };
-            let txn = Txn::new()
-                .when([owned(&self.key, &token)])
-                .and_then([then]);
-            let answer = store.timed(store.kv.clone().txn(txn)).await?;
+            let txn = Txn::new().when([owned(&self.key, &token)]).and_then([then]);
+            let answer = store.txn(&txn).await?;
             if answer.succeeded() {
                 store.shared.give_back(self.secs, self.lease);
             }
@@ -509,7 +566,7 @@ impl Backend for EtcdBackend {
                     .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key.clone(), token.clone(), Some(options))])
                     .or_else([TxnOp::get(key.clone(), None)]);
-                match self.timed(self.kv.clone().txn(txn)).await {
+                match self.txn(&txn).await {
                     Err(err) if attempts < 2 && lease_gone(&err) => continue,
                     answer => break (spare, answer?),
                 }
@@ -567,7 +624,8 @@ impl Backend for EtcdBackend {
             let txn = Txn::new()
                 .when([owned(&key, &token.to_string())])
                 .and_then([TxnOp::delete(key.clone(), None)]);
-            Ok(self.timed(self.kv.clone().txn(txn)).await?.succeeded())
+            let answer = self.txn(&txn).await?;
+            Ok(answer.succeeded())
         })
     }
 
@@ -588,8 +646,12 @@ impl Backend for EtcdBackend {
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            let key = self.key(key);
             let deleted = self
-                .timed(self.kv.clone().delete(self.key(key), None))
+                .timed(|| {
+                    let (mut kv, key) = (self.kv.clone(), key.clone());
+                    async move { kv.delete(key, None).await }
+                })
                 .await?;
             Ok(deleted.deleted() > 0)
         })
@@ -604,15 +666,17 @@ impl EtcdBackend {
         key: &[u8],
         from: Option<i64>,
     ) -> Result<(etcd_client::WatchStream, i64), BackendError> {
-        let mut options =
-            WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
+        let mut options = WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
         if let Some(from) = from {
             options = options.with_start_revision(from);
         }
-        let mut watches = self.watches.clone();
-        let mut stream = self.timed(watches.watch(key.to_vec(), Some(options))).await?;
-        let created = self
-            .timed(stream.message())
+        let mut stream = self
+            .timed(|| {
+                let (mut watches, options) = (self.watches.clone(), options.clone());
+                async move { watches.watch(key.to_vec(), Some(options)).await }
+            })
+            .await?;
+        let created = within(self.timeout, stream.message())
             .await?
             .ok_or("etcd closed the watch at once")?;
         let seen = created.header().map_or(0, |header| header.revision());
@@ -707,10 +771,22 @@ mod tests {
             spares: Mutex::default(),
         };
         let at = Instant::now();
-        shared.give_back(4, Spare { id: 1, fresh_at: at });
+        shared.give_back(
+            4,
+            Spare {
+                id: 1,
+                fresh_at: at,
+            },
+        );
         tokio::time::advance(Duration::from_millis(999)).await;
         assert_eq!(shared.take(4).map(|s| s.id), Some(1));
-        shared.give_back(4, Spare { id: 1, fresh_at: at });
+        shared.give_back(
+            4,
+            Spare {
+                id: 1,
+                fresh_at: at,
+            },
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(shared.take(4).is_none(), "a quarter of the ttl old");
         assert!(shared.take(8).is_none());

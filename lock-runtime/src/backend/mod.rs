@@ -31,9 +31,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::error::BackendError;
 
-pub mod memory;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -231,7 +231,10 @@ async fn main() -> Result<(), LockError> {
                             }
                             Err(err) => {
                                 errors += 1;
-                                eprintln!("chaos worker {}: {err}", std::process::id());
+                                let cause = std::error::Error::source(&err)
+                                    .map(|source| format!(": {source}"))
+                                    .unwrap_or_default();
+                                eprintln!("chaos worker {}: {err}{cause}", std::process::id());
                                 // A body cancelled by a lost lease: undo its entry mark.
                                 if inside.swap(false, std::sync::atomic::Ordering::SeqCst) {
                                     let _: i64 = conn
