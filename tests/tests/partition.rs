@@ -1,12 +1,13 @@
 //! The holder gives up first: a holder whose traffic to its store is
 //! black-holed by a proxy has its work cancelled before the store grants
-//! the key to anyone else, however the others retry. Redis and PostgreSQL.
+//! the key to anyone else, however the others retry. Redis, PostgreSQL and
+//! etcd.
 //!
 //! Both sides are timed on this machine's wall clock, which the servers on
 //! loopback share: the holder's cancellation when its work sees the loss,
 //! the competitor's grant by the server's own clock (a Redis token is the
 //! server's `TIME` in microseconds; a PostgreSQL row expires its ttl after
-//! the grant).
+//! the grant; etcd's grant no earlier than the winning request was sent).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lock_runtime::{
     Acquire, AcquireRequest, Backend, Lease, LockOptions, LockRegistry, LockToken, LossSignal,
 };
-use lock_tests::{PostgresServer, Proxy, RedisServer, unique_key};
+use lock_tests::{EtcdCluster, PostgresServer, Proxy, RedisServer, unique_key};
 use tokio::sync::Mutex;
 
 const TRIALS: usize = 32;
@@ -33,14 +34,22 @@ fn now_us() -> u128 {
 struct Won {
     fencing: u64,
     lease: Box<dyn Lease>,
+    /// When the winning request was sent (wall clock, µs): the store
+    /// granted it no earlier.
+    sent_us: u128,
 }
 
 /// One attempt by a competitor; the lease if it won.
 async fn attempt(backend: &Arc<dyn Backend>, key: &str) -> Result<Won, Option<Duration>> {
     let (token, loss) = (LockToken::random(), LossSignal::new());
     let request = AcquireRequest::new(key, token, TTL, &loss);
+    let sent_us = now_us();
     match backend.acquire(request).await.unwrap() {
-        Acquire::Acquired { fencing, lease } => Ok(Won { fencing, lease }),
+        Acquire::Acquired { fencing, lease } => Ok(Won {
+            fencing,
+            lease,
+            sent_us,
+        }),
         Acquire::Held { remaining } => Err(remaining),
         _ => unreachable!("the contract has two answers"),
     }
@@ -71,8 +80,9 @@ async fn at_random(backend: Arc<dyn Backend>, key: String) -> Won {
 
 /// Runs the trials: `connect(url)` makes a registry; `direct` is the
 /// store's URL, `proxied(port)` the same through a proxy on `port`;
-/// `granted_at(key, won)` is when, in microseconds of the wall clock, the
-/// store granted `key` to the competitor that won.
+/// `granted_at(key, fencing, sent)` is when, in microseconds of the wall
+/// clock, the store granted `key` to the competitor that won with `fencing`
+/// by a request sent at `sent`.
 async fn partitions<C, CF, G, GF>(
     store: &str,
     upstream: u16,
@@ -81,14 +91,15 @@ async fn partitions<C, CF, G, GF>(
     connect: C,
     granted_at: G,
     ttls_ms: [u64; 4],
+    trials: usize,
 ) where
     C: Fn(String) -> CF,
     CF: Future<Output = LockRegistry>,
-    G: Fn(String, u64) -> GF,
+    G: Fn(String, u64, u128) -> GF,
     GF: Future<Output = u128>,
 {
     let mut smallest = u128::MAX;
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         let ttl = Duration::from_millis(ttls_ms[trial % ttls_ms.len()]);
         let proxy = Proxy::start(upstream);
         let holder = connect(proxied(proxy.port())).await;
@@ -119,7 +130,7 @@ async fn partitions<C, CF, G, GF>(
             won = at_expiry(a.backend().clone(), key.clone()) => won,
             won = at_random(b.backend().clone(), key.clone()) => won,
         };
-        let granted = granted_at(key.clone(), won.fencing).await;
+        let granted = granted_at(key.clone(), won.fencing, won.sent_us).await;
         won.lease.release(Duration::ZERO).await.unwrap();
         work.await.unwrap();
         let cancelled = cancelled
@@ -135,7 +146,7 @@ async fn partitions<C, CF, G, GF>(
         drop(proxy);
     }
     eprintln!(
-        "{store}: {TRIALS} partitions, every holder gave up first; smallest margin {:.2} ms",
+        "{store}: {trials} partitions, every holder gave up first; smallest margin {:.2} ms",
         smallest as f64 / 1000.0
     );
 }
@@ -151,8 +162,9 @@ async fn a_partitioned_holder_is_cancelled_before_anyone_else_is_granted_the_key
         |port| format!("redis://127.0.0.1:{port}"),
         |url| async move { LockRegistry::redis(&url).await.unwrap() },
         // A Redis fencing token is the server's clock at the grant.
-        |_key, fencing| async move { u128::from(fencing) },
+        |_key, fencing, _sent| async move { u128::from(fencing) },
         [60, 100, 200, 400],
+        TRIALS,
     )
     .await;
     drop(redis);
@@ -164,7 +176,7 @@ async fn a_partitioned_holder_is_cancelled_before_anyone_else_is_granted_the_key
         |port| format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         |url| async move { LockRegistry::postgres(&url).await.unwrap() },
         // The winner's row expires its ttl after the grant.
-        |key, _fencing| {
+        |key, _fencing, _sent| {
             let expires = postgres.psql(&format!(
                 "SELECT (extract(epoch FROM expires_at) * 1000000)::bigint FROM lock_leases \
                  WHERE key = convert_to('{}', 'UTF8')",
@@ -173,6 +185,27 @@ async fn a_partitioned_holder_is_cancelled_before_anyone_else_is_granted_the_key
             async move { expires.parse::<u128>().expect("the winner's row") - TTL.as_micros() }
         },
         [100, 200, 300, 400],
+        TRIALS,
+    )
+    .await;
+}
+
+/// etcd counts leases in seconds: fewer, longer trials. Its clock is not
+/// readable from here, so the competitor's grant is timed, more strictly,
+/// by when its winning request was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_etcd_holder_is_cancelled_before_anyone_else_is_granted_the_key() {
+    let etcd = EtcdCluster::single();
+    let connect = |endpoint: String| async move { LockRegistry::etcd(&[&endpoint]).await.unwrap() };
+    partitions(
+        "etcd",
+        etcd.client_port(0),
+        &etcd.endpoint(0),
+        |port| format!("http://127.0.0.1:{port}"),
+        connect,
+        |_key, _fencing, sent| async move { sent },
+        [1_000, 2_000, 1_000, 3_000],
+        8,
     )
     .await;
 }
