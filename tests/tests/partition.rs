@@ -78,7 +78,8 @@ async fn at_random(backend: Arc<dyn Backend>, key: String) -> Won {
     }
 }
 
-/// Runs the trials: `connect(url)` makes a registry; `direct` is the
+/// Runs `trials` trials with ttls from `ttls_ms` in turn: `connect(url)`
+/// makes a registry; `direct` is the
 /// store's URL, `proxied(port)` the same through a proxy on `port`;
 /// `granted_at(key, fencing, sent)` is when, in microseconds of the wall
 /// clock, the store granted `key` to the competitor that won with `fencing`
@@ -90,8 +91,7 @@ async fn partitions<C, CF, G, GF>(
     proxied: impl Fn(u16) -> String,
     connect: C,
     granted_at: G,
-    ttls_ms: [u64; 4],
-    trials: usize,
+    (ttls_ms, trials): ([u64; 4], usize),
 ) where
     C: Fn(String) -> CF,
     CF: Future<Output = LockRegistry>,
@@ -163,8 +163,7 @@ async fn a_partitioned_holder_is_cancelled_before_anyone_else_is_granted_the_key
         |url| async move { LockRegistry::redis(&url).await.unwrap() },
         // A Redis fencing token is the server's clock at the grant.
         |_key, fencing, _sent| async move { u128::from(fencing) },
-        [60, 100, 200, 400],
-        TRIALS,
+        ([60, 100, 200, 400], TRIALS),
     )
     .await;
     drop(redis);
@@ -184,8 +183,7 @@ async fn a_partitioned_holder_is_cancelled_before_anyone_else_is_granted_the_key
             ));
             async move { expires.parse::<u128>().expect("the winner's row") - TTL.as_micros() }
         },
-        [100, 200, 300, 400],
-        TRIALS,
+        ([100, 200, 300, 400], TRIALS),
     )
     .await;
 }
@@ -204,8 +202,7 @@ async fn a_partitioned_etcd_holder_is_cancelled_before_anyone_else_is_granted_th
         |port| format!("http://127.0.0.1:{port}"),
         connect,
         |_key, _fencing, sent| async move { sent },
-        [1_000, 2_000, 1_000, 3_000],
-        8,
+        ([1_000, 2_000, 1_000, 3_000], 8),
     )
     .await;
 }

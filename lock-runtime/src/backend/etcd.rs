@@ -694,29 +694,27 @@ async fn follow(
 ) {
     let (mut stream, mut seen) = opened;
     loop {
-        match stream.message().await {
-            Ok(Some(answer)) => {
-                if let Some(header) = answer.header() {
-                    seen = seen.max(header.revision());
-                }
-                let deleted = answer
-                    .events()
-                    .iter()
-                    .any(|event| event.event_type() == EventType::Delete);
-                if deleted {
-                    tx.send_replace(());
-                }
-                if !answer.canceled() {
-                    continue;
-                }
-                if answer.compact_revision() > 0 {
-                    // What we missed is gone from history: wake the waiter
-                    // to look, and go on from the compaction.
-                    tx.send_replace(());
-                    seen = seen.max(answer.compact_revision() - 1);
-                }
+        // A broken stream (`Err`, `None`) resumes below.
+        if let Ok(Some(answer)) = stream.message().await {
+            if let Some(header) = answer.header() {
+                seen = seen.max(header.revision());
             }
-            Ok(None) | Err(_) => {}
+            let deleted = answer
+                .events()
+                .iter()
+                .any(|event| event.event_type() == EventType::Delete);
+            if deleted {
+                tx.send_replace(());
+            }
+            if !answer.canceled() {
+                continue;
+            }
+            if answer.compact_revision() > 0 {
+                // What we missed is gone from history: wake the waiter to
+                // look, and go on from the compaction.
+                tx.send_replace(());
+                seen = seen.max(answer.compact_revision() - 1);
+            }
         }
         // Broken or cancelled: resume after what we saw.
         loop {
