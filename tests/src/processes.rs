@@ -165,4 +165,33 @@ impl Processes {
         assert!(handoff < 1000, "hand-off took {handoff} ms");
         eprintln!("cross-process hand-off: {handoff} ms");
     }
+
+    /// A holder of a 1 s lease (renewed every 333 ms) for a 5 s body;
+    /// `undo(key)` removes its lease in the store: the body is cancelled
+    /// with `Lost` at the next renewal and never finishes.
+    pub fn a_lease_undone_under_a_running_body_cancels_it(
+        &self,
+        what: &str,
+        undo: impl FnOnce(&str),
+    ) {
+        let key = unique_key(what);
+        let mut holder = self.worker("hold-1s", &key, &["5000"]);
+        holder.expect("acquired", STARTUP);
+        undo(&key);
+        let undone_at = Instant::now();
+        let lost = holder.expect("error", STARTUP);
+        assert!(lost.contains("was lost"), "{lost}");
+        // Noticed at the next renewal.
+        assert!(
+            undone_at.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            undone_at.elapsed()
+        );
+        let (status, lines) = holder.finish(STARTUP);
+        assert!(status.success(), "{lines:?}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("releasing")),
+            "body cancelled: {lines:?}"
+        );
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_tests::processes::{Processes, STARTUP};
+use lock_tests::processes::Processes;
 use lock_tests::{EtcdCluster, RedisServer, unique_key};
 use redis::Commands;
 
@@ -61,44 +61,28 @@ shared_scenarios!(
     a_waiter_in_another_process_is_woken_by_the_release,
 );
 
-/// Starts a 1 s lock held for 5 s, does `undo` to it in etcd, and checks
-/// that the body is cancelled with `Lost` at the next renewal.
+/// Deletes the held key, or revokes its lease, under a running body.
 fn undone_under_a_running_body(undo: &str) {
     let servers = Servers::new(1);
-    let key = unique_key(undo);
-    // A 1 s lease renewed every 333 ms, for a 5 s body.
-    let mut holder = servers.shared().worker("hold-1s", &key, &["5000"]);
-    holder.expect("acquired", STARTUP);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let mut client = servers.client().await;
-        let full = format!("locks/{key}");
-        match undo {
-            "deleted" => {
-                let deleted = client.delete(full, None).await.unwrap();
-                assert_eq!(deleted.deleted(), 1);
-            }
-            _ => {
-                let kv = client.get(full, None).await.unwrap().kvs()[0].clone();
-                client.lease_revoke(kv.lease()).await.unwrap();
-            }
-        }
-    });
-    let undone_at = Instant::now();
-    let lost = holder.expect("error", STARTUP);
-    assert!(lost.contains("was lost"), "{lost}");
-    // Noticed at the next renewal.
-    assert!(
-        undone_at.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        undone_at.elapsed()
-    );
-    let (status, lines) = holder.finish(STARTUP);
-    assert!(status.success(), "{lines:?}");
-    assert!(
-        !lines.iter().any(|l| l.starts_with("releasing")),
-        "body cancelled: {lines:?}"
-    );
+    servers
+        .shared()
+        .a_lease_undone_under_a_running_body_cancels_it(undo, |key| {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async {
+                let mut client = servers.client().await;
+                let full = format!("locks/{key}");
+                match undo {
+                    "deleted" => {
+                        let deleted = client.delete(full, None).await.unwrap();
+                        assert_eq!(deleted.deleted(), 1);
+                    }
+                    _ => {
+                        let kv = client.get(full, None).await.unwrap().kvs()[0].clone();
+                        client.lease_revoke(kv.lease()).await.unwrap();
+                    }
+                }
+            });
+        });
 }
 
 #[test]

@@ -1,10 +1,8 @@
 //! Many real OS processes (`lock-worker`) locking through one PostgreSQL
 //! server; the data they race on lives in a Redis server.
 
-use std::time::{Duration, Instant};
-
-use lock_tests::processes::{Processes, STARTUP};
-use lock_tests::{PostgresServer, RedisServer, unique_key};
+use lock_tests::processes::Processes;
+use lock_tests::{PostgresServer, RedisServer};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
@@ -52,27 +50,12 @@ shared_scenarios!(
 #[test]
 fn a_lease_row_deleted_under_a_running_body_cancels_it() {
     let servers = Servers::new();
-    let key = unique_key("deleted");
-    // A 1 s lease renewed every 333 ms, for a 5 s body.
-    let mut holder = servers.shared().worker("hold-1s", &key, &["5000"]);
-    holder.expect("acquired", STARTUP);
-    let deleted = servers
-        .locks
-        .psql("WITH d AS (DELETE FROM lock_leases RETURNING 1) SELECT count(*) FROM d");
-    assert_eq!(deleted, "1");
-    let deleted_at = Instant::now();
-    let lost = holder.expect("error", STARTUP);
-    assert!(lost.contains("was lost"), "{lost}");
-    // Noticed at the next renewal.
-    assert!(
-        deleted_at.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        deleted_at.elapsed()
-    );
-    let (status, lines) = holder.finish(STARTUP);
-    assert!(status.success(), "{lines:?}");
-    assert!(
-        !lines.iter().any(|l| l.starts_with("releasing")),
-        "body cancelled: {lines:?}"
-    );
+    servers
+        .shared()
+        .a_lease_undone_under_a_running_body_cancels_it("deleted", |_key| {
+            let deleted = servers
+                .locks
+                .psql("WITH d AS (DELETE FROM lock_leases RETURNING 1) SELECT count(*) FROM d");
+            assert_eq!(deleted, "1");
+        });
 }
