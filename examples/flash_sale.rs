@@ -7,35 +7,36 @@
 //! cargo run -p examples --example flash_sale -- --no-lock         # the same, oversold
 //! cargo run -p examples --example flash_sale -- --redis redis://127.0.0.1:6379 --processes 4
 //! cargo run -p examples --example flash_sale -- --postgres postgres://postgres@127.0.0.1/postgres --processes 4
+//! cargo run -p examples --features etcd --example flash_sale -- --etcd 127.0.0.1:2379 --processes 4
 //! ```
 //!
 //! Options: `--stock N` (100), `--buyers N` (32, spread over the processes),
-//! `--pause-ms N` (2, between read and write), `--redis URL` or
-//! `--postgres URL` (the lock store, which also keeps the stock and the
-//! orders), `--processes N` (1; more needs a store: the example starts them
-//! itself), `--no-lock`. Exits with status 1 if anything was oversold with
-//! the lock on.
+//! `--pause-ms N` (2, between read and write), `--redis URL`,
+//! `--postgres URL` or `--etcd ENDPOINTS` (the lock store, which also keeps
+//! the stock and the orders), `--processes N` (1; more needs a store: the
+//! example starts them itself), `--no-lock`. Exits with status 1 if
+//! anything was oversold with the lock on.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+#[cfg(feature = "etcd")]
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{LockRegistry, distributed_lock};
+use examples::{Error, STORE_FLAGS, StoreFlag};
+use lock_runtime::distributed_lock;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone, Debug)]
 struct Args {
     stock: u64,
     buyers: usize,
     pause: Duration,
-    redis: Option<String>,
-    postgres: Option<String>,
+    store: StoreFlag,
     processes: usize,
     locked: bool,
     /// Set in the processes the example starts: the sale's id.
@@ -47,8 +48,7 @@ fn parse_args() -> Result<Args, Error> {
         stock: 100,
         buyers: 32,
         pause: Duration::from_millis(2),
-        redis: None,
-        postgres: None,
+        store: StoreFlag::Memory,
         processes: 1,
         locked: true,
         worker: None,
@@ -56,12 +56,13 @@ fn parse_args() -> Result<Args, Error> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        if args.store.parse(&flag, &mut value)? {
+            continue;
+        }
         match flag.as_str() {
             "--stock" => args.stock = value()?.parse()?,
             "--buyers" => args.buyers = value()?.parse()?,
             "--pause-ms" => args.pause = Duration::from_millis(value()?.parse()?),
-            "--redis" => args.redis = Some(value()?),
-            "--postgres" => args.postgres = Some(value()?),
             "--processes" => args.processes = value()?.parse()?,
             "--no-lock" => args.locked = false,
             "--worker" => args.worker = Some(value()?),
@@ -73,14 +74,11 @@ fn parse_args() -> Result<Args, Error> {
             }
         }
     }
-    if args.redis.is_some() && args.postgres.is_some() {
-        return Err("give --redis or --postgres, not both".into());
-    }
-    if args.processes > 1 && args.redis.is_none() && args.postgres.is_none() {
-        return Err(
-            "--processes needs --redis or --postgres: processes share a lock through a store"
-                .into(),
-        );
+    if args.processes > 1 && !args.store.is_shared() {
+        return Err(format!(
+            "--processes needs {STORE_FLAGS}: processes share a lock through a store"
+        )
+        .into());
     }
     if args.buyers == 0 || args.processes == 0 {
         return Err("--buyers and --processes must be at least 1".into());
@@ -100,7 +98,17 @@ enum Store {
         client: Arc<tokio_postgres::Client>,
         sale: String,
     },
+    /// Keys under `flash/{sale}/`: `stock`, and one `orders/…` key per order.
+    #[cfg(feature = "etcd")]
+    Etcd {
+        client: Box<etcd_client::KvClient>,
+        sale: String,
+    },
 }
+
+/// Numbers this process's orders, for their etcd keys.
+#[cfg(feature = "etcd")]
+static ORDER_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Default)]
 struct MemoryShop {
@@ -119,6 +127,12 @@ impl Store {
                     .await?;
                 row.get::<_, i64>(0) as u64
             }
+            #[cfg(feature = "etcd")]
+            Store::Etcd { client, sale } => {
+                let got = client.get(format!("flash/{sale}/stock"), None).await?;
+                let kv = got.kvs().first().ok_or("the stock key is missing")?;
+                kv.value_str()?.parse()?
+            }
         })
     }
 
@@ -134,6 +148,12 @@ impl Store {
                          ON CONFLICT (sale) DO UPDATE SET stock = excluded.stock",
                         &[sale, &level],
                     )
+                    .await?;
+            }
+            #[cfg(feature = "etcd")]
+            Store::Etcd { client, sale } => {
+                client
+                    .put(format!("flash/{sale}/stock"), level.to_string(), None)
                     .await?;
             }
         }
@@ -156,6 +176,12 @@ impl Store {
                     )
                     .await?;
             }
+            #[cfg(feature = "etcd")]
+            Store::Etcd { client, sale } => {
+                let order = ORDER_SEQ.fetch_add(1, Ordering::Relaxed);
+                let key = format!("flash/{sale}/orders/{}-{order}", std::process::id());
+                client.put(key, level.to_string(), None).await?;
+            }
         }
         Ok(())
     }
@@ -172,6 +198,18 @@ impl Store {
                 .iter()
                 .map(|row| row.get::<_, i64>(0) as u64)
                 .collect(),
+            #[cfg(feature = "etcd")]
+            Store::Etcd { client, sale } => {
+                let prefix = etcd_client::GetOptions::new().with_prefix();
+                let got = client
+                    .get(format!("flash/{sale}/orders/"), Some(prefix))
+                    .await?;
+                let mut levels = Vec::new();
+                for kv in got.kvs() {
+                    levels.push(kv.value_str()?.parse()?);
+                }
+                levels
+            }
         })
     }
 
@@ -185,6 +223,16 @@ impl Store {
                     .await?;
                 row.get::<_, i64>(0) as u64
             }
+            #[cfg(feature = "etcd")]
+            Store::Etcd { client, sale } => {
+                let count = etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only();
+                let got = client
+                    .get(format!("flash/{sale}/orders/"), Some(count))
+                    .await?;
+                got.count() as u64
+            }
         })
     }
 
@@ -192,20 +240,30 @@ impl Store {
     /// a separate client would have), for the sale `sale`.
     async fn open(args: &Args, sale: &str) -> Result<Store, Error> {
         let sale = sale.to_owned();
-        Ok(if let Some(url) = &args.redis {
-            let conn = redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
-            Store::Redis { conn, sale }
-        } else if let Some(url) = &args.postgres {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            Store::Postgres {
-                client: Arc::new(client),
-                sale,
+        Ok(match &args.store {
+            StoreFlag::Memory => Store::Memory(Arc::default()),
+            StoreFlag::Redis(url) => {
+                let conn = redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?;
+                Store::Redis { conn, sale }
             }
-        } else {
-            Store::Memory(Arc::default())
+            StoreFlag::Postgres(url) => {
+                let (client, connection) =
+                    tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+                tokio::spawn(connection);
+                Store::Postgres {
+                    client: Arc::new(client),
+                    sale,
+                }
+            }
+            #[cfg(feature = "etcd")]
+            StoreFlag::Etcd(_) => {
+                let client = args.store.etcd_kv().await?;
+                Store::Etcd { client, sale }
+            }
+            #[cfg(not(feature = "etcd"))]
+            StoreFlag::Etcd(_) => return Err(examples::WITHOUT_ETCD.into()),
         })
     }
 
@@ -240,6 +298,13 @@ impl Store {
                     .await?;
                 client
                     .execute("DELETE FROM flash_orders WHERE sale = $1", &[&sale])
+                    .await?;
+            }
+            #[cfg(feature = "etcd")]
+            Store::Etcd { mut client, sale } => {
+                let prefix = etcd_client::DeleteOptions::new().with_prefix();
+                client
+                    .delete(format!("flash/{sale}/"), Some(prefix))
                     .await?;
             }
         }
@@ -344,11 +409,9 @@ fn ms(d: Duration) -> String {
 /// Starts the worker processes of a multi-process sale; returns their waits.
 fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
     let exe = std::env::current_exe()?;
-    let store = match (&args.redis, &args.postgres) {
-        (Some(url), _) => ["--redis", url.as_str()],
-        (None, Some(url)) => ["--postgres", url.as_str()],
-        (None, None) => return Err("worker processes need a shared store".into()),
-    };
+    if !args.store.is_shared() {
+        return Err("worker processes need a shared store".into());
+    }
     let mut children = Vec::new();
     for i in 0..args.processes {
         // Spread the buyers; every process gets at least one.
@@ -357,7 +420,7 @@ fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
         let mut command = Command::new(&exe);
         command
             .args(["--worker", sale])
-            .args(store)
+            .args(args.store.args())
             .args(["--buyers", &buyers.to_string()])
             .args(["--pause-ms", &args.pause.as_millis().to_string()])
             .stdout(Stdio::piped());
@@ -390,18 +453,13 @@ fn run_processes(args: &Args, sale: &str) -> Result<Vec<Duration>, Error> {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = parse_args()?;
-    let registry = match (&args.redis, &args.postgres) {
-        (Some(url), _) => LockRegistry::redis(url).await?,
-        (None, Some(url)) => LockRegistry::postgres(url).await?,
-        (None, None) => LockRegistry::memory(),
-    };
-    lock_runtime::init(registry)?;
+    lock_runtime::init(args.store.registry().await?)?;
 
     if let Some(sale) = &args.worker {
         // A worker process: buy, then report the lock waits to the parent.
         let store = Store::open(&args, sale).await?;
         if let Store::Memory(_) = store {
-            return Err("--worker needs --redis or --postgres".into());
+            return Err(format!("--worker needs {STORE_FLAGS}").into());
         }
         let waits = run_buyers(&store, sale, &args, args.buyers).await?;
         let list: Vec<String> = waits.iter().map(|w| w.as_micros().to_string()).collect();
@@ -414,11 +472,7 @@ async fn main() -> Result<(), Error> {
     let mut store = Store::open(&args, &sale).await?;
     store.create_tables().await?;
     store.write_stock(args.stock).await?;
-    let backend = match &store {
-        Store::Memory(_) => "in-memory",
-        Store::Redis { .. } => "Redis",
-        Store::Postgres { .. } => "PostgreSQL",
-    };
+    let backend = args.store.name();
     println!(
         "flash sale: {} items, {} buyers in {} process(es), {} backend, lock {}",
         args.stock,

@@ -5,12 +5,15 @@
 //! ```sh
 //! cargo run -p examples --example manual_api
 //! cargo run -p examples --example manual_api -- --redis redis://127.0.0.1:6379
+//! cargo run -p examples --example manual_api -- --postgres postgres://postgres@127.0.0.1/postgres
+//! cargo run -p examples --features etcd --example manual_api -- --etcd 127.0.0.1:2379
 //! ```
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockOptions, LockRegistry};
+use examples::{Error, StoreFlag};
+use lock_runtime::{LockError, LockOptions};
 
 /// Storage that remembers the highest fencing token it has seen and refuses
 /// writes that carry a lower one: the defence against a holder that paused
@@ -36,18 +39,18 @@ impl FencedStore {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let registry = match args.iter().position(|arg| arg == "--redis") {
-        Some(at) => {
-            LockRegistry::redis(
-                args.get(at + 1)
-                    .map_or("redis://127.0.0.1:6379", String::as_str),
-            )
-            .await?
+async fn main() -> Result<(), Error> {
+    let mut store = StoreFlag::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        if !store.parse(&flag, value)? {
+            return Err(
+                format!("unknown option {flag}; see the top of examples/manual_api.rs").into(),
+            );
         }
-        None => LockRegistry::memory(),
-    };
+    }
+    let registry = store.registry().await?;
     let key = format!("invoice:{}", std::process::id());
 
     // lock / release: wait for the lock, do the work, release it.
@@ -97,15 +100,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     held.release().await?;
 
-    // Fencing: A's lease (300 ms, no watchdog) runs out while A is paused.
+    // Fencing: A's lease (300 ms, or the store's shortest ttl; no watchdog)
+    // runs out while A is paused.
     let store = FencedStore::default();
-    let short = LockOptions::default()
-        .ttl(Duration::from_millis(300))
-        .watchdog(false);
+    let ttl = registry
+        .backend()
+        .capabilities()
+        .min_ttl
+        .max(Duration::from_millis(300));
+    let short = LockOptions::default().ttl(ttl).watchdog(false);
     let a = registry.lock(&key, short).await?;
     let a_token = a.fencing_token();
     println!("A holds token {a_token} and pauses (a long GC, say)...");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     println!("A still holds the lease? {}", a.is_held());
     let b = registry.lock(&key, LockOptions::default()).await?;
     println!("B took over with token {}", b.fencing_token());

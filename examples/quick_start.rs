@@ -2,12 +2,15 @@
 //!
 //! `cargo run -p examples --example quick_start` runs on the in-memory
 //! backend; add `-- --redis redis://127.0.0.1:6379` to lock through Redis
-//! (or `-- --postgres postgres://user@host/db` through PostgreSQL),
-//! and start it in several terminals at once to see the processes take turns.
+//! (or `-- --postgres postgres://user@host/db` through PostgreSQL, or
+//! `--features etcd --example quick_start -- --etcd 127.0.0.1:2379` through
+//! etcd), and start it in several terminals at once to see the processes
+//! take turns.
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token};
+use examples::{Error, StoreFlag};
+use lock_runtime::{distributed_lock, fencing_token};
 
 #[distributed_lock(key = "stock:{item_id}", ttl = "10s")]
 async fn buy(item_id: u64, qty: u32) -> String {
@@ -28,23 +31,26 @@ async fn nightly_report() -> usize {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), LockError> {
-    let args: Vec<String> = std::env::args().collect();
-    let value_of = |flag: &str| {
-        let at = args.iter().position(|arg| arg == flag)?;
-        Some(args.get(at + 1).map_or("", String::as_str).to_owned())
-    };
-    let registry = if let Some(url) = value_of("--redis") {
-        println!("locking through Redis at {url}");
-        LockRegistry::redis(&url).await?
-    } else if let Some(url) = value_of("--postgres") {
-        println!("locking through PostgreSQL");
-        LockRegistry::postgres(&url).await?
+async fn main() -> Result<(), Error> {
+    let mut store = StoreFlag::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        if !store.parse(&flag, value)? {
+            return Err(
+                format!("unknown option {flag}; see the top of examples/quick_start.rs").into(),
+            );
+        }
+    }
+    if store.is_shared() {
+        println!("locking through {}", store.name());
     } else {
-        println!("locking in memory (pass --redis URL or --postgres URL to lock through a store)");
-        LockRegistry::memory()
-    };
-    lock_runtime::init(registry)?;
+        println!(
+            "locking in memory (pass {} to lock through a store)",
+            examples::STORE_FLAGS
+        );
+    }
+    lock_runtime::init(store.registry().await?)?;
 
     // Four buyers of one item: the lock runs them one at a time.
     let buyers: Vec<_> = (1..=4).map(|qty| tokio::spawn(buy(7, qty))).collect();

@@ -7,6 +7,7 @@
 //! cargo run -p examples --example scheduled_job -- --no-hold          # without hold_at_least: ticks run twice
 //! cargo run -p examples --example scheduled_job -- --redis redis://127.0.0.1:6379 --instances 4
 //! cargo run -p examples --example scheduled_job -- --postgres postgres://postgres@127.0.0.1/postgres
+//! cargo run -p examples --features etcd --example scheduled_job -- --etcd 127.0.0.1:2379
 //! ```
 //!
 //! The job is `mode = "skip"`: an instance that finds the lock held does not
@@ -15,20 +16,20 @@
 //! run it again. `hold_at_least = "1500ms"` keeps the lock past the skew, so
 //! the late instances skip. Ticks are 3 s apart.
 //!
-//! Options: `--instances K` (3), `--ticks N` (4), `--redis URL` or
-//! `--postgres URL` (the lock store, which also keeps the ledger; instances
-//! become processes the example starts), `--no-hold`. Exits with status 1 if
-//! a tick ran other than once with `hold_at_least` on.
+//! Options: `--instances K` (3), `--ticks N` (4), `--redis URL`,
+//! `--postgres URL` or `--etcd ENDPOINTS` (the lock store, which also keeps
+//! the ledger; instances become processes the example starts), `--no-hold`.
+//! Exits with status 1 if a tick ran other than once with `hold_at_least`
+//! on.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{LockRegistry, distributed_lock};
+use examples::{Error, STORE_FLAGS, StoreFlag};
+use lock_runtime::distributed_lock;
 use redis::AsyncCommands;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Time between ticks.
 const PERIOD: Duration = Duration::from_secs(3);
@@ -41,8 +42,7 @@ const JOB_TIME: Duration = Duration::from_millis(100);
 struct Args {
     instances: usize,
     ticks: u64,
-    redis: Option<String>,
-    postgres: Option<String>,
+    store: StoreFlag,
     hold: bool,
     /// In a process the example starts: its instance number, run id and start.
     instance: Option<(usize, String, u128)>,
@@ -52,19 +52,19 @@ fn parse_args() -> Result<Args, Error> {
     let mut args = Args {
         instances: 3,
         ticks: 4,
-        redis: None,
-        postgres: None,
+        store: StoreFlag::Memory,
         hold: true,
         instance: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        if args.store.parse(&flag, &mut value)? {
+            continue;
+        }
         match flag.as_str() {
             "--instances" => args.instances = value()?.parse()?,
             "--ticks" => args.ticks = value()?.parse()?,
-            "--redis" => args.redis = Some(value()?),
-            "--postgres" => args.postgres = Some(value()?),
             "--no-hold" => args.hold = false,
             "--instance" => {
                 let (i, run, start) = (value()?.parse()?, value()?, value()?.parse()?);
@@ -78,9 +78,6 @@ fn parse_args() -> Result<Args, Error> {
             }
         }
     }
-    if args.redis.is_some() && args.postgres.is_some() {
-        return Err("give --redis or --postgres, not both".into());
-    }
     if args.instances < 2 {
         return Err("--instances must be at least 2 for the job to be contended".into());
     }
@@ -93,6 +90,10 @@ enum Ledger {
     Memory(Arc<Mutex<Vec<(u64, usize, bool)>>>),
     Redis(redis::aio::MultiplexedConnection, String),
     Postgres(Arc<tokio_postgres::Client>, String),
+    /// One key per entry: `sched/{run}/ledger/{tick}/{instance}`, valued
+    /// `ran` or `skipped`.
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd_client::KvClient>, String),
 }
 
 impl Ledger {
@@ -114,6 +115,12 @@ impl Ledger {
                         &[run, &tick, &instance, &ran],
                     )
                     .await?;
+            }
+            #[cfg(feature = "etcd")]
+            Ledger::Etcd(client, run) => {
+                let key = format!("sched/{run}/ledger/{tick}/{instance}");
+                let entry = if ran { "ran" } else { "skipped" };
+                client.clone().put(key, entry, None).await?;
             }
         }
         Ok(())
@@ -155,23 +162,46 @@ impl Ledger {
                 entries.sort_unstable();
                 entries
             }
+            #[cfg(feature = "etcd")]
+            Ledger::Etcd(client, run) => {
+                let prefix = format!("sched/{run}/ledger/");
+                let all = etcd_client::DeleteOptions::new()
+                    .with_prefix()
+                    .with_prev_key();
+                let deleted = client.clone().delete(prefix.as_str(), Some(all)).await?;
+                let mut entries = Vec::new();
+                for kv in deleted.prev_kvs() {
+                    let key = kv.key_str()?.strip_prefix(&prefix).unwrap_or_default();
+                    let (tick, instance) = key.split_once('/').ok_or("a malformed ledger key")?;
+                    entries.push((tick.parse()?, instance.parse()?, kv.value_str()? == "ran"));
+                }
+                entries.sort_unstable();
+                entries
+            }
         })
     }
 
     /// The ledger `args` asks for: in the lock store, or in memory.
     async fn open(args: &Args, run: &str) -> Result<Ledger, Error> {
         let run = run.to_owned();
-        Ok(if let Some(url) = &args.redis {
-            let conn = redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
-            Ledger::Redis(conn, run)
-        } else if let Some(url) = &args.postgres {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            Ledger::Postgres(Arc::new(client), run)
-        } else {
-            Ledger::Memory(Arc::default())
+        Ok(match &args.store {
+            StoreFlag::Memory => Ledger::Memory(Arc::default()),
+            StoreFlag::Redis(url) => {
+                let conn = redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?;
+                Ledger::Redis(conn, run)
+            }
+            StoreFlag::Postgres(url) => {
+                let (client, connection) =
+                    tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+                tokio::spawn(connection);
+                Ledger::Postgres(Arc::new(client), run)
+            }
+            #[cfg(feature = "etcd")]
+            StoreFlag::Etcd(_) => Ledger::Etcd(args.store.etcd_kv().await?, run),
+            #[cfg(not(feature = "etcd"))]
+            StoreFlag::Etcd(_) => return Err(examples::WITHOUT_ETCD.into()),
         })
     }
 }
@@ -250,17 +280,12 @@ async fn instance(
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = parse_args()?;
-    let registry = match (&args.redis, &args.postgres) {
-        (Some(url), _) => LockRegistry::redis(url).await?,
-        (None, Some(url)) => LockRegistry::postgres(url).await?,
-        (None, None) => LockRegistry::memory(),
-    };
-    lock_runtime::init(registry)?;
+    lock_runtime::init(args.store.registry().await?)?;
 
     if let Some((i, run, start_ms)) = args.instance.clone() {
         let ledger = Ledger::open(&args, &run).await?;
         if let Ledger::Memory(_) = ledger {
-            return Err("--instance needs --redis or --postgres".into());
+            return Err(format!("--instance needs {STORE_FLAGS}").into());
         }
         return instance(i, args, run, start_ms, ledger).await;
     }
@@ -280,10 +305,10 @@ async fn main() -> Result<(), Error> {
     println!(
         "scheduled job: {} instances ({}), {} ticks {} s apart, clocks behind by {}, hold_at_least {}",
         args.instances,
-        match (&args.redis, &args.postgres) {
-            (Some(_), _) => "processes on Redis",
-            (None, Some(_)) => "processes on PostgreSQL",
-            (None, None) => "tasks in memory",
+        if args.store.is_shared() {
+            format!("processes on {}", args.store.name())
+        } else {
+            "tasks in memory".to_owned()
         },
         args.ticks,
         PERIOD.as_secs(),
@@ -293,19 +318,14 @@ async fn main() -> Result<(), Error> {
             .join(", "),
         if args.hold { "1500ms" } else { "OFF" }
     );
-    let store = match (&args.redis, &args.postgres) {
-        (Some(url), _) => Some(["--redis", url.as_str()]),
-        (None, Some(url)) => Some(["--postgres", url.as_str()]),
-        (None, None) => None,
-    };
-    if let Some(store) = store {
+    if args.store.is_shared() {
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
         for i in 0..args.instances {
             let mut command = Command::new(&exe);
             command
                 .args(["--instance", &i.to_string(), &run, &start_ms.to_string()])
-                .args(store)
+                .args(args.store.args())
                 .args(["--instances", &args.instances.to_string()])
                 .args(["--ticks", &args.ticks.to_string()]);
             if !args.hold {

@@ -1,1 +1,143 @@
 //! Runnable examples of lock-runtime; see the `[[example]]` targets.
+//!
+//! This library holds what the examples share: the `--redis`, `--postgres`
+//! and `--etcd` flags that choose the lock store, and the registry each
+//! one builds.
+
+use lock_runtime::LockRegistry;
+
+/// The error type of the examples' `main`s.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The store an example locks through, chosen on its command line.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StoreFlag {
+    /// No flag: an in-memory registry, one process only.
+    #[default]
+    Memory,
+    /// `--redis URL`.
+    Redis(String),
+    /// `--postgres URL`.
+    Postgres(String),
+    /// `--etcd ENDPOINTS`: `host:port` (or `http://host:port`), several
+    /// separated by commas.
+    Etcd(String),
+}
+
+/// Why `--etcd` fails in a build without the `etcd` feature.
+pub const WITHOUT_ETCD: &str = "these examples were built without etcd: run them with \
+     `cargo run -p examples --features etcd --example ...` \
+     (the build needs protoc: apt-get install protobuf-compiler libprotobuf-dev)";
+
+/// The flags [`StoreFlag::parse`] takes, for usage messages.
+pub const STORE_FLAGS: &str = "--redis URL, --postgres URL or --etcd ENDPOINTS";
+
+impl StoreFlag {
+    /// Takes `flag` if it names a store, reading its value with `value`;
+    /// returns whether it did. A second store flag is an error.
+    pub fn parse<E>(
+        &mut self,
+        flag: &str,
+        value: impl FnOnce() -> Result<String, E>,
+    ) -> Result<bool, String>
+    where
+        E: std::fmt::Display,
+    {
+        let make: fn(String) -> StoreFlag = match flag {
+            "--redis" => StoreFlag::Redis,
+            "--postgres" => StoreFlag::Postgres,
+            "--etcd" => StoreFlag::Etcd,
+            _ => return Ok(false),
+        };
+        if *self != StoreFlag::Memory {
+            return Err(format!("give one of {STORE_FLAGS}, not two"));
+        }
+        *self = make(value().map_err(|err| err.to_string())?);
+        Ok(true)
+    }
+
+    /// Whether processes can share locks through this store.
+    pub fn is_shared(&self) -> bool {
+        *self != StoreFlag::Memory
+    }
+
+    /// The store's name, for the examples' output.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StoreFlag::Memory => "in-memory",
+            StoreFlag::Redis(_) => "Redis",
+            StoreFlag::Postgres(_) => "PostgreSQL",
+            StoreFlag::Etcd(_) => "etcd",
+        }
+    }
+
+    /// The flag and its value, to pass on to the processes an example starts.
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            StoreFlag::Memory => Vec::new(),
+            StoreFlag::Redis(url) => vec!["--redis".into(), url.clone()],
+            StoreFlag::Postgres(url) => vec!["--postgres".into(), url.clone()],
+            StoreFlag::Etcd(endpoints) => vec!["--etcd".into(), endpoints.clone()],
+        }
+    }
+
+    /// The etcd endpoints of `--etcd`, split at the commas.
+    pub fn etcd_endpoints(&self) -> Vec<&str> {
+        match self {
+            StoreFlag::Etcd(endpoints) => endpoints
+                .split(',')
+                .map(str::trim)
+                .filter(|endpoint| !endpoint.is_empty())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A client of the etcd data of the examples (their stock, orders and
+    /// ledgers), connected to the endpoints of `--etcd`. Boxed: the client
+    /// is large, and sits in enums beside small ones.
+    #[cfg(feature = "etcd")]
+    pub async fn etcd_kv(&self) -> Result<Box<etcd_client::KvClient>, Error> {
+        let client = etcd_client::Client::connect(self.etcd_endpoints(), None).await?;
+        Ok(Box::new(client.kv_client()))
+    }
+
+    /// Connects the registry this flag names.
+    pub async fn registry(&self) -> Result<LockRegistry, Error> {
+        Ok(match self {
+            StoreFlag::Memory => LockRegistry::memory(),
+            StoreFlag::Redis(url) => LockRegistry::redis(url).await?,
+            StoreFlag::Postgres(url) => LockRegistry::postgres(url).await?,
+            #[cfg(feature = "etcd")]
+            StoreFlag::Etcd(_) => LockRegistry::etcd(&self.etcd_endpoints()).await?,
+            #[cfg(not(feature = "etcd"))]
+            StoreFlag::Etcd(_) => return Err(WITHOUT_ETCD.into()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_one_store_flag_and_refuses_a_second() {
+        let mut store = StoreFlag::default();
+        assert_eq!(
+            store.parse("--stock", || Ok::<_, String>("1".into())),
+            Ok(false)
+        );
+        assert_eq!(
+            store.parse("--etcd", || Ok::<_, String>(
+                "127.0.0.1:1, 127.0.0.1:2".into()
+            )),
+            Ok(true)
+        );
+        assert_eq!(store.etcd_endpoints(), ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(store.args(), ["--etcd", "127.0.0.1:1, 127.0.0.1:2"]);
+        let second = store.parse("--redis", || Ok::<_, String>("redis://x".into()));
+        assert!(second.unwrap_err().contains("not two"));
+        let missing = StoreFlag::default().parse("--postgres", || Err("--postgres needs a value"));
+        assert_eq!(missing, Err("--postgres needs a value".into()));
+    }
+}

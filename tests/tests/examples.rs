@@ -1,11 +1,11 @@
-//! Runs every example with small parameters, in memory, over Redis and over
-//! PostgreSQL, so none of them can rot. `cargo test --workspace` builds the examples before
+//! Runs every example with small parameters, in memory, over Redis, over
+//! PostgreSQL and over etcd, so none of them can rot. `cargo test --workspace` builds the examples before
 //! it runs any test.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use lock_tests::{PostgresServer, RedisServer};
+use lock_tests::{EtcdCluster, PostgresServer, RedisServer};
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
 fn example(name: &str) -> PathBuf {
@@ -114,6 +114,37 @@ fn flash_sale_across_processes_on_postgres() {
 }
 
 #[test]
+fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
+    let cluster = EtcdCluster::spawn(3);
+    let endpoints = cluster.endpoints().join(",");
+    let args = [
+        "--etcd",
+        &endpoints,
+        "--processes",
+        "3",
+        "--stock",
+        "30",
+        "--buyers",
+        "6",
+    ];
+    let (ok, out) = run("flash_sale", &args);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("6 buyers in 3 process(es), etcd backend, lock on"),
+        "{out}"
+    );
+    assert!(out.contains("stock       30 -> 0"), "{out}");
+    assert!(
+        out.contains("orders      30 recorded, 30 distinct items"),
+        "{out}"
+    );
+    assert!(out.contains("OK: every item sold exactly once."), "{out}");
+    let (ok, out) = run("flash_sale", &[&args[..], &["--no-lock"]].concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("OVERSOLD without the lock"), "{out}");
+}
+
+#[test]
 fn flash_sale_refuses_processes_without_redis() {
     let (ok, out) = run("flash_sale", &["--processes", "2"]);
     assert!(!ok, "{out}");
@@ -173,10 +204,34 @@ fn scheduled_job_runs_each_tick_once_across_processes_on_postgres() {
 }
 
 #[test]
-fn manual_api_in_memory_and_on_redis() {
-    let server = RedisServer::new();
-    let url = server.url();
-    for args in [vec![], vec!["--redis", url.as_str()]] {
+fn scheduled_job_runs_each_tick_once_across_processes_on_etcd() {
+    let cluster = EtcdCluster::single();
+    let endpoints = cluster.endpoints().join(",");
+    let (ok, out) = run(
+        "scheduled_job",
+        &["--etcd", &endpoints, "--instances", "3", "--ticks", "2"],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("3 instances (processes on etcd)"), "{out}");
+    assert_eq!(out.matches("(once)").count(), 2, "{out}");
+    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+}
+
+#[test]
+fn manual_api_in_memory_and_on_every_store() {
+    let (redis, postgres, etcd) = (
+        RedisServer::new(),
+        PostgresServer::new(),
+        EtcdCluster::single(),
+    );
+    let (redis_url, postgres_url, etcd_endpoints) =
+        (redis.url(), postgres.url(), etcd.endpoints().join(","));
+    for args in [
+        vec![],
+        vec!["--redis", redis_url.as_str()],
+        vec!["--postgres", postgres_url.as_str()],
+        vec!["--etcd", etcd_endpoints.as_str()],
+    ] {
         let (ok, out) = run("manual_api", &args);
         assert!(ok, "{out}");
         assert!(out.contains("try_lock while held: None"), "{out}");
@@ -191,13 +246,19 @@ fn manual_api_in_memory_and_on_redis() {
 }
 
 #[test]
-fn quick_start_in_memory_on_redis_and_on_postgres() {
-    let (redis, postgres) = (RedisServer::new(), PostgresServer::new());
-    let (redis_url, postgres_url) = (redis.url(), postgres.url());
+fn quick_start_in_memory_and_on_every_store() {
+    let (redis, postgres, etcd) = (
+        RedisServer::new(),
+        PostgresServer::new(),
+        EtcdCluster::single(),
+    );
+    let (redis_url, postgres_url, etcd_endpoints) =
+        (redis.url(), postgres.url(), etcd.endpoints().join(","));
     for args in [
         vec![],
         vec!["--redis", redis_url.as_str()],
         vec!["--postgres", postgres_url.as_str()],
+        vec!["--etcd", etcd_endpoints.as_str()],
     ] {
         let (ok, out) = run("quick_start", &args);
         assert!(ok, "{out}");
