@@ -13,7 +13,11 @@
 //! - `lock-runtime`: `LockRegistry::lock` + `LockGuard::release` (and the
 //!   attribute in scenario 7);
 //! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
-//!   settings, on the same server.
+//!   settings, on the same server;
+//! - for PostgreSQL (rows 9-12) and etcd (rows 13-16, one member), each
+//!   store's floor beside `lock-runtime` on it: the library's own acquire
+//!   statement or transaction and an owner-checked delete, without the
+//!   library (etcd's floor puts every key on one lease granted at start).
 //!
 //! Every critical section does the same small fixed work (about 2 µs of
 //! arithmetic).
@@ -58,6 +62,60 @@ enum Lib {
     /// The PostgreSQL floor: the library's insert-or-take-over statement,
     /// retried at once while held, and an owner-checked delete; no library.
     PgFloor(Arc<PgFloor>),
+    /// The etcd floor: the library's put-if-absent transaction on a lease
+    /// granted once, retried at once while held, and an owner-checked
+    /// delete; no library.
+    EtcdFloor(Arc<EtcdFloor>),
+}
+
+/// An etcd client and one long lease for every lock the floor takes.
+struct EtcdFloor {
+    kv: etcd_client::KvClient,
+    lease: i64,
+}
+
+impl EtcdFloor {
+    /// Connects to the comma-separated `endpoints` and grants the lease.
+    async fn connect(endpoints: &str) -> Result<EtcdFloor, Error> {
+        let endpoints: Vec<&str> = endpoints.split(',').collect();
+        let client = etcd_client::Client::connect(&endpoints, None).await?;
+        // Longer than any run: the floor never renews.
+        let lease = client.lease_client().grant(3_600, None).await?.id();
+        Ok(EtcdFloor {
+            kv: client.kv_client(),
+            lease,
+        })
+    }
+
+    /// Acquires `key`, retried at once while held; returns the token.
+    async fn acquire(&self, key: &str) -> Result<String, Error> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let token = format!("{:032x}", rand_u128());
+        let key = format!("locks/{key}");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                token.as_str(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        loop {
+            if self.kv.clone().txn(txn.clone()).await?.succeeded() {
+                return Ok(token);
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, token: &str) -> Result<(), Error> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let key = format!("locks/{key}");
+        let txn = Txn::new()
+            .when([Compare::value(key.as_str(), CompareOp::Equal, token)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        self.kv.clone().txn(txn).await?;
+        Ok(())
+    }
 }
 
 /// A PostgreSQL session with the floor's two statements prepared.
@@ -223,13 +281,31 @@ impl Lib {
                 lease.release(Duration::ZERO).await?;
                 Ok(waited)
             }
-            Lib::PgFloor(floor) => {
-                let token = floor.acquire(key).await?;
+            Lib::PgFloor(_) | Lib::EtcdFloor(_) => {
+                let token = self.store_floor_acquire(key).await?;
                 let waited = called.elapsed();
                 work();
-                floor.release(key, &token).await?;
+                self.store_floor_release(key, &token).await?;
                 Ok(waited)
             }
+        }
+    }
+
+    /// The PostgreSQL or etcd floor's acquire; returns the token.
+    async fn store_floor_acquire(&self, key: &str) -> Result<String, Error> {
+        match self {
+            Lib::PgFloor(floor) => floor.acquire(key).await,
+            Lib::EtcdFloor(floor) => floor.acquire(key).await,
+            _ => Err("not a store floor".into()),
+        }
+    }
+
+    /// The PostgreSQL or etcd floor's owner-checked delete.
+    async fn store_floor_release(&self, key: &str, token: &str) -> Result<(), Error> {
+        match self {
+            Lib::PgFloor(floor) => floor.release(key, token).await,
+            Lib::EtcdFloor(floor) => floor.release(key, token).await,
+            _ => Err("not a store floor".into()),
         }
     }
 }
@@ -247,6 +323,8 @@ struct Measured {
     waits: Vec<Duration>,
     /// For scenario rows that are not throughput (hand-off, memory growth).
     note: Option<String>,
+    /// A hand-off's unit: the store's round trip, when not Redis's PING.
+    round_trip: Option<Duration>,
 }
 
 impl Measured {
@@ -307,6 +385,7 @@ async fn run_tasks(
         elapsed,
         waits,
         note: None,
+        round_trip: None,
     })
 }
 
@@ -334,6 +413,19 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .connect()
                 .await?,
         )),
+        "etcd-floor" => Lib::EtcdFloor(Arc::new(EtcdFloor::connect(url).await?)),
+        "etcd-lock-runtime" => {
+            let endpoints: Vec<&str> = url.split(',').collect();
+            Lib::Ours(LockRegistry::etcd(&endpoints).await?)
+        }
+        "etcd-raw" => {
+            let endpoints: Vec<&str> = url.split(',').collect();
+            Lib::Raw(Arc::new(
+                lock_runtime::EtcdBackend::builder(&endpoints)
+                    .connect()
+                    .await?,
+            ))
+        }
         other => return Err(format!("unknown contender {other}").into()),
     })
 }
@@ -407,12 +499,12 @@ async fn worker(args: &[String]) -> Result<(), Error> {
                         floor_release(&mut conn, key, &token).await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
-                    Lib::PgFloor(floor) => {
-                        let token = floor.acquire(key).await?;
+                    Lib::PgFloor(_) | Lib::EtcdFloor(_) => {
+                        let token = lib.store_floor_acquire(key).await?;
                         let acquired = now_ns();
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         let released = now_ns();
-                        floor.release(key, &token).await?;
+                        lib.store_floor_release(key, &token).await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
                     _ => return Err("no hand-off for this contender".into()),
@@ -484,6 +576,7 @@ fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Meas
         elapsed: Duration::from_nanos(last.saturating_sub(first) as u64),
         waits,
         note: None,
+        round_trip: None,
     })
 }
 
@@ -529,6 +622,7 @@ fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Mea
         elapsed: Duration::ZERO,
         waits: handoffs,
         note: Some(format!("{count} hand-offs")),
+        round_trip: None,
     })
 }
 
@@ -579,6 +673,7 @@ async fn run_growth(lib: &Lib, name: &str, keys: u64) -> Result<Measured, Error>
             before as f64 / 1e6,
             after as f64 / 1e6
         )),
+        round_trip: None,
     })
 }
 
@@ -697,6 +792,134 @@ fn chart(path: &std::path::Path, panels: &[(&str, Vec<&Measured>)]) -> Result<()
     Ok(())
 }
 
+/// A store's rows in the table: its name, the number of its first row, its
+/// contenders' names for [`make_lib`], and the work of each row (at full
+/// scale).
+struct StoreRows {
+    name: &'static str,
+    first: u32,
+    floor: &'static str,
+    ours: &'static str,
+    uncontended_ops: u64,
+    distinct_ops: u64,
+    process_ops: u64,
+}
+
+const POSTGRES: StoreRows = StoreRows {
+    name: "postgres",
+    first: 9,
+    floor: "pg-floor",
+    ours: "pg-lock-runtime",
+    uncontended_ops: 4_000,
+    distinct_ops: 200,
+    process_ops: 200,
+};
+
+const ETCD: StoreRows = StoreRows {
+    name: "etcd",
+    first: 13,
+    floor: "etcd-floor",
+    ours: "etcd-lock-runtime",
+    uncontended_ops: 2_000,
+    distinct_ops: 100,
+    process_ops: 100,
+};
+
+/// One store's four rows, the library beside the store's floor on one
+/// server at `url`: uncontended, distinct keys (interleaved, best of two),
+/// one hot key across processes, hand-off. Also returns the store's round
+/// trip, the unit of the hand-off row.
+async fn store_rows(
+    store: &StoreRows,
+    url: &str,
+    quick: bool,
+) -> Result<(Vec<Measured>, Duration), Error> {
+    let scale = if quick { 10 } else { 1 };
+    let (name, first) = (store.name, store.first);
+    let floor = make_lib(store.floor, url).await?;
+    let ours = make_lib(store.ours, url).await?;
+    let contenders = [("floor", &floor), ("lock-runtime", &ours)];
+    for (_, lib) in contenders {
+        run_tasks(lib, "warm-up", "", 1, 100, false).await?;
+    }
+    let mut rows = Vec::new();
+    for (scenario, tasks, ops) in [
+        (
+            format!("{first}. {name}: 1 task, uncontended"),
+            1usize,
+            store.uncontended_ops / scale,
+        ),
+        (
+            format!("{}. {name}: 64 tasks, distinct keys", first + 1),
+            64,
+            store.distinct_ops / scale,
+        ),
+    ] {
+        let mut best: HashMap<&str, Measured> = HashMap::new();
+        for _ in 0..2 {
+            for (lib_name, lib) in contenders {
+                let m = run_tasks(lib, &scenario, lib_name, tasks, ops, false).await?;
+                if best
+                    .get(lib_name)
+                    .is_none_or(|b| m.throughput() > b.throughput())
+                {
+                    best.insert(lib_name, m);
+                }
+            }
+        }
+        for (lib_name, _) in contenders {
+            rows.extend(best.remove(lib_name));
+        }
+    }
+    let workers = [("floor", store.floor), ("lock-runtime", store.ours)];
+    for (lib_name, worker_lib) in workers {
+        let (ops, url) = (store.process_ops / scale, url.to_owned());
+        let scenario = format!("{}. {name}: 4 processes x 4 tasks, one hot key", first + 2);
+        let mut m =
+            tokio::task::spawn_blocking(move || run_processes(&scenario, worker_lib, &url, ops))
+                .await??;
+        m.lib = lib_name.into();
+        rows.push(m);
+    }
+    let round_trip = store_round_trip(&floor).await?;
+    for (lib_name, worker_lib) in workers {
+        let rounds = if quick { 30 } else { 200 };
+        let url = url.to_owned();
+        let scenario = format!(
+            "{}. {name}: hand-off, release in A to acquire in waiting B",
+            first + 3
+        );
+        let mut m =
+            tokio::task::spawn_blocking(move || run_handoff(&scenario, worker_lib, &url, rounds))
+                .await??;
+        m.lib = lib_name.into();
+        m.round_trip = Some(round_trip);
+        rows.push(m);
+    }
+    Ok((rows, round_trip))
+}
+
+/// The median round trip of the store a floor talks to: `SELECT 1` on
+/// PostgreSQL, a `put` (a committed write) on etcd.
+async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let started = Instant::now();
+        match floor {
+            Lib::PgFloor(pg) => {
+                pg.client.simple_query("SELECT 1").await?;
+            }
+            Lib::EtcdFloor(etcd) => {
+                etcd.kv.clone().put("bench:round-trip", "", None).await?;
+            }
+            _ => return Err("not a store floor".into()),
+        }
+        samples.push(started.elapsed());
+    }
+    samples.sort_unstable();
+    Ok(samples[samples.len() / 2])
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -707,14 +930,22 @@ async fn main() -> Result<(), Error> {
         // `--profile LIB OPS`: scenario 1 alone, for perf or callgrind.
         // `--profile pg-floor,pg-lock-runtime,pg-raw OPS [TASKS [ROUNDS]]`:
         // scenario 9 (or 10), the contenders in turn on one server, then the
-        // server's time per statement (pg_stat_statements).
-        if args[1].starts_with("pg-") {
-            let postgres = lock_tests::PostgresServer::new();
+        // server's time per statement (pg_stat_statements). The same with
+        // etcd-floor,etcd-lock-runtime,etcd-raw: scenario 13 (or 14).
+        if args[1].starts_with("pg-") || args[1].starts_with("etcd-") {
+            let (mut postgres, mut etcd) = (None, None);
+            let url = if args[1].starts_with("pg-") {
+                postgres.insert(lock_tests::PostgresServer::new()).url()
+            } else {
+                etcd.insert(lock_tests::EtcdCluster::single())
+                    .endpoints()
+                    .join(",")
+            };
             let ops: u64 = args[2].parse()?;
             let names: Vec<&str> = args[1].split(',').collect();
             let mut libs = Vec::new();
             for name in &names {
-                let lib = make_lib(name, &postgres.url()).await?;
+                let lib = make_lib(name, &url).await?;
                 run_tasks(&lib, "warm-up", name, 1, 100, false).await?;
                 libs.push((name, lib));
             }
@@ -725,6 +956,10 @@ async fn main() -> Result<(), Error> {
                     println!("{name}: {:.0}/s", m.throughput());
                 }
             }
+            drop(etcd);
+            let Some(postgres) = postgres else {
+                return Ok(());
+            };
             postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
             println!(
                 "{}",
@@ -892,79 +1127,18 @@ async fn main() -> Result<(), Error> {
         .await?,
     );
 
-    // PostgreSQL: the library beside the raw-SQL floor, on one server.
+    // PostgreSQL and etcd: the library beside each store's floor.
+    let mut store_round_trips = Vec::new();
     let postgres = lock_tests::PostgresServer::new();
-    let pg_url = postgres.url();
-    let pg_floor = make_lib("pg-floor", &pg_url).await?;
-    let pg_ours = make_lib("pg-lock-runtime", &pg_url).await?;
-    let pg_contenders = [("floor", &pg_floor), ("lock-runtime", &pg_ours)];
-    for (_, lib) in pg_contenders {
-        run_tasks(lib, "warm-up", "", 1, 100, false).await?;
-    }
-    for (scenario, tasks, ops) in [
-        ("9. postgres: 1 task, uncontended", 1usize, 4_000 / scale),
-        ("10. postgres: 64 tasks, distinct keys", 64, 200 / scale),
-    ] {
-        let mut best: HashMap<&str, Measured> = HashMap::new();
-        for _ in 0..repeat {
-            for (name, lib) in pg_contenders {
-                let m = run_tasks(lib, scenario, name, tasks, ops, false).await?;
-                if best
-                    .get(name)
-                    .is_none_or(|b| m.throughput() > b.throughput())
-                {
-                    best.insert(name, m);
-                }
-            }
-        }
-        for (name, _) in pg_contenders {
-            if let Some(m) = best.remove(name) {
-                push(m);
-            }
-        }
-    }
-    for (name, worker_lib) in [("floor", "pg-floor"), ("lock-runtime", "pg-lock-runtime")] {
-        let ops = 200 / scale;
-        let url = pg_url.clone();
-        let mut m = tokio::task::spawn_blocking(move || {
-            run_processes(
-                "11. postgres: 4 processes x 4 tasks, one hot key",
-                worker_lib,
-                &url,
-                ops,
-            )
-        })
-        .await??;
-        m.lib = name.into();
-        push(m);
-    }
-    for (name, worker_lib) in [("floor", "pg-floor"), ("lock-runtime", "pg-lock-runtime")] {
-        let rounds = if quick { 30 } else { 200 };
-        let url = pg_url.clone();
-        let mut m = tokio::task::spawn_blocking(move || {
-            run_handoff(
-                "12. postgres: hand-off, release in A to acquire in waiting B",
-                worker_lib,
-                &url,
-                rounds,
-            )
-        })
-        .await??;
-        m.lib = name.into();
-        push(m);
-    }
-    let pg_rtt = {
-        let floor = PgFloor::connect(&pg_url).await?;
-        let mut samples = Vec::new();
-        for _ in 0..200 {
-            let started = Instant::now();
-            floor.client.simple_query("SELECT 1").await?;
-            samples.push(started.elapsed());
-        }
-        samples.sort_unstable();
-        samples[samples.len() / 2]
-    };
+    let (rows, pg_rtt) = store_rows(&POSTGRES, &postgres.url(), quick).await?;
+    rows.into_iter().for_each(&mut push);
+    store_round_trips.push(format!("PostgreSQL: `SELECT 1` p50 {}", fmt_d(pg_rtt)));
     drop(postgres);
+    let etcd = lock_tests::EtcdCluster::single();
+    let (rows, etcd_rtt) = store_rows(&ETCD, &etcd.endpoints().join(","), quick).await?;
+    rows.into_iter().for_each(&mut push);
+    store_round_trips.push(format!("etcd, one member: a `put` p50 {}", fmt_d(etcd_rtt)));
+    drop(etcd);
 
     // The table.
     let floor_of = |scenario: &str| {
@@ -984,12 +1158,8 @@ async fn main() -> Result<(), Error> {
     writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
     for m in &results {
         let (rate, ratio) = match &m.note {
-            Some(note) if m.scenario.starts_with("5.") || m.scenario.starts_with("12.") => {
-                let round_trip = if m.scenario.starts_with("12.") {
-                    pg_rtt
-                } else {
-                    rtt
-                };
+            Some(note) if m.scenario.contains("hand-off") => {
+                let round_trip = m.round_trip.unwrap_or(rtt);
                 (
                     note.clone(),
                     format!(
@@ -1035,8 +1205,8 @@ async fn main() -> Result<(), Error> {
          interleaved, keeping the faster run. \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
-         owner-checked delete, no library); for hand-offs it is the median in round trips (PostgreSQL: \
-         `SELECT 1` p50 {}).\n",
+         owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
+         and an owner-checked delete, no library); for hand-offs it is the median in round trips ({}).\n",
         if quick {
             "--quick (figures are rough)"
         } else {
@@ -1044,7 +1214,7 @@ async fn main() -> Result<(), Error> {
         },
         fmt_d(rtt),
         uncontended_floor,
-        fmt_d(pg_rtt)
+        store_round_trips.join("; ")
     )?;
     report.push_str(&table);
     report.push_str("\nWait-time distributions: `BENCHMARKS.svg`.\n");

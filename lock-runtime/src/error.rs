@@ -106,6 +106,7 @@ impl LockError {
 }
 
 /// The URL with any password replaced by `***`, for logs and `Debug`.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
         // A `key=value` connection string (PostgreSQL's other form).

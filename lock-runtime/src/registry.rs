@@ -138,6 +138,10 @@ impl LockRegistry {
     /// A registry over a store just connected to `address` (the stores'
     /// constructors): a failed connect is a [`LockError::Backend`] naming
     /// the address, password redacted.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+        allow(dead_code)
+    )]
     pub(crate) fn connected<B: Backend>(
         address: &str,
         backend: Result<B, BackendError>,

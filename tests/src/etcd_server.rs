@@ -28,8 +28,109 @@ struct Member {
     name: String,
     client: u16,
     peer: u16,
+    /// Serves `/health` over plain HTTP (the client port may be TLS).
+    metrics: u16,
     dir: PathBuf,
     child: Option<Child>,
+}
+
+/// A throwaway certificate authority and the certificates it signed, for
+/// an etcd member that serves TLS and asks clients for a certificate
+/// (`--client-cert-auth`). Made with the `openssl` command.
+#[derive(Debug)]
+pub struct EtcdCerts {
+    dir: PathBuf,
+}
+
+impl EtcdCerts {
+    /// A CA, a server certificate for `127.0.0.1` and a client
+    /// certificate it signed, and a second CA that signed nothing of this.
+    fn make(dir: PathBuf) -> EtcdCerts {
+        std::fs::create_dir_all(&dir).expect("create the certificates' directory");
+        let certs = EtcdCerts { dir };
+        for ca in ["ca", "other-ca"] {
+            certs.openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN=lock-tests {ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.crt"),
+            ]);
+        }
+        for (name, extensions) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            std::fs::write(certs.dir.join(format!("{name}.ext")), extensions)
+                .expect("write the extensions");
+            certs.openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN=lock-tests {name}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ]);
+            certs.openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.crt"),
+            ]);
+        }
+        certs
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let made = Command::new("openssl")
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .expect("run openssl (apt-get install -y openssl)");
+        assert!(
+            made.status.success(),
+            "openssl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+
+    /// The path of `name` (`ca.crt`, `server.key`, ...).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The contents of `name` (`ca.crt`, `client.crt`, `client.key`,
+    /// `other-ca.crt`, ...).
+    pub fn pem(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.path(name)).expect("read a certificate")
+    }
 }
 
 /// An etcd cluster of one or more members on `127.0.0.1`, with fast Raft
@@ -39,6 +140,8 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
+    /// Set: the members serve their clients over TLS with these.
+    tls: Option<EtcdCerts>,
 }
 
 impl EtcdCluster {
@@ -47,11 +150,24 @@ impl EtcdCluster {
         EtcdCluster::spawn(1)
     }
 
+    /// One member serving its clients over TLS only, with a client
+    /// certificate required: the certificates are in [`certs`](Self::certs).
+    pub fn single_tls() -> EtcdCluster {
+        EtcdCluster::spawn_with(1, true)
+    }
+
     /// `n` members, started together; returns once a leader is elected.
     pub fn spawn(n: usize) -> EtcdCluster {
+        EtcdCluster::spawn_with(n, false)
+    }
+
+    fn spawn_with(n: usize, tls: bool) -> EtcdCluster {
         let mut last_log = String::new();
         for _ in 0..3 {
             let mut cluster = EtcdCluster::planned(n);
+            if tls {
+                cluster.tls = Some(EtcdCerts::make(cluster.members[0].dir.join("certs")));
+            }
             for i in 0..n {
                 cluster.start(i);
             }
@@ -80,6 +196,7 @@ impl EtcdCluster {
                     name: format!("m{i}"),
                     client: free_port(),
                     peer: free_port(),
+                    metrics: free_port(),
                     dir,
                     child: None,
                 }
@@ -90,22 +207,39 @@ impl EtcdCluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
             .collect::<Vec<_>>()
             .join(",");
-        EtcdCluster { members, initial }
+        EtcdCluster {
+            members,
+            initial,
+            tls: None,
+        }
     }
 
     /// Starts member `i` (again, on its ports and data).
     fn start(&mut self, i: usize) {
         let member = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", member.client);
+        let client = self.endpoint(i);
         let peer = format!("http://127.0.0.1:{}", member.peer);
+        let metrics = format!("http://127.0.0.1:{}", member.metrics);
         let log = std::fs::File::create(member.dir.join("etcd.log")).expect("log file");
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        if let Some(certs) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(certs.path("server.crt"))
+                .arg("--key-file")
+                .arg(certs.path("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(certs.path("ca.crt"))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(member.dir.join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial])
             .args(["--initial-cluster-token", "lock-tests"])
@@ -141,7 +275,7 @@ impl EtcdCluster {
                 .members
                 .iter()
                 .filter(|m| m.child.is_some())
-                .all(|m| http(m.client, "GET", "/health", "").contains("\"health\":\"true\""));
+                .all(|m| http(m.metrics, "GET", "/health", "").contains("\"health\":\"true\""));
             if healthy {
                 return true;
             }
@@ -155,9 +289,15 @@ impl EtcdCluster {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
 
-    /// The client URL of member `i`.
+    /// The client URL of member `i` (`https://` when it serves TLS).
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client)
+    }
+
+    /// The certificates of a [`single_tls`](Self::single_tls) member.
+    pub fn certs(&self) -> Option<&EtcdCerts> {
+        self.tls.as_ref()
     }
 
     /// `etcd://127.0.0.1:PORT,...`: every member, as the test worker

@@ -13,7 +13,7 @@ mod proxy;
 mod redis_server;
 mod worker;
 
-pub use etcd_server::EtcdCluster;
+pub use etcd_server::{EtcdCerts, EtcdCluster};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};

@@ -141,6 +141,104 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
     lock_and_release(&registry, &unique_key("auth")).await;
 }
 
+/// TLS with a client certificate, as a hardened cluster runs: locks work,
+/// and a client without TLS gets nothing from the member.
+#[tokio::test]
+async fn tls_with_a_client_certificate_locks_and_releases() {
+    let cluster = EtcdCluster::single_tls();
+    let certs = cluster.certs().unwrap();
+    let endpoint = cluster.endpoint(0);
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
+    let backend = EtcdBackend::builder(&[&endpoint])
+        .tls_ca(certs.pem("ca.crt"))
+        .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
+        .connect()
+        .await
+        .unwrap();
+    assert!(format!("{backend:?}").contains(&endpoint), "{backend:?}");
+    let registry = LockRegistry::builder(backend).build().unwrap();
+    let key = unique_key("tls");
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+        tokens.push(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    assert!(tokens[1] > tokens[0], "fencing tokens {tokens:?}");
+
+    // The control: plain HTTP/2 to the same port is not served.
+    let plain = endpoint.replace("https://", "http://");
+    let err = LockRegistry::etcd(&[&plain]).await.unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(shown.contains(&plain), "{shown}");
+}
+
+/// What a wrong TLS setting gives: a clear error naming the endpoint or the
+/// setting, within the timeouts, never a hang or a panic.
+#[tokio::test]
+async fn tls_settings_that_cannot_work_are_clear_errors() {
+    let cluster = EtcdCluster::single_tls();
+    let certs = cluster.certs().unwrap();
+    let endpoint = cluster.endpoint(0);
+    let error = |result: Result<EtcdBackend, lock_runtime::BackendError>| {
+        let err = result.map(|_| ()).unwrap_err().to_string();
+        eprintln!("{err}");
+        err
+    };
+    let started = Instant::now();
+    // No client certificate, for a member that asks for one.
+    let err = error(
+        EtcdBackend::builder(&[&endpoint])
+            .tls_ca(certs.pem("ca.crt"))
+            .connect()
+            .await,
+    );
+    assert!(
+        err.contains("cannot connect to etcd at") && err.contains(&endpoint),
+        "{err}"
+    );
+    assert!(err.contains("`tls_identity`"), "{err}");
+    // A CA that did not sign the member's certificate.
+    let err = error(
+        EtcdBackend::builder(&[&endpoint])
+            .tls_ca(certs.pem("other-ca.crt"))
+            .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
+            .connect()
+            .await,
+    );
+    assert!(
+        err.contains("cannot connect to etcd at") && err.contains(&endpoint),
+        "{err}"
+    );
+    assert!(err.contains("invalid peer certificate"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+    // Schemes that contradict the settings, refused before connecting.
+    let plain = endpoint.replace("https://", "http://");
+    let err = error(
+        EtcdBackend::builder(&[&plain])
+            .tls_ca(certs.pem("ca.crt"))
+            .connect()
+            .await,
+    );
+    assert!(
+        err.contains(&plain) && err.contains("use https://"),
+        "{err}"
+    );
+    let err = error(EtcdBackend::builder(&[&endpoint]).connect().await);
+    assert!(err.contains(&endpoint) && err.contains("tls_ca"), "{err}");
+    let err = error(
+        EtcdBackend::builder(&[&endpoint])
+            .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
+            .connect()
+            .await,
+    );
+    assert!(err.contains("call `tls_ca`"), "{err}");
+}
+
 /// A member that is not the leader dies: nobody notices.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_minority_member_is_skipped() {
