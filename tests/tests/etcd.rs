@@ -141,6 +141,79 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
     lock_and_release(&registry, &unique_key("auth")).await;
 }
 
+/// Undoes a held lock behind its holder's back: deletes its key, or
+/// revokes the lease the key is attached to.
+async fn undo(admin: &mut etcd_client::Client, key: &str, how: &str) {
+    let full = format!("locks/{key}");
+    if how == "delete" {
+        let deleted = admin.delete(full.as_str(), None).await.unwrap();
+        assert_eq!(deleted.deleted(), 1);
+    } else {
+        let entry = admin.get(full.as_str(), None).await.unwrap();
+        let lease = entry.kvs()[0].lease();
+        admin.lease_revoke(lease).await.unwrap();
+    }
+}
+
+/// How long after `undone` `guard` learns it lost its lock: well under a
+/// 30 s lease's first renewal (10 s in), so the loss was pushed, not found.
+async fn time_to_hear_the_loss(guard: &lock_runtime::LockGuard, undone: Instant) -> Duration {
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("the loss was pushed to the holder (the renewal is 10 s away)");
+    assert!(!guard.is_held());
+    undone.elapsed()
+}
+
+/// A key deleted or a lease revoked under a holder: the key's watch tells
+/// the holder at once, long before its renewal would have found out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_deleted_or_a_lease_revoked_under_a_holder_is_pushed_at_once() {
+    let cluster = EtcdCluster::single();
+    let registry = registry(&cluster).await;
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let long = LockOptions::default().ttl(Duration::from_secs(30));
+    for how in ["delete", "revoke"] {
+        let key = unique_key("pushed");
+        let guard = registry.lock(&key, long.clone()).await.unwrap();
+        // Another key held and released meanwhile is no loss for it.
+        let other = registry
+            .lock(&unique_key("other"), long.clone())
+            .await
+            .unwrap();
+        other.release().await.unwrap();
+        assert!(guard.is_held());
+        let undone = Instant::now();
+        undo(&mut admin, &key, how).await;
+        let heard = time_to_hear_the_loss(&guard, undone).await;
+        eprintln!("{how}: the holder heard of it after {heard:?}");
+        let err = guard.release().await.unwrap_err();
+        assert!(matches!(err, LockError::Lost { .. }), "{err}");
+    }
+}
+
+/// The watch stream breaks (its member restarts) while a lock is held: the
+/// key is watched again from its grant, and a deletion afterwards is still
+/// pushed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pushed_loss_survives_a_restarted_member() {
+    let mut cluster = EtcdCluster::single();
+    let registry = registry(&cluster).await;
+    let long = LockOptions::default().ttl(Duration::from_secs(30));
+    let key = unique_key("restart");
+    let guard = registry.lock(&key, long).await.unwrap();
+    assert!(cluster.restart(0), "{}", cluster.log(0));
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let undone = Instant::now();
+    undo(&mut admin, &key, "delete").await;
+    let heard = time_to_hear_the_loss(&guard, undone).await;
+    eprintln!("after a restart: the holder heard of it after {heard:?}");
+}
+
 /// TLS with a client certificate, as a hardened cluster runs: locks work,
 /// and a client without TLS gets nothing from the member.
 #[tokio::test]

@@ -20,6 +20,9 @@
 //!   lease is counted from when it was last granted or renewed, not from the
 //!   acquire ([`Lease::started_at`]), so the runtime never believes in more
 //!   of it than etcd does.
+//! - **Losses are pushed**: a key held for a moment is watched for a
+//!   deletion its holder did not make (a revoked or expired lease, a deleted
+//!   key), which cancels the body at once (see `held.rs`).
 //! - **Renew** sends a keep-alive for the lease and checks, in the same round
 //!   trip, that the key still holds our token: a revoked lease, an expired
 //!   one or a key deleted under the holder is a lost lock, and the body is
@@ -65,8 +68,13 @@ use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
     ReleaseWatch, SafetyMargin,
 };
+use crate::backend::LossSignal;
 use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
+
+mod held;
+
+use held::HeldKeys;
 
 /// The most unused leases kept per ttl.
 const MAX_SPARES: usize = 256;
@@ -234,6 +242,7 @@ impl EtcdBackendBuilder {
             watches: client.watch_client(),
             shared: Arc::new(Shared {
                 spares: Mutex::default(),
+                held: Arc::default(),
             }),
             capabilities: capabilities(Duration::from_secs(1)),
             prefix: self.prefix,
@@ -286,7 +295,7 @@ impl fmt::Debug for EtcdBackendBuilder {
 fn capabilities(min_ttl: Duration) -> Capabilities {
     Capabilities::new("etcd")
         .with_ttl(min_ttl, Duration::from_secs(1))
-        .with_features(true, true, true, false)
+        .with_features(true, true, true, true)
         // The leader expires leases by its clock, counted from when it
         // received the grant or keep-alive (after we sent it); a new leader
         // extends every lease. Left: clock rate and timer slack.
@@ -328,6 +337,8 @@ pub struct EtcdBackend {
 struct Shared {
     /// Unused leases by ttl in seconds.
     spares: Mutex<HashMap<i64, Vec<Spare>>>,
+    /// The keys held, watched so their loss is pushed to the holder.
+    held: Arc<HeldKeys>,
 }
 
 /// A lease nobody's key is attached to, and since when etcd counts it.
@@ -489,13 +500,29 @@ impl EtcdBackend {
         )))
     }
 
-    fn lease(&self, key: Vec<u8>, token: LockToken, secs: i64, spare: Spare) -> EtcdLease {
+    /// The handle of `key`, granted at revision `granted`; its deletion by
+    /// anyone else raises `loss`.
+    fn lease(
+        &self,
+        key: Vec<u8>,
+        token: LockToken,
+        secs: i64,
+        spare: Spare,
+        granted: i64,
+        loss: &LossSignal,
+    ) -> EtcdLease {
+        let opener = self.prefix.as_bytes();
+        let watch = self
+            .shared
+            .held
+            .hold(&self.watches, opener, &key, granted, loss);
         EtcdLease {
             store: self.clone(),
             key,
             token,
             secs,
             lease: spare,
+            watch,
             counted_from_grant: true,
         }
     }
@@ -567,8 +594,16 @@ struct EtcdLease {
     token: LockToken,
     secs: i64,
     lease: Spare,
+    /// The watch that pushes the key's loss ([`HeldKeys`]).
+    watch: i64,
     /// Whether the lease was granted before the acquire was sent.
     counted_from_grant: bool,
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        self.store.shared.held.forget(self.watch);
+    }
 }
 
 impl EtcdLease {
@@ -618,6 +653,8 @@ impl Lease for EtcdLease {
         Box::pin(async move {
             let store = self.store.clone();
             let token = self.token.to_string();
+            // Our own deletion (or move) is no loss.
+            store.shared.held.forget(self.watch);
             let then = if linger.is_zero() {
                 TxnOp::delete(self.key.clone(), None)
             } else {
@@ -691,9 +728,12 @@ impl Backend for EtcdBackend {
                 }
             };
             if answer.succeeded() {
+                let fencing = revision(&answer);
+                let granted = i64::try_from(fencing).unwrap_or(i64::MAX);
+                let lease = self.lease(key, request.token, secs, spare, granted, request.loss);
                 return Ok(Acquire::Acquired {
-                    fencing: revision(&answer),
-                    lease: Box::new(self.lease(key, request.token, secs, spare)),
+                    fencing,
+                    lease: Box::new(lease),
                 });
             }
             self.shared.give_back(secs, spare);
@@ -707,15 +747,12 @@ impl Backend for EtcdBackend {
             if holder.value() == token.as_bytes() {
                 // Our own earlier attempt, whose answer was lost: the same
                 // grant. Its lease is extended now, so it counts from now.
-                let mut lease = self.lease(
-                    key,
-                    request.token,
-                    secs,
-                    Spare {
-                        id: holder.lease(),
-                        fresh_at: Instant::now(),
-                    },
-                );
+                let spare = Spare {
+                    id: holder.lease(),
+                    fresh_at: Instant::now(),
+                };
+                let granted = holder.mod_revision();
+                let mut lease = self.lease(key, request.token, secs, spare, granted, request.loss);
                 lease.counted_from_grant = false;
                 if lease.refresh(None).await?.is_some() {
                     return Ok(Acquire::Acquired {
@@ -886,6 +923,7 @@ mod tests {
     async fn only_fresh_spare_leases_are_reused() {
         let shared = Shared {
             spares: Mutex::default(),
+            held: Arc::default(),
         };
         let at = Instant::now();
         shared.give_back(
