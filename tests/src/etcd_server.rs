@@ -316,6 +316,17 @@ impl EtcdCluster {
         self.members[i].client
     }
 
+    /// How many watchers member `i` serves now (its
+    /// `etcd_debugging_mvcc_watcher_total` metric).
+    pub fn watchers(&self, i: usize) -> u64 {
+        let metrics = http(self.members[i].metrics, "GET", "/metrics", "");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("the member's watcher count")
+    }
+
     /// The number of members.
     pub fn len(&self) -> usize {
         self.members.len()

@@ -77,6 +77,14 @@ impl Proxy {
         *self.shared.cut.lock().unwrap() = true;
     }
 
+    /// Closes every open connection, both ends, as a crashed middlebox
+    /// would; new ones are served or held as before.
+    pub fn reset(&self) {
+        for stream in self.shared.streams.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
     /// Forwards again; what was held back goes through.
     pub fn forward(&self) {
         *self.shared.cut.lock().unwrap() = false;

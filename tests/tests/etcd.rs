@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{EtcdBackend, LockError, LockOptions, LockRegistry};
 use lock_tests::contract::Store;
-use lock_tests::{EtcdCluster, backend_contract, lock_and_release, time_to_lock, unique_key};
+use lock_tests::{
+    EtcdCluster, Proxy, backend_contract, lock_and_release, time_to_lock, unique_key, wait_until,
+};
 
 async fn etcd_store() -> Store {
     let cluster = EtcdCluster::single();
@@ -212,6 +214,65 @@ async fn a_pushed_loss_survives_a_restarted_member() {
     undo(&mut admin, &key, "delete").await;
     let heard = time_to_hear_the_loss(&guard, undone).await;
     eprintln!("after a restart: the holder heard of it after {heard:?}");
+}
+
+/// A waiter's watch breaks (its connection reset), and while it cannot
+/// resume the key is released, changed and compacted away: the resumed
+/// watch is refused with the compaction, which wakes the waiter to look.
+/// It takes the lock as soon as the network heals, not at its next timed
+/// retry (5 s after its last attempt).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_whose_watch_resumes_past_a_compaction_is_woken() {
+    let cluster = EtcdCluster::single();
+    let proxy = Proxy::start(cluster.client_port(0));
+    let behind = LockRegistry::etcd(&[&format!("http://127.0.0.1:{}", proxy.port())])
+        .await
+        .unwrap();
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    // Someone else holds the key for 30 s.
+    let key = unique_key("compacted");
+    let full = format!("locks/{key}");
+    let lease = admin.lease_grant(30, None).await.unwrap().id();
+    let on_lease = etcd_client::PutOptions::new().with_lease(lease);
+    admin
+        .put(full.as_str(), "someone else", Some(on_lease))
+        .await
+        .unwrap();
+    let watchers = cluster.watchers(0);
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = behind.lock(&key, LockOptions::default()).await;
+            (Instant::now(), guard)
+        }
+    });
+    wait_until("the waiter watches the key", || {
+        cluster.watchers(0) > watchers
+    })
+    .await;
+
+    proxy.black_hole();
+    proxy.reset();
+    admin.lease_revoke(lease).await.unwrap();
+    admin.put(full.as_str(), "a passer-by", None).await.unwrap();
+    admin.delete(full.as_str(), None).await.unwrap();
+    let now = admin.get(full.as_str(), None).await.unwrap();
+    let revision = now.header().unwrap().revision();
+    admin.compact(revision, None).await.unwrap();
+    let healed = Instant::now();
+    proxy.forward();
+
+    let (acquired, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter took the lock")
+        .unwrap();
+    let guard = guard.unwrap();
+    let after = acquired.duration_since(healed);
+    eprintln!("acquired {after:?} after the network healed");
+    assert!(after < Duration::from_millis(2500), "{after:?}");
+    guard.release().await.unwrap();
 }
 
 /// TLS with a client certificate, as a hardened cluster runs: locks work,

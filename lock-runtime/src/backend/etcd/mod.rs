@@ -431,7 +431,8 @@ impl EtcdBackend {
     }
 
     /// Runs one call within the response timeout, again while no member
-    /// can take it (an endpoint that just died, an election): each of the
+    /// can take it (an endpoint that just died, an election, a connection
+    /// that broke under the call): each of the
     /// store's calls may run twice (an acquire by the same token gets the
     /// same answer, a release or a renewal is owner-checked).
     async fn timed<T, F, Fut>(&self, mut call: F) -> Result<T, BackendError>
@@ -444,8 +445,8 @@ impl EtcdBackend {
         loop {
             match tokio::time::timeout_at(deadline, call()).await {
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(err)) if unavailable(&err) && Instant::now() + RETRY < deadline => {
-                    tracing::debug!(%err, "etcd: no member took the call; again");
+                Ok(Err(err)) if undelivered(&err) && Instant::now() + RETRY < deadline => {
+                    tracing::debug!(%err, "etcd: the call may not have arrived; again");
                     refused = Some(etcd_error(err));
                     tokio::time::sleep(RETRY).await;
                 }
@@ -552,10 +553,21 @@ fn etcd_error(err: etcd_client::Error) -> BackendError {
     }
 }
 
-/// gRPC's `UNAVAILABLE`: the call reached no member that could serve it.
-fn unavailable(err: &etcd_client::Error) -> bool {
+/// A call that may not have reached a member that could serve it: gRPC's
+/// `UNAVAILABLE` (no member, no leader), or a connection that broke under
+/// it (reset by a member's restart or a proxy: "transport error").
+fn undelivered(err: &etcd_client::Error) -> bool {
+    const UNKNOWN: i32 = 2;
     const UNAVAILABLE: i32 = 14;
-    matches!(err, etcd_client::Error::GRpcStatus(status) if i32::from(status.code()) == UNAVAILABLE)
+    match err {
+        etcd_client::Error::GRpcStatus(status) => match i32::from(status.code()) {
+            UNAVAILABLE => true,
+            UNKNOWN => status.message().starts_with("transport error"),
+            _ => false,
+        },
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
 }
 
 /// Whether `err` says a lease does not exist (expired or revoked).
