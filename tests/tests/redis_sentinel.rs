@@ -123,7 +123,21 @@ async fn locks_follow_a_failover_without_overlap_or_going_back() {
 async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone() {
     let master = RedisServer::master();
     let replica = RedisServer::replica_of(&master);
-    let timeout = Duration::from_millis(500);
+    // Generous: on a loaded 2-core machine (the failover test beside it
+    // runs seven servers) a healthy replica's ack once took over 500 ms.
+    let timeout = Duration::from_secs(1);
+    // It must be shorter than the response timeout (default 2 s), or the
+    // reply could come too late to undo the grant.
+    let err = RedisBackend::builder(&master.url())
+        .replica_acks(1, Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("must be shorter than the response timeout"),
+        "{err}"
+    );
     let backend = RedisBackend::builder(&master.url())
         .replica_acks(1, timeout)
         .connect()

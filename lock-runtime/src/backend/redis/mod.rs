@@ -262,6 +262,8 @@ impl RedisBackendBuilder {
     /// undone and the acquire fails with [`LockError::Backend`]. A failover
     /// right after a grant then cannot lose it, unless every confirming
     /// replica fails too (see the README for what it costs). Off by default.
+    /// `timeout` must be shorter than the
+    /// [response timeout](Self::response_timeout), or `connect` refuses it.
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = Some(ReplicaAcks { replicas, timeout });
         self
@@ -277,6 +279,17 @@ impl RedisBackendBuilder {
     /// The `redis` crate's error when the URL is invalid or the server cannot
     /// be reached or refuses the credentials. Never contains the password.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+        if let Some(acks) = self.replica_acks
+            && acks.timeout >= self.response_timeout
+        {
+            // The reply would come too late: the grant's fate unknown, and
+            // not undone.
+            return Err(format!(
+                "the replica_acks timeout ({:?}) must be shorter than the response timeout ({:?})",
+                acks.timeout, self.response_timeout
+            )
+            .into());
+        }
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
