@@ -12,12 +12,14 @@ pub mod processes;
 mod proxy;
 mod redis_server;
 mod worker;
+mod zookeeper_server;
 
 pub use etcd_server::{EtcdCerts, EtcdCluster};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
 pub use worker::{Worker, field};
+pub use zookeeper_server::ZooKeeperEnsemble;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,0 +1,286 @@
+//! ZooKeeper for tests: one server or an ensemble of several, on free
+//! loopback ports with temporary data directories (a generated `zoo.cfg` and
+//! `myid`, the admin server off, the four-letter words `ruok` and `srvr`
+//! allowed for readiness); servers are killed, frozen and restarted by pid
+//! on purpose, and all of them killed on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long an ensemble may take to start serving (JVMs start slowly).
+const READY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// ZooKeeper's tick: sessions may last from 2 ticks (400 ms) up to the
+/// configured maximum.
+const TICK_MS: u32 = 200;
+
+/// The start script to run: `LOCK_TEST_ZOOKEEPER_BIN`, else Debian's.
+fn script() -> String {
+    std::env::var("LOCK_TEST_ZOOKEEPER_BIN")
+        .unwrap_or_else(|_| "/usr/share/zookeeper/bin/zkServer.sh".into())
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// One server: its ports, data directory and process (the JVM).
+#[derive(Debug)]
+struct Server {
+    client: u16,
+    quorum: u16,
+    election: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A ZooKeeper ensemble of one or more servers on `127.0.0.1`, with a
+/// 200 ms tick (sessions of 400 ms to 60 s). Every server is killed
+/// (SIGKILL) and its directory removed on drop.
+#[derive(Debug)]
+pub struct ZooKeeperEnsemble {
+    servers: Vec<Server>,
+}
+
+impl ZooKeeperEnsemble {
+    /// One server, standalone.
+    pub fn single() -> ZooKeeperEnsemble {
+        ZooKeeperEnsemble::spawn(1)
+    }
+
+    /// `n` servers, started together; returns once every one serves (a
+    /// leader is elected).
+    pub fn spawn(n: usize) -> ZooKeeperEnsemble {
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let mut ensemble = ZooKeeperEnsemble::planned(n);
+            for i in 0..n {
+                ensemble.start(i);
+            }
+            if ensemble.wait_serving(READY_DEADLINE) {
+                return ensemble;
+            }
+            last_log = (0..n)
+                .map(|i| ensemble.log(i))
+                .collect::<Vec<_>>()
+                .join("\n---\n");
+        }
+        panic!("ZooKeeper did not start in 3 attempts; last logs:\n{last_log}");
+    }
+
+    fn planned(n: usize) -> ZooKeeperEnsemble {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let servers: Vec<Server> = (0..n)
+            .map(|_| {
+                let dir = std::env::temp_dir().join(format!(
+                    "lock-tests-zookeeper-{}-{}",
+                    std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(dir.join("data")).expect("create the data directory");
+                Server {
+                    client: free_port(),
+                    quorum: free_port(),
+                    election: free_port(),
+                    dir,
+                    child: None,
+                }
+            })
+            .collect();
+        let ensemble = ZooKeeperEnsemble { servers };
+        for i in 0..n {
+            ensemble.configure(i);
+        }
+        ensemble
+    }
+
+    /// Writes server `i`'s `zoo.cfg` and `myid`.
+    fn configure(&self, i: usize) {
+        let server = &self.servers[i];
+        let mut conf = format!(
+            "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\n\
+             clientPort={}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+             4lw.commands.whitelist=ruok,srvr\nminSessionTimeout={}\nmaxSessionTimeout=60000\n",
+            server.dir.join("data").display(),
+            server.client,
+            2 * TICK_MS,
+        );
+        if self.servers.len() > 1 {
+            for (id, peer) in self.servers.iter().enumerate() {
+                conf.push_str(&format!(
+                    "server.{}=127.0.0.1:{}:{}\n",
+                    id + 1,
+                    peer.quorum,
+                    peer.election
+                ));
+            }
+        }
+        std::fs::write(server.dir.join("zoo.cfg"), conf).expect("write zoo.cfg");
+        std::fs::write(server.dir.join("data").join("myid"), format!("{}\n", i + 1))
+            .expect("write myid");
+    }
+
+    /// Starts server `i` (again, on its ports and data). `start-foreground`
+    /// execs the JVM, so the child's pid is the server's.
+    fn start(&mut self, i: usize) {
+        let server = &self.servers[i];
+        let log = std::fs::File::create(server.dir.join("zookeeper.log")).expect("log file");
+        let child = Command::new(script())
+            .arg("start-foreground")
+            .arg(server.dir.join("zoo.cfg"))
+            .env(
+                "JVMFLAGS",
+                "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            )
+            .env("ZOO_LOG_DIR", &server.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot run `{}`: {err}; install ZooKeeper (apt-get install -y zookeeper) \
+                     or point LOCK_TEST_ZOOKEEPER_BIN at its zkServer.sh",
+                    script()
+                )
+            });
+        self.servers[i].child = Some(child);
+    }
+
+    /// True once every running server serves clients.
+    fn wait_serving(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let exited = self.servers.iter_mut().any(|s| {
+                s.child
+                    .as_mut()
+                    .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
+            });
+            if exited {
+                return false; // a port was taken, say
+            }
+            let serving = (0..self.servers.len())
+                .filter(|&i| self.servers[i].child.is_some())
+                .all(|i| self.mode(i).is_some());
+            if serving {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Server `i`'s mode (`standalone`, `leader`, `follower`) while it
+    /// serves clients; `None` otherwise.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        let answer = four_letters(self.servers[i].client, "srvr");
+        answer
+            .lines()
+            .find_map(|line| line.strip_prefix("Mode: "))
+            .map(|mode| mode.trim().to_owned())
+    }
+
+    /// The index of the server that leads now, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.servers.len())
+            .find(|&i| self.servers[i].child.is_some() && self.mode(i).as_deref() == Some("leader"))
+    }
+
+    /// The connect string of every server: `127.0.0.1:p1,127.0.0.1:p2`.
+    pub fn connect_string(&self) -> String {
+        (0..self.servers.len())
+            .map(|i| self.address(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `127.0.0.1:PORT` of server `i`.
+    pub fn address(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.servers[i].client)
+    }
+
+    /// The client port of server `i`.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.servers[i].client
+    }
+
+    /// The number of servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Never: an ensemble has at least one server.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Kills server `i` (SIGKILL); its data stays for a restart.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again on its data; waits until every running
+    /// server serves (without quorum they may not: then returns `false`).
+    pub fn restart(&mut self, i: usize) -> bool {
+        self.kill(i);
+        self.start(i);
+        self.wait_serving(READY_DEADLINE)
+    }
+
+    /// Freezes server `i` (SIGSTOP).
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Thaws server `i`.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let child = self.servers[i].child.as_ref().expect("server is running");
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// Server `i`'s log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.servers[i].dir.join("zookeeper.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for ZooKeeperEnsemble {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            // SIGKILL ends a frozen (SIGSTOPped) server too.
+            self.kill(i);
+            let _ = std::fs::remove_dir_all(&self.servers[i].dir);
+        }
+    }
+}
+
+/// A four-letter word to the server's client port; its answer, or empty
+/// on any error.
+fn four_letters(port: u16, word: &str) -> String {
+    let attempt = || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+        stream.write_all(word.as_bytes())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    };
+    attempt().unwrap_or_default()
+}
