@@ -53,6 +53,8 @@
 //!   table in a PostgreSQL database.
 //! - `etcd`: `EtcdBackend` and `LockRegistry::etcd`, leases on an etcd
 //!   cluster with its revisions as fencing tokens (its build needs `protoc`).
+//! - `zookeeper`: `ZooKeeperBackend` and `LockRegistry::zookeeper`, a FIFO
+//!   queue of ephemeral sequential nodes per key, czxid fencing.
 
 #![warn(
     missing_docs,
@@ -82,6 +84,8 @@ pub use backend::postgres::PostgresBackend;
 pub use backend::redis::RedisBackend;
 #[cfg(feature = "redis")]
 pub use backend::redlock::RedlockBackend;
+#[cfg(feature = "zookeeper")]
+pub use backend::zookeeper::ZooKeeperBackend;
 pub use backend::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
     LossSignal, ReleaseWatch, SafetyMargin,

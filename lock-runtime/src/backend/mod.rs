@@ -40,6 +40,8 @@ pub mod postgres;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 /// A boxed, sendable future: what the contract's methods return, so the
 /// traits stay object-safe and the registry can hold an `Arc<dyn Backend>`.
@@ -93,6 +95,9 @@ pub struct Capabilities {
     /// The unit the store counts ttls in; a ttl must be a whole number of
     /// them. Lingers (`hold_at_least`) are rounded up to it.
     pub ttl_granularity: Duration,
+    /// The longest ttl the store can honour, if it has a limit (ZooKeeper:
+    /// the session timeout).
+    pub max_ttl: Option<Duration>,
     /// Whether a release can keep the lease for a while (`hold_at_least`).
     pub linger: bool,
     /// Whether a refused acquire says how long the holder's lease has left.
@@ -118,6 +123,7 @@ impl Capabilities {
             store,
             min_ttl: Duration::from_millis(1),
             ttl_granularity: Duration::from_millis(1),
+            max_ttl: None,
             linger: false,
             remaining_time: false,
             hand_over: false,
@@ -131,6 +137,12 @@ impl Capabilities {
     pub const fn with_ttl(mut self, min: Duration, granularity: Duration) -> Self {
         self.min_ttl = min;
         self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Sets the longest ttl the store can honour.
+    pub const fn with_max_ttl(mut self, max: Duration) -> Self {
+        self.max_ttl = Some(max);
         self
     }
 
@@ -175,6 +187,14 @@ impl Capabilities {
             return Err(format!(
                 "ttl {ttl:?} is shorter than the {store} store's minimum {:?}",
                 self.min_ttl
+            ));
+        }
+        if let Some(max) = self.max_ttl
+            && ttl > max
+        {
+            return Err(format!(
+                "ttl {ttl:?} is longer than the {store} store allows ({max:?}, its session timeout): \
+                 a holder could go on believing in a lock the store has already given up"
             ));
         }
         let unit = self.ttl_granularity.as_nanos().max(1);

@@ -1,0 +1,852 @@
+//! ZooKeeper: a FIFO queue of ephemeral sequential nodes per key, the
+//! lowest holding the lock, czxid fencing, and the session for liveness.
+//!
+//! # How a lock is kept
+//!
+//! A key is a container node under the store's root (default `/locks`),
+//! its name the key with every byte outside `[A-Za-z0-9_.:-]` written as
+//! `%XX`, so no key can reach another key's node. Each attempt is an
+//! ephemeral sequential child named after its token (`<token>-<sequence>`).
+//!
+//! - **Acquire** creates our child and lists the key's children in one
+//!   round trip (ZooKeeper answers one session's requests in order, so the
+//!   list includes our child). The lowest child holds the lock. A refused
+//!   attempt in skip mode deletes its child; in wait mode the child keeps
+//!   its place in the queue, and the next attempt with the same token finds
+//!   it by its name (also after a create whose reply was lost).
+//! - **Fencing** is the czxid of our child: the zxid of its creation,
+//!   cluster-wide and strictly increasing, and lower for every child queued
+//!   before ours, so the next holder always has a larger one.
+//! - **Waiting** watches only the child just before ours (no herd): its
+//!   deletion (a release, an expired session, a waiter that left) wakes us
+//!   to look again.
+//! - **Liveness** is the session: a crashed holder's children vanish when
+//!   the ensemble expires its session. A live holder's lock also ends at
+//!   its ttl unless renewed: the store deletes its child then itself. The
+//!   ttl may not exceed the session timeout, so a holder never believes in
+//!   a lock whose session the ensemble may already have expired. An expired
+//!   session is pushed to every holder (body cancelled, `Lost`).
+//! - **Release** deletes our child; `hold_at_least` deletes it later (if
+//!   the session dies first, it goes with it).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
+
+use super::{
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
+    LossSignal, ReleaseWatch, SafetyMargin,
+};
+use crate::error::{BackendError, LockError};
+use crate::registry::LockRegistry;
+
+impl LockRegistry {
+    /// A registry over the ZooKeeper ensemble at `connect_string`
+    /// (`10.0.0.7:2181,10.0.0.8:2181`, optionally ending in a chroot path),
+    /// with the [`ZooKeeperBackend`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the servers when none answers.
+    pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
+        let backend = ZooKeeperBackend::builder(connect_string).connect().await;
+        LockRegistry::connected(connect_string, backend)
+    }
+}
+
+/// Configures and connects a [`ZooKeeperBackend`].
+#[derive(Debug)]
+pub struct ZooKeeperBackendBuilder {
+    connect_string: String,
+    root: String,
+    session_timeout: Duration,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl ZooKeeperBackendBuilder {
+    /// The node every key's queue lives under (default `/locks`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The session timeout to ask for (default 30 s); the ensemble may
+    /// grant another within its limits. A crashed holder's lock is free
+    /// after it, and no lock's ttl may exceed it.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take before it fails (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long one call may take before it fails (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects, creates the root if it is missing, and reads the session
+    /// timeout the ensemble granted.
+    ///
+    /// # Errors
+    ///
+    /// No server answers, or the root cannot be created.
+    pub async fn connect(self) -> Result<ZooKeeperBackend, BackendError> {
+        let shown = self.connect_string.clone();
+        if !self.root.starts_with('/') || self.root.ends_with('/') {
+            return Err(format!(
+                "the ZooKeeper root `{}` must start with `/` and not end with one",
+                self.root
+            )
+            .into());
+        }
+        let connect = Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(self.connection_timeout)
+            .connect(&self.connect_string);
+        let client =
+            match tokio::time::timeout(self.connection_timeout + self.response_timeout, connect)
+                .await
+            {
+                Ok(Ok(client)) => client,
+                Ok(Err(err)) => {
+                    return Err(format!("cannot connect to ZooKeeper at {shown}: {err}").into());
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "cannot connect to ZooKeeper at {shown}: no answer within {:?}",
+                        self.connection_timeout + self.response_timeout
+                    )
+                    .into());
+                }
+            };
+        let session_timeout = client.session_timeout();
+        let store = ZooKeeperBackend {
+            shared: Arc::new(Shared {
+                client,
+                root: self.root,
+                timeout: self.response_timeout,
+                held: Mutex::default(),
+                created: Mutex::default(),
+            }),
+            capabilities: capabilities(session_timeout),
+            shown,
+        };
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        store
+            .shared
+            .call(store.shared.client.mkdir(&store.shared.root, &persistent))
+            .await
+            .map_err(|err| {
+                format!(
+                    "cannot create the ZooKeeper root `{}`: {}",
+                    store.shared.root,
+                    BackendError::from(err)
+                )
+            })?;
+        tokio::spawn(watch_session(
+            store.shared.client.state_watcher(),
+            Arc::downgrade(&store.shared),
+        ));
+        Ok(store)
+    }
+}
+
+/// What the ZooKeeper store can do, given the session timeout granted.
+fn capabilities(session_timeout: Duration) -> Capabilities {
+    Capabilities::new("zookeeper")
+        .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
+        .with_max_ttl(session_timeout)
+        .with_features(true, false, false, true)
+        // The holder counts its lock from before its request; the ensemble
+        // expires a session no sooner than its timeout after it last heard
+        // from the client, which is after that.
+        .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
+        .with_fencing(FencingPromise::new(true, true, true))
+}
+
+/// The ZooKeeper store. Cheap to clone; clones share the session.
+#[derive(Clone)]
+pub struct ZooKeeperBackend {
+    shared: Arc<Shared>,
+    capabilities: Capabilities,
+    shown: String,
+}
+
+impl fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("servers", &self.shown)
+            .field("root", &self.shared.root)
+            .field("session_timeout", &self.capabilities.max_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZooKeeperBackend {
+    /// Starts configuring a store for the ensemble at `connect_string`.
+    pub fn builder(connect_string: &str) -> ZooKeeperBackendBuilder {
+        ZooKeeperBackendBuilder {
+            connect_string: connect_string.to_owned(),
+            root: "/locks".to_owned(),
+            session_timeout: Duration::from_secs(30),
+            connection_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What clones of one store share.
+struct Shared {
+    client: Client,
+    root: String,
+    timeout: Duration,
+    /// The children held, by path: their loss signals, told when the
+    /// session expires.
+    held: Mutex<HashMap<String, LossSignal>>,
+    /// Our children, by token: created, or possibly created (a create
+    /// whose reply was lost: `None` until found by name).
+    created: Mutex<HashMap<LockToken, Option<Child>>>,
+}
+
+/// One of our children: its key's node, its name and its creation zxid.
+#[derive(Clone, Debug)]
+struct Child {
+    parent: String,
+    name: String,
+    czxid: i64,
+}
+
+impl Child {
+    fn path(&self) -> String {
+        format!("{}/{}", self.parent, self.name)
+    }
+}
+
+/// A call's failure: ZooKeeper's answer, or none in time.
+#[derive(Debug)]
+enum Failed {
+    Refused(ZkError),
+    Timeout(Duration),
+}
+
+impl From<Failed> for BackendError {
+    fn from(failed: Failed) -> BackendError {
+        match failed {
+            Failed::Refused(err) => format!("ZooKeeper: {err}").into(),
+            Failed::Timeout(timeout) => {
+                format!("no answer from ZooKeeper within {timeout:?}").into()
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Runs one call within the response timeout.
+    async fn call<T>(&self, call: impl Future<Output = Result<T, ZkError>>) -> Result<T, Failed> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(err)) => Err(Failed::Refused(err)),
+            Err(_) => Err(Failed::Timeout(self.timeout)),
+        }
+    }
+
+    /// The node of `key`'s queue.
+    fn parent(&self, key: &str) -> String {
+        format!("{}/{}", self.root, encode(key))
+    }
+
+    fn created(&self) -> std::sync::MutexGuard<'_, HashMap<LockToken, Option<Child>>> {
+        self.created.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, LossSignal>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Our child for `token` under `parent` and the queue, sorted by
+    /// sequence; creates the child if we have none (one round trip: the
+    /// create and the listing are sent together).
+    async fn enqueue(
+        &self,
+        parent: &str,
+        token: LockToken,
+    ) -> Result<Option<(Child, Vec<String>)>, BackendError> {
+        let known = self.created().get(&token).cloned();
+        match known {
+            Some(Some(child)) => {
+                let queue = self.queue(parent).await?;
+                if queue.contains(&child.name) {
+                    return Ok(Some((child, queue)));
+                }
+                // Gone (expired at its ttl, deleted by an operator).
+                self.created().remove(&token);
+                Ok(None)
+            }
+            Some(None) => {
+                // A create whose answer was lost: look for it by name.
+                let queue = self.queue(parent).await?;
+                let prefix = format!("{token}-");
+                let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) else {
+                    self.created().remove(&token);
+                    return Box::pin(self.enqueue(parent, token)).await;
+                };
+                let path = format!("{parent}/{name}");
+                let Some(stat) = self
+                    .call(self.client.check_stat(&path))
+                    .await
+                    .map_err(BackendError::from)?
+                else {
+                    self.created().remove(&token);
+                    return Ok(None);
+                };
+                let child = Child {
+                    parent: parent.to_owned(),
+                    name: name.clone(),
+                    czxid: stat.czxid,
+                };
+                self.created().insert(token, Some(child.clone()));
+                Ok(Some((child, queue)))
+            }
+            None => {
+                self.created().insert(token, None);
+                let child = self.create(parent, token).await?;
+                let created = match child {
+                    Ok(pair) => pair,
+                    Err(()) => {
+                        // The key's node was missing: make it, once more.
+                        self.make_parent(parent).await?;
+                        self.create(parent, token)
+                            .await?
+                            .map_err(|()| format!("the node `{parent}` vanished twice"))?
+                    }
+                };
+                self.created().insert(token, Some(created.0.clone()));
+                Ok(Some(created))
+            }
+        }
+    }
+
+    /// Creates our child and lists the queue in one round trip; `Err(())`
+    /// when the key's node does not exist.
+    #[allow(clippy::type_complexity)]
+    async fn create(
+        &self,
+        parent: &str,
+        token: LockToken,
+    ) -> Result<Result<(Child, Vec<String>), ()>, BackendError> {
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let prefix = format!("{parent}/{token}-");
+        // Both sent now, in this order: the listing includes our child.
+        let create = self.client.create(&prefix, &[], &options);
+        let list = self.client.list_children(parent);
+        let (created, listed) = tokio::join!(self.call(create), self.call(list));
+        let (stat, sequence): (Stat, _) = match created {
+            Ok(answer) => answer,
+            Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
+            Err(err) => return Err(err.into()),
+        };
+        let name = format!("{token}-{sequence}");
+        let mut queue = listed.map_err(BackendError::from)?;
+        sort(&mut queue);
+        let child = Child {
+            parent: parent.to_owned(),
+            name,
+            czxid: stat.czxid,
+        };
+        Ok(Ok((child, queue)))
+    }
+
+    /// Creates the key's node (a container: the ensemble removes it once
+    /// it has no children left).
+    async fn make_parent(&self, parent: &str) -> Result<(), BackendError> {
+        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+        let made = self.call(self.client.create(parent, &[], &container)).await;
+        match made {
+            Ok(_) | Err(Failed::Refused(ZkError::NodeExists)) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The key's children, sorted by sequence; empty if it has no node.
+    async fn queue(&self, parent: &str) -> Result<Vec<String>, BackendError> {
+        match self.call(self.client.list_children(parent)).await {
+            Ok(mut queue) => {
+                sort(&mut queue);
+                Ok(queue)
+            }
+            Err(Failed::Refused(ZkError::NoNode)) => Ok(Vec::new()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Deletes `path`; `Ok(false)` if it was gone.
+    async fn delete(&self, path: &str) -> Result<bool, BackendError> {
+        match self.call(self.client.delete(path, None)).await {
+            Ok(()) => Ok(true),
+            Err(Failed::Refused(ZkError::NoNode)) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Drops our child for `token` (refused in skip mode, given up, or
+    /// abandoned); `Ok(true)` if it was there.
+    async fn withdraw(&self, parent: &str, token: LockToken) -> Result<bool, BackendError> {
+        let known = self.created().remove(&token).flatten();
+        let path = match known {
+            Some(child) => child.path(),
+            None => {
+                let prefix = format!("{token}-");
+                let queue = self.queue(parent).await?;
+                let Some(name) = queue.into_iter().find(|name| name.starts_with(&prefix)) else {
+                    return Ok(false);
+                };
+                format!("{parent}/{name}")
+            }
+        };
+        self.held().remove(&path);
+        self.delete(&path).await
+    }
+}
+
+/// Sorts children by their sequence (the digits after the last `-`).
+fn sort(queue: &mut [String]) {
+    queue.sort_by_key(|name| sequence(name));
+}
+
+fn sequence(name: &str) -> i64 {
+    name.rsplit('-')
+        .next()
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or(i64::MAX)
+}
+
+/// A key as one node name: every byte outside `[A-Za-z0-9_.:-]`, and a
+/// leading `.`, as `%XX`; so `/`, `.`, `..` and control characters cannot
+/// escape into another node.
+fn encode(key: &str) -> String {
+    let mut name = String::with_capacity(key.len());
+    for (i, byte) in key.bytes().enumerate() {
+        let plain = byte.is_ascii_alphanumeric()
+            || matches!(byte, b'_' | b':' | b'-')
+            || (byte == b'.' && i > 0);
+        if plain {
+            name.push(char::from(byte));
+        } else {
+            name.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    name
+}
+
+/// How long a child is held before it is watched: a deletion its holder
+/// did not make is pushed within this; shorter holds are never watched.
+const WATCH_AFTER: Duration = Duration::from_millis(100);
+
+/// Tells the holder of `path` when someone else deletes it (an operator, a
+/// forced release), once it has been held for [`WATCH_AFTER`].
+async fn watch_held(shared: Weak<Shared>, path: String) {
+    tokio::time::sleep(WATCH_AFTER).await;
+    let watched = {
+        let Some(store) = shared.upgrade() else {
+            return;
+        };
+        if !store.held().contains_key(&path) {
+            return;
+        }
+        store.call(store.client.check_and_watch_stat(&path)).await
+    };
+    let deleted = match watched {
+        Ok((None, _)) => true,
+        Ok((Some(_), watcher)) => {
+            let event = watcher.changed().await;
+            event.event_type == zookeeper_client::EventType::NodeDeleted
+        }
+        // The renewal checks the node anyway.
+        Err(_) => false,
+    };
+    if !deleted {
+        return;
+    }
+    let Some(store) = shared.upgrade() else {
+        return;
+    };
+    let loss = store.held().remove(&path);
+    if let Some(loss) = loss {
+        loss.raise("its ZooKeeper node was deleted (a forced release, or by hand)");
+    }
+}
+
+/// Tells every holder when the session expires or the client closes.
+async fn watch_session(mut states: zookeeper_client::StateWatcher, shared: Weak<Shared>) {
+    loop {
+        let state = states.changed().await;
+        if matches!(
+            state,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+        ) {
+            if let Some(shared) = shared.upgrade() {
+                let held: Vec<LossSignal> = shared.held().drain().map(|(_, loss)| loss).collect();
+                for loss in held {
+                    loss.raise("the ZooKeeper session expired");
+                }
+            }
+            return;
+        }
+    }
+}
+
+/// A held child.
+struct ZooKeeperLease {
+    shared: Arc<Shared>,
+    token: LockToken,
+    child: Child,
+    /// Until when the child stays without a renewal; the store deletes it
+    /// then.
+    deadline: Arc<Mutex<Instant>>,
+    ttl: Duration,
+    expiry: tokio::task::AbortHandle,
+}
+
+impl fmt::Debug for ZooKeeperLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperLease")
+            .field("node", &self.child.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZooKeeperLease {
+    fn new(
+        shared: Arc<Shared>,
+        token: LockToken,
+        child: Child,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Self {
+        let deadline = Arc::new(Mutex::new(sent_at + ttl));
+        let expiry = tokio::spawn(expire(
+            Arc::downgrade(&shared),
+            token,
+            child.path(),
+            deadline.clone(),
+        ))
+        .abort_handle();
+        ZooKeeperLease {
+            shared,
+            token,
+            child,
+            deadline,
+            ttl,
+            expiry,
+        }
+    }
+
+    fn forget(&self) {
+        self.expiry.abort();
+        self.shared.created().remove(&self.token);
+        self.shared.held().remove(&self.child.path());
+    }
+}
+
+impl Drop for ZooKeeperLease {
+    fn drop(&mut self) {
+        self.expiry.abort();
+    }
+}
+
+/// Deletes a held child at its deadline unless renewed meanwhile.
+async fn expire(
+    shared: Weak<Shared>,
+    token: LockToken,
+    path: String,
+    deadline: Arc<Mutex<Instant>>,
+) {
+    loop {
+        let at = *deadline.lock().unwrap_or_else(|e| e.into_inner());
+        tokio::time::sleep_until(at).await;
+        let now = *deadline.lock().unwrap_or_else(|e| e.into_inner());
+        if now > at {
+            continue;
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.created().remove(&token);
+        shared.held().remove(&path);
+        if let Err(err) = shared.delete(&path).await {
+            tracing::warn!(%path, %err, "could not delete an expired lock node; it goes with the session");
+        }
+        return;
+    }
+}
+
+impl Lease for ZooKeeperLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let sent_at = Instant::now();
+            if self.expiry.is_finished() {
+                return Ok(false);
+            }
+            let path = self.child.path();
+            let stat = self
+                .shared
+                .call(self.shared.client.check_stat(&path))
+                .await
+                .map_err(BackendError::from)?;
+            let ours = stat.is_some_and(|stat| {
+                stat.ephemeral_owner == self.shared.client.session_id().0
+                    && stat.czxid == self.child.czxid
+            });
+            if ours && !self.expiry.is_finished() {
+                *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = sent_at + self.ttl;
+            }
+            Ok(ours && !self.expiry.is_finished())
+        })
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let path = self.child.path();
+            if self.expiry.is_finished() {
+                return Ok(false);
+            }
+            self.forget();
+            if linger.is_zero() {
+                return self.shared.delete(&path).await;
+            }
+            let exists = self
+                .shared
+                .call(self.shared.client.check_stat(&path))
+                .await
+                .map_err(BackendError::from)?;
+            if exists.is_none() {
+                return Ok(false);
+            }
+            let shared = Arc::downgrade(&self.shared);
+            tokio::spawn(async move {
+                tokio::time::sleep(linger).await;
+                if let Some(shared) = shared.upgrade() {
+                    let _ = shared.delete(&path).await;
+                }
+            });
+            Ok(true)
+        })
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+        Box::pin(async { Err("the ZooKeeper store does not hand leases over".into()) })
+    }
+}
+
+impl Backend for ZooKeeperBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let sent_at = Instant::now();
+            let shared = &self.shared;
+            let parent = shared.parent(request.key);
+            let mut found = shared.enqueue(&parent, request.token).await?;
+            if found.is_none() {
+                // Ours was gone: queue again.
+                found = shared.enqueue(&parent, request.token).await?;
+            }
+            let Some((child, queue)) = found else {
+                return Err("our lock node vanished twice in a row".into());
+            };
+            if queue.first() == Some(&child.name) {
+                let fencing = u64::try_from(child.czxid).unwrap_or(0);
+                shared.held().insert(child.path(), request.loss.clone());
+                tokio::spawn(watch_held(Arc::downgrade(shared), child.path()));
+                let lease =
+                    ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
+                return Ok(Acquire::Acquired {
+                    fencing,
+                    lease: Box::new(lease),
+                });
+            }
+            if !request.waits {
+                shared.withdraw(&parent, request.token).await?;
+            }
+            Ok(Acquire::Held { remaining: None })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let parent = self.shared.parent(key);
+            let queue = self.shared.queue(&parent).await?;
+            let prefix = format!("{token}-");
+            let holds = queue.first().is_some_and(|name| name.starts_with(&prefix));
+            let withdrew = self.shared.withdraw(&parent, token).await?;
+            Ok(holds && withdrew)
+        })
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(async move {
+            let parent = self.shared.parent(key);
+            let (tx, rx) = watch::channel(());
+            let task = tokio::spawn(follow(Arc::downgrade(&self.shared), parent.clone(), tx));
+            // Our queued child, if the caller leaves it waiting: dropped
+            // with the watch, it leaves the queue unless it got the lock.
+            let leave = LeaveQueue {
+                shared: Arc::downgrade(&self.shared),
+                parent,
+                task: task.abort_handle(),
+            };
+            Ok(ReleaseWatch::new(rx, Some(Box::new(leave))))
+        })
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let parent = self.shared.parent(key);
+            let queue = self.shared.queue(&parent).await?;
+            let Some(holder) = queue.first() else {
+                return Ok(false);
+            };
+            self.shared.delete(&format!("{parent}/{holder}")).await
+        })
+    }
+}
+
+/// Ends a watch: stops its task, and takes our waiting children (not the
+/// held ones) out of the key's queue.
+struct LeaveQueue {
+    shared: Weak<Shared>,
+    parent: String,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for LeaveQueue {
+    fn drop(&mut self) {
+        self.task.abort();
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let waiting: Vec<(LockToken, String)> = {
+            let held = shared.held();
+            shared
+                .created()
+                .iter()
+                .filter_map(|(token, child)| {
+                    let child = child.as_ref()?;
+                    (child.parent == self.parent && !held.contains_key(&child.path()))
+                        .then(|| (*token, child.path()))
+                })
+                .collect()
+        };
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for (token, path) in waiting {
+                shared.created().remove(&token);
+                let _ = shared.delete(&path).await;
+            }
+        });
+    }
+}
+
+/// Reports the releases a waiter on `parent` cares about: the deletion of
+/// the child just before ours (or, with no child of ours, of the holder's).
+async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
+    loop {
+        let Some(store) = shared.upgrade() else {
+            return;
+        };
+        let ours: Vec<String> = store
+            .created()
+            .values()
+            .filter_map(|child| child.as_ref())
+            .filter(|child| child.parent == parent)
+            .map(|child| child.name.clone())
+            .collect();
+        let queue = match store.queue(&parent).await {
+            Ok(queue) => queue,
+            Err(_) => {
+                drop(store);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mine = queue.iter().position(|name| ours.contains(name));
+        let target = match mine {
+            Some(0) => None,
+            Some(at) => queue.get(at - 1).cloned(),
+            None => queue.first().cloned(),
+        };
+        let Some(target) = target else {
+            // Nothing ahead of us: look again.
+            tx.send_replace(());
+            drop(store);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let path = format!("{parent}/{target}");
+        let watched = store.call(store.client.check_and_watch_stat(&path)).await;
+        drop(store);
+        match watched {
+            Ok((None, _)) => {
+                tx.send_replace(());
+            }
+            Ok((Some(_), watcher)) => {
+                watcher.changed().await;
+                tx.send_replace(());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_one_node_name_each() {
+        assert_eq!(encode("stock:7"), "stock:7");
+        assert_eq!(encode("a/b"), "a%2Fb");
+        assert_eq!(encode(".."), "%2E.");
+        assert_eq!(encode("."), "%2E");
+        assert_eq!(encode("x y%"), "x%20y%25");
+        assert_eq!(encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn children_sort_by_sequence() {
+        let mut queue = vec![
+            "b-0000000010".to_owned(),
+            "a-0000000002".to_owned(),
+            "c-0000000009".to_owned(),
+        ];
+        sort(&mut queue);
+        assert_eq!(queue, ["a-0000000002", "c-0000000009", "b-0000000010"]);
+    }
+}

@@ -1,0 +1,130 @@
+//! The ZooKeeper store against a real server: the contract, the ttl and
+//! session-timeout rules, keys of any characters, the FIFO queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, ZooKeeperBackend};
+use lock_tests::contract::Store;
+use lock_tests::{ZooKeeperEnsemble, backend_contract, lock_and_release, unique_key};
+
+/// The session timeout the tests ask for: above the contract's 10 s ttl.
+const SESSION: Duration = Duration::from_secs(20);
+
+async fn zookeeper_store() -> Store {
+    let zk = ZooKeeperEnsemble::single();
+    let connect = || {
+        ZooKeeperBackend::builder(&zk.connect_string())
+            .session_timeout(SESSION)
+            .connect()
+    };
+    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+    Store::new(Arc::new(a), Arc::new(b), zk)
+}
+
+backend_contract!(zookeeper_contract, zookeeper_store);
+
+async fn registry(zk: &ZooKeeperEnsemble, session: Duration) -> LockRegistry {
+    let backend = ZooKeeperBackend::builder(&zk.connect_string())
+        .session_timeout(session)
+        .connect()
+        .await
+        .unwrap();
+    LockRegistry::builder(backend).build().unwrap()
+}
+
+#[tokio::test]
+async fn a_ttl_longer_than_the_session_timeout_is_refused() {
+    let zk = ZooKeeperEnsemble::single();
+    let registry = registry(&zk, Duration::from_secs(4)).await;
+    let key = unique_key("ttl");
+    let long = LockOptions::default().ttl(Duration::from_secs(5));
+    let err = registry.lock(&key, long).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");
+    assert!(err.to_string().contains("session timeout"), "{err}");
+    let fits = LockOptions::default().ttl(Duration::from_secs(4));
+    registry
+        .lock(&key, fits)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn keys_of_any_characters_stay_apart() {
+    let zk = ZooKeeperEnsemble::single();
+    // The default ttl (30 s) fits the default session timeout.
+    let registry = registry(&zk, Duration::from_secs(30)).await;
+    let options = LockOptions::default();
+    let base = unique_key("chars");
+    let keys = [
+        format!("{base}/a"),
+        format!("{base}%2Fa"),
+        format!("{base}/.."),
+        format!("{base} é \u{7}"),
+    ];
+    let mut guards = Vec::new();
+    for key in &keys {
+        // Each is its own lock: all are held at once.
+        let guard = registry.try_lock(key, options.clone()).await.unwrap();
+        guards.push(guard.expect("a distinct key is free"));
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    lock_and_release(&registry, &keys[0]).await;
+}
+
+/// Waiters in three sessions queue in the order they arrived, and get the
+/// lock in that order: ZooKeeper's sequential nodes are a FIFO queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiters_get_the_lock_in_the_order_they_queued() {
+    let zk = ZooKeeperEnsemble::single();
+    let observer = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let key = unique_key("fifo");
+    let queue_len = || {
+        let (observer, key) = (observer.clone(), key.clone());
+        async move {
+            // The key's characters are all kept as they are in its node.
+            let path = format!("/locks/{key}");
+            observer.list_children(&path).await.map_or(0, |c| c.len())
+        }
+    };
+    let options = LockOptions::default().ttl(Duration::from_secs(10));
+    let holder = registry(&zk, SESSION).await;
+    let first = holder.lock(&key, options.clone()).await.unwrap();
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for name in ["second", "third", "fourth"] {
+        let registry = registry(&zk, SESSION).await;
+        let queued = queue_len().await;
+        let (key, options, order_tx) = (key.clone(), options.clone(), order_tx.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = registry.lock(&key, options).await.unwrap();
+            order_tx.send(name).unwrap();
+            guard.release().await.unwrap();
+        }));
+        // The next waiter starts once this one has its place.
+        let since = std::time::Instant::now();
+        while queue_len().await <= queued {
+            assert!(
+                since.elapsed() < Duration::from_secs(5),
+                "{name} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    first.release().await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        order.push(order_rx.recv().await.unwrap());
+    }
+    assert_eq!(order, ["second", "third", "fourth"]);
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+}
