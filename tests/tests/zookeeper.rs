@@ -2,11 +2,11 @@
 //! session-timeout rules, keys of any characters, the FIFO queue.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, ZooKeeperBackend};
 use lock_tests::contract::Store;
-use lock_tests::{ZooKeeperEnsemble, backend_contract, lock_and_release, unique_key};
+use lock_tests::{Proxy, ZooKeeperEnsemble, backend_contract, lock_and_release, unique_key};
 
 /// The session timeout the tests ask for: above the contract's 10 s ttl.
 const SESSION: Duration = Duration::from_secs(20);
@@ -25,7 +25,11 @@ async fn zookeeper_store() -> Store {
 backend_contract!(zookeeper_contract, zookeeper_store);
 
 async fn registry(zk: &ZooKeeperEnsemble, session: Duration) -> LockRegistry {
-    let backend = ZooKeeperBackend::builder(&zk.connect_string())
+    registry_at(&zk.connect_string(), session).await
+}
+
+async fn registry_at(connect_string: &str, session: Duration) -> LockRegistry {
+    let backend = ZooKeeperBackend::builder(connect_string)
         .session_timeout(session)
         .connect()
         .await
@@ -127,4 +131,56 @@ async fn waiters_get_the_lock_in_the_order_they_queued() {
     for waiter in waiters {
         waiter.await.unwrap();
     }
+}
+
+/// The holder's connection is black-holed until the server expires its
+/// session: the holder gives up (its guard says lost) before another
+/// client gets the lock, and once the network heals the store opens a new
+/// session and locks again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_cut_off_until_its_session_expires_gives_up_first_then_recovers() {
+    let zk = ZooKeeperEnsemble::single();
+    let proxy = Proxy::start(zk.client_port(0));
+    let session = Duration::from_secs(2);
+    let cut_off = registry_at(&format!("127.0.0.1:{}", proxy.port()), session).await;
+    let other = registry(&zk, session).await;
+    let key = unique_key("expired");
+    let options = LockOptions::default().ttl(session);
+    let guard = cut_off.lock(&key, options.clone()).await.unwrap();
+    proxy.black_hole();
+    let cut_at = Instant::now();
+    let taking = tokio::spawn({
+        let (key, options) = (key.clone(), options.clone());
+        async move {
+            let guard = other.lock(&key, options).await.unwrap();
+            (cut_at.elapsed(), guard)
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the holder was told");
+    let gave_up = cut_at.elapsed();
+    let (taken, next) = tokio::time::timeout(Duration::from_secs(10), taking)
+        .await
+        .expect("the other client took the lock")
+        .unwrap();
+    eprintln!("holder gave up {gave_up:?} after the cut, the other took it {taken:?} after");
+    assert!(gave_up < taken, "gave up {gave_up:?}, taken {taken:?}");
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "{err}");
+    next.release().await.unwrap();
+
+    proxy.forward();
+    let again = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match cut_off.lock(&key, options.clone()).await {
+                Ok(guard) => return guard,
+                // Calls on the expired session fail until the new one is open.
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("a new session locks again");
+    again.release().await.unwrap();
 }

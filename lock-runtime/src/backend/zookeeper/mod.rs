@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -112,30 +112,18 @@ impl ZooKeeperBackendBuilder {
             )
             .into());
         }
-        let connect = Client::connector()
-            .with_session_timeout(self.session_timeout)
-            .with_connection_timeout(self.connection_timeout)
-            .connect(&self.connect_string);
-        let client =
-            match tokio::time::timeout(self.connection_timeout + self.response_timeout, connect)
-                .await
-            {
-                Ok(Ok(client)) => client,
-                Ok(Err(err)) => {
-                    return Err(format!("cannot connect to ZooKeeper at {shown}: {err}").into());
-                }
-                Err(_) => {
-                    return Err(format!(
-                        "cannot connect to ZooKeeper at {shown}: no answer within {:?}",
-                        self.connection_timeout + self.response_timeout
-                    )
-                    .into());
-                }
-            };
+        let settings = Session {
+            connect_string: self.connect_string,
+            session_timeout: self.session_timeout,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+        };
+        let client = settings.open().await?;
         let session_timeout = client.session_timeout();
         let store = ZooKeeperBackend {
             shared: Arc::new(Shared {
-                client,
+                session: RwLock::new(client),
+                settings,
                 root: self.root,
                 timeout: self.response_timeout,
                 held: Mutex::default(),
@@ -147,7 +135,7 @@ impl ZooKeeperBackendBuilder {
         let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
         store
             .shared
-            .call(store.shared.client.mkdir(&store.shared.root, &persistent))
+            .call(store.shared.client().mkdir(&store.shared.root, &persistent))
             .await
             .map_err(|err| {
                 format!(
@@ -157,10 +145,38 @@ impl ZooKeeperBackendBuilder {
                 )
             })?;
         tokio::spawn(watch_session(
-            store.shared.client.state_watcher(),
+            store.shared.client().state_watcher(),
             Arc::downgrade(&store.shared),
         ));
         Ok(store)
+    }
+}
+
+/// How to open a session, again after one expired.
+#[derive(Debug)]
+struct Session {
+    connect_string: String,
+    session_timeout: Duration,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl Session {
+    async fn open(&self) -> Result<Client, BackendError> {
+        let shown = &self.connect_string;
+        let within = self.connection_timeout + self.response_timeout;
+        let connect = Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(self.connection_timeout)
+            .connect(&self.connect_string);
+        match tokio::time::timeout(within, connect).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(err)) => Err(format!("cannot connect to ZooKeeper at {shown}: {err}").into()),
+            Err(_) => Err(format!(
+                "cannot connect to ZooKeeper at {shown}: no answer within {within:?}"
+            )
+            .into()),
+        }
     }
 }
 
@@ -210,7 +226,9 @@ impl ZooKeeperBackend {
 
 /// What clones of one store share.
 struct Shared {
-    client: Client,
+    /// The current session; replaced when one expires.
+    session: RwLock<Client>,
+    settings: Session,
     root: String,
     timeout: Duration,
     /// The children held, by path: their loss signals, told when the
@@ -254,6 +272,15 @@ impl From<Failed> for BackendError {
 }
 
 impl Shared {
+    /// The current session's client (clones share the session, and send
+    /// their requests in call order).
+    fn client(&self) -> Client {
+        self.session
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Runs one call within the response timeout.
     async fn call<T>(&self, call: impl Future<Output = Result<T, ZkError>>) -> Result<T, Failed> {
         match tokio::time::timeout(self.timeout, call).await {
@@ -305,7 +332,7 @@ impl Shared {
                 };
                 let path = format!("{parent}/{name}");
                 let Some(stat) = self
-                    .call(self.client.check_stat(&path))
+                    .call(self.client().check_stat(&path))
                     .await
                     .map_err(BackendError::from)?
                 else {
@@ -350,8 +377,9 @@ impl Shared {
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let prefix = format!("{parent}/{token}-");
         // Both sent now, in this order: the listing includes our child.
-        let create = self.client.create(&prefix, &[], &options);
-        let list = self.client.list_children(parent);
+        let client = self.client();
+        let create = client.create(&prefix, &[], &options);
+        let list = client.list_children(parent);
         let (created, listed) = tokio::join!(self.call(create), self.call(list));
         let (stat, sequence): (Stat, _) = match created {
             Ok(answer) => answer,
@@ -373,7 +401,8 @@ impl Shared {
     /// it has no children left).
     async fn make_parent(&self, parent: &str) -> Result<(), BackendError> {
         let container = CreateMode::Container.with_acls(Acls::anyone_all());
-        let made = self.call(self.client.create(parent, &[], &container)).await;
+        let client = self.client();
+        let made = self.call(client.create(parent, &[], &container)).await;
         match made {
             Ok(_) | Err(Failed::Refused(ZkError::NodeExists)) => Ok(()),
             Err(err) => Err(err.into()),
@@ -382,7 +411,8 @@ impl Shared {
 
     /// The key's children, sorted by sequence; empty if it has no node.
     async fn queue(&self, parent: &str) -> Result<Vec<String>, BackendError> {
-        match self.call(self.client.list_children(parent)).await {
+        let client = self.client();
+        match self.call(client.list_children(parent)).await {
             Ok(mut queue) => {
                 sort(&mut queue);
                 Ok(queue)
@@ -394,7 +424,7 @@ impl Shared {
 
     /// Deletes `path`; `Ok(false)` if it was gone.
     async fn delete(&self, path: &str) -> Result<bool, BackendError> {
-        match self.call(self.client.delete(path, None)).await {
+        match self.call(self.client().delete(path, None)).await {
             Ok(()) => Ok(true),
             Err(Failed::Refused(ZkError::NoNode)) => Ok(false),
             Err(err) => Err(err.into()),
@@ -466,7 +496,8 @@ async fn watch_held(shared: Weak<Shared>, path: String) {
         if !store.held().contains_key(&path) {
             return;
         }
-        store.call(store.client.check_and_watch_stat(&path)).await
+        let client = store.client();
+        store.call(client.check_and_watch_stat(&path)).await
     };
     let deleted = match watched {
         Ok((None, _)) => true,
@@ -489,21 +520,46 @@ async fn watch_held(shared: Weak<Shared>, path: String) {
     }
 }
 
-/// Tells every holder when the session expires or the client closes.
+/// Tells every holder when the session ends (expired, closed, refused),
+/// and opens a new one, until the store is dropped.
 async fn watch_session(mut states: zookeeper_client::StateWatcher, shared: Weak<Shared>) {
     loop {
         let state = states.changed().await;
-        if matches!(
+        if !matches!(
             state,
             SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
         ) {
-            if let Some(shared) = shared.upgrade() {
-                let held: Vec<LossSignal> = shared.held().drain().map(|(_, loss)| loss).collect();
-                for loss in held {
-                    loss.raise("the ZooKeeper session expired");
+            continue;
+        }
+        let Some(store) = shared.upgrade() else {
+            return;
+        };
+        // Every child of that session is gone with it.
+        store.created().clear();
+        let held: Vec<LossSignal> = store.held().drain().map(|(_, loss)| loss).collect();
+        for loss in held {
+            loss.raise("the ZooKeeper session expired");
+        }
+        tracing::warn!(servers = %store.settings.connect_string, ?state, "ZooKeeper session ended; opening a new one");
+        drop(store);
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let Some(store) = shared.upgrade() else {
+                return;
+            };
+            match store.settings.open().await {
+                Ok(client) => {
+                    states = client.state_watcher();
+                    *store.session.write().unwrap_or_else(|e| e.into_inner()) = client;
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "no new ZooKeeper session yet");
+                    drop(store);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
                 }
             }
-            return;
         }
     }
 }
@@ -554,10 +610,12 @@ impl ZooKeeperLease {
         }
     }
 
-    fn forget(&self) {
+    /// Stops looking after the child; whether it was still held (not
+    /// expired at its ttl, nor gone with its session or deleted).
+    fn forget(&self) -> bool {
         self.expiry.abort();
         self.shared.created().remove(&self.token);
-        self.shared.held().remove(&self.child.path());
+        self.shared.held().remove(&self.child.path()).is_some()
     }
 }
 
@@ -597,39 +655,48 @@ impl Lease for ZooKeeperLease {
     fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
         Box::pin(async move {
             let sent_at = Instant::now();
-            if self.expiry.is_finished() {
+            let path = self.child.path();
+            let held = || self.shared.held().contains_key(&path);
+            if !held() {
                 return Ok(false);
             }
-            let path = self.child.path();
             let stat = self
                 .shared
-                .call(self.shared.client.check_stat(&path))
+                .call(self.shared.client().check_stat(&path))
                 .await
                 .map_err(BackendError::from)?;
             let ours = stat.is_some_and(|stat| {
-                stat.ephemeral_owner == self.shared.client.session_id().0
+                stat.ephemeral_owner == self.shared.client().session_id().0
                     && stat.czxid == self.child.czxid
             });
-            if ours && !self.expiry.is_finished() {
+            let ours = ours && held();
+            if ours {
                 *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = sent_at + self.ttl;
             }
-            Ok(ours && !self.expiry.is_finished())
+            Ok(ours)
         })
     }
 
     fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
         Box::pin(async move {
             let path = self.child.path();
-            if self.expiry.is_finished() {
+            if !self.forget() {
+                // Lost already: no round trip to a store that may not
+                // answer; the child, if left, goes with its session.
+                let shared = Arc::downgrade(&self.shared);
+                tokio::spawn(async move {
+                    if let Some(shared) = shared.upgrade() {
+                        let _ = shared.delete(&path).await;
+                    }
+                });
                 return Ok(false);
             }
-            self.forget();
             if linger.is_zero() {
                 return self.shared.delete(&path).await;
             }
             let exists = self
                 .shared
-                .call(self.shared.client.check_stat(&path))
+                .call(self.shared.client().check_stat(&path))
                 .await
                 .map_err(BackendError::from)?;
             if exists.is_none() {
@@ -810,7 +877,8 @@ async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
             continue;
         };
         let path = format!("{parent}/{target}");
-        let watched = store.call(store.client.check_and_watch_stat(&path)).await;
+        let client = store.client();
+        let watched = store.call(client.check_and_watch_stat(&path)).await;
         drop(store);
         match watched {
             Ok((None, _)) => {
