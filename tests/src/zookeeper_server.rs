@@ -199,6 +199,16 @@ impl ZooKeeperEnsemble {
             .join(",")
     }
 
+    /// `zookeeper://127.0.0.1:p1,...?session_ms=N`: every server, with the
+    /// session timeout the test worker asks for.
+    pub fn worker_url(&self, session: Duration) -> String {
+        format!(
+            "zookeeper://{}?session_ms={}",
+            self.connect_string(),
+            session.as_millis()
+        )
+    }
+
     /// `127.0.0.1:PORT` of server `i`.
     pub fn address(&self, i: usize) -> String {
         format!("127.0.0.1:{}", self.servers[i].client)

@@ -115,7 +115,8 @@ async fn main() -> Result<(), LockError> {
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
     // Several comma-separated URLs: Redlock over them; `postgres://`: the
-    // PostgreSQL store, `etcd://host:port,host:port`: the etcd store (the
+    // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
+    // `zookeeper://host:port,...?session_ms=N`: the ZooKeeper store (the
     // shared data then needs LOCK_WORKER_DATA_URL).
     let registry = if url.starts_with("postgres://") {
         LockRegistry::postgres(&url).await?
@@ -123,6 +124,22 @@ async fn main() -> Result<(), LockError> {
         let endpoints: Vec<String> = members.split(',').map(|m| format!("http://{m}")).collect();
         let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
         LockRegistry::etcd(&endpoints).await?
+    } else if let Some(servers) = url.strip_prefix("zookeeper://") {
+        // `zookeeper://host:port,host:port?session_ms=N`.
+        let (servers, session) = servers
+            .split_once("?session_ms=")
+            .unwrap_or((servers, "30000"));
+        let session = std::time::Duration::from_millis(session.parse().expect("session_ms"));
+        let backend = lock_runtime::ZooKeeperBackend::builder(servers)
+            .session_timeout(session)
+            .connect()
+            .await
+            .map_err(|source| LockError::Backend {
+                key: servers.to_owned(),
+                action: "connect to",
+                source,
+            })?;
+        LockRegistry::builder(backend).build()?
     } else if url.contains(',') {
         let urls: Vec<&str> = url.split(',').collect();
         LockRegistry::redlock(&urls).await?

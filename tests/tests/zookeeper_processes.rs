@@ -1,0 +1,146 @@
+//! Real OS processes (`lock-worker`) locking through ZooKeeper; the data
+//! they race on lives in a Redis server. The shared scenarios with 30 s
+//! sessions (their ttls go up to 30 s), a SIGKILLed holder with a 2 s
+//! session, and a node deleted under a running body.
+
+use std::time::{Duration, Instant};
+
+use lock_tests::processes::Processes;
+use lock_tests::{RedisServer, ZooKeeperEnsemble, unique_key};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
+
+/// The lock ensemble and the data server.
+struct Servers {
+    locks: ZooKeeperEnsemble,
+    data: RedisServer,
+}
+
+impl Servers {
+    fn new(servers: usize) -> Servers {
+        Servers {
+            locks: ZooKeeperEnsemble::spawn(servers),
+            data: RedisServer::new(),
+        }
+    }
+
+    /// The workers with a `session` timeout.
+    fn processes(&self, session: Duration) -> Processes {
+        Processes::new(WORKER, &self.locks.worker_url(session), &self.data.url())
+    }
+}
+
+macro_rules! shared_scenarios {
+    ($($scenario:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $scenario() {
+                let servers = Servers::new(1);
+                servers.processes(Duration::from_secs(30)).$scenario();
+            }
+        )*
+    };
+}
+
+shared_scenarios!(
+    four_processes_sell_exactly_the_stock,
+    without_the_lock_the_same_processes_oversell,
+    skip_mode_skips_while_another_process_runs_the_job,
+    fencing_tokens_strictly_increase_across_processes,
+    a_waiter_in_another_process_is_woken_by_the_release,
+);
+
+/// A SIGKILLed holder's node goes when the server expires its session.
+/// The holder asks for a 2 s session (its ttl is 1 s, which must not exceed
+/// it), the waiter for a 30 s one (its ttl is the default 30 s): the waiter
+/// gets the lock within the holder's session timeout and a few ticks.
+#[test]
+fn a_sigkilled_holder_blocks_others_for_at_most_its_session_timeout() {
+    let servers = Servers::new(1);
+    let key = unique_key("crash");
+    let mut holder = servers
+        .processes(Duration::from_secs(2))
+        .worker("hold-1s", &key, &["60000"]);
+    holder.expect("acquired", Duration::from_secs(10));
+    let mut waiter = servers
+        .processes(Duration::from_secs(30))
+        .worker("wait", &key, &[]);
+    waiter.expect("ready", Duration::from_secs(10));
+    holder.kill();
+    let killed_at = Instant::now();
+    waiter.expect("acquired", Duration::from_secs(10));
+    let blocked = killed_at.elapsed();
+    eprintln!("the waiter got the lock {blocked:?} after the SIGKILL");
+    assert!(
+        blocked < Duration::from_millis(2800),
+        "blocked {blocked:?} after SIGKILL; the session timeout is 2 s"
+    );
+}
+
+/// The held node deleted by hand under a running body: the body is
+/// cancelled and the holder reports `Lost`.
+#[test]
+fn the_node_deleted_under_a_running_body_cancels_it() {
+    let servers = Servers::new(1);
+    servers
+        .processes(Duration::from_secs(30))
+        .a_lease_undone_under_a_running_body_cancels_it("deleted", |key| {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async {
+                let client = zookeeper_client::Client::connect(&servers.locks.connect_string())
+                    .await
+                    .unwrap();
+                let parent = format!("/locks/{key}");
+                let queue = client.list_children(&parent).await.unwrap();
+                assert_eq!(queue.len(), 1, "{queue:?}");
+                client
+                    .delete(&format!("{parent}/{}", queue[0]), None)
+                    .await
+                    .unwrap();
+            });
+        });
+}
+
+/// The holder and two waiting processes: the waiters get the lock in the
+/// order they queued.
+#[test]
+fn waiting_processes_get_the_lock_in_the_order_they_queued() {
+    let servers = Servers::new(1);
+    let processes = servers.processes(Duration::from_secs(30));
+    let key = unique_key("fifo");
+    let queue_len = || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let client = zookeeper_client::Client::connect(&servers.locks.connect_string())
+                .await
+                .unwrap();
+            client
+                .list_children(&format!("/locks/{key}"))
+                .await
+                .map_or(0, |queue| queue.len())
+        })
+    };
+    let mut holder = processes.worker("hold-30s", &key, &["1500"]);
+    holder.expect("acquired", Duration::from_secs(10));
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        let mut waiter = processes.worker("wait", &key, &[]);
+        waiter.expect("ready", Duration::from_secs(10));
+        lock_tests::wait_until_blocking("the waiter queued", Duration::from_secs(5), || {
+            queue_len() > n
+        });
+        waiters.push(waiter);
+    }
+    // When each took the lock, by its own clock line (ms since the epoch).
+    let acquired_at: Vec<u128> = waiters
+        .iter_mut()
+        .map(|waiter| {
+            let line = waiter.expect("acquired", Duration::from_secs(10));
+            lock_tests::field(&line, "at_ms").parse().unwrap()
+        })
+        .collect();
+    assert!(
+        acquired_at.windows(2).all(|w| w[0] <= w[1]),
+        "not in queue order: {acquired_at:?}"
+    );
+}
