@@ -194,4 +194,60 @@ impl Processes {
             "body cancelled: {lines:?}"
         );
     }
+
+    /// Two processes of two tasks contend on one key for 6 s (1 s ttl);
+    /// `kill_leader` kills the store's leader once entries flow. No entry
+    /// ever finds another inside, fencing tokens grow in holding order, and
+    /// locks resume within 5 s. Returns how long they took to resume.
+    pub fn a_killed_leader_breaks_no_exclusion(&self, kill_leader: impl FnOnce()) -> Duration {
+        let key = unique_key("leader");
+        let workers: Vec<_> = (0..2).map(|_| self.worker("chaos", &key, &["6"])).collect();
+        let mut data = self.data();
+        let entries = |data: &mut redis::Connection| -> usize {
+            data.llen(format!("chaos:{key}:tokens")).unwrap()
+        };
+        crate::wait_until_blocking("the first entries", Duration::from_secs(10), || {
+            entries(&mut data) > 20
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let before = entries(&mut data);
+        kill_leader();
+        let killed_at = Instant::now();
+        while entries(&mut data) <= before + 1 {
+            if killed_at.elapsed() > Duration::from_secs(10) {
+                let lines: Vec<Vec<String>> = workers
+                    .into_iter()
+                    .map(|worker| worker.finish(Duration::from_secs(30)).1)
+                    .collect();
+                panic!("no entry within 10 s of the kill; the workers said {lines:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let resumed = killed_at.elapsed();
+        let mut errors = 0;
+        for worker in workers {
+            let (status, lines) = worker.finish(Duration::from_secs(60));
+            assert!(status.success(), "worker failed: {lines:?}");
+            let done = lines
+                .iter()
+                .find(|l| l.starts_with("done"))
+                .expect("summary line");
+            errors += field(done, "errors").parse::<u64>().unwrap();
+        }
+        let overlaps: Vec<String> = data.lrange(format!("chaos:{key}:overlaps"), 0, -1).unwrap();
+        let tokens: Vec<u64> = data.lrange(format!("chaos:{key}:tokens"), 0, -1).unwrap();
+        let lost: u64 = data.llen(format!("chaos:{key}:lost")).unwrap();
+        eprintln!(
+            "locks resumed {resumed:?} after the leader was killed; {} entries, {errors} errors \
+             (calls that failed while no leader answered), {lost} bodies cancelled",
+            tokens.len()
+        );
+        assert!(overlaps.is_empty(), "overlapping holders: {overlaps:?}");
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "fencing tokens out of holding order: {tokens:?}"
+        );
+        assert!(resumed < Duration::from_secs(5), "{resumed:?}");
+        resumed
+    }
 }

@@ -184,3 +184,50 @@ async fn a_holder_cut_off_until_its_session_expires_gives_up_first_then_recovers
     .expect("a new session locks again");
     again.release().await.unwrap();
 }
+
+/// Two of three servers die: a lock attempt fails with a clear error
+/// within its wait_timeout, and locks work again once one is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
+    let mut zk = ZooKeeperEnsemble::spawn(3);
+    let registry = registry(&zk, Duration::from_secs(4)).await;
+    let key = unique_key("quorum");
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(2))
+        .wait_timeout(Duration::from_secs(3));
+    registry
+        .lock(&key, options.clone())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    zk.kill(1);
+    zk.kill(2);
+    let started = Instant::now();
+    let err = registry.lock(&key, options.clone()).await.unwrap_err();
+    let took = started.elapsed();
+    let source = std::error::Error::source(&err).map(ToString::to_string);
+    eprintln!("without quorum: {err} ({source:?}) after {took:?}");
+    assert!(
+        matches!(err, LockError::Backend { .. } | LockError::Timeout { .. }),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert!(zk.restart(1), "{}", zk.log(1));
+    let back = Instant::now();
+    let guard = loop {
+        match registry.lock(&key, options.clone()).await {
+            Ok(guard) => break guard,
+            Err(err) => {
+                assert!(
+                    back.elapsed() < Duration::from_secs(20),
+                    "still failing: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    eprintln!("locks work again {:?} after the restart", back.elapsed());
+    guard.release().await.unwrap();
+}

@@ -307,7 +307,7 @@ impl Shared {
     /// sequence; creates the child if we have none (one round trip: the
     /// create and the listing are sent together).
     async fn enqueue(
-        &self,
+        self: &Arc<Self>,
         parent: &str,
         token: LockToken,
     ) -> Result<Option<(Child, Vec<String>)>, BackendError> {
@@ -369,18 +369,55 @@ impl Shared {
     /// Creates our child and lists the queue in one round trip; `Err(())`
     /// when the key's node does not exist.
     #[allow(clippy::type_complexity)]
+    ///
+    /// The create's reply is awaited by a task of its own, which outlives a
+    /// caller that stops waiting (a timeout while the ensemble is away): if
+    /// the child turns up after its attempt was given up, the task deletes
+    /// it, so no orphan blocks the queue for the rest of the session.
     async fn create(
-        &self,
+        self: &Arc<Self>,
         parent: &str,
         token: LockToken,
     ) -> Result<Result<(Child, Vec<String>), ()>, BackendError> {
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let prefix = format!("{parent}/{token}-");
-        // Both sent now, in this order: the listing includes our child.
         let client = self.client();
-        let create = client.create(&prefix, &[], &options);
+        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+        let creating = tokio::spawn({
+            let (client, shared) = (client.clone(), Arc::downgrade(self));
+            let parent = parent.to_owned();
+            async move {
+                let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let prefix = format!("{parent}/{token}-");
+                let reply = client.create(&prefix, &[], &options);
+                let _ = sent_tx.send(());
+                let reply = reply.await;
+                if let Some(shared) = shared.upgrade() {
+                    let wanted = shared.created().contains_key(&token);
+                    match &reply {
+                        Ok((_, sequence)) if !wanted => {
+                            let _ = shared.delete(&format!("{prefix}{sequence}")).await;
+                        }
+                        // Refused for sure: nothing was made.
+                        Ok(_) | Err(ZkError::NoNode | ZkError::NodeExists) => {}
+                        // Perhaps made, the reply lost.
+                        Err(_) => shared.sweep(&parent, token),
+                    }
+                }
+                reply
+            }
+        });
+        // Sent after the create, on the same session, so ZooKeeper answers
+        // it after the create: the listing includes our child.
+        let _ = sent_rx.await;
         let list = client.list_children(parent);
-        let (created, listed) = tokio::join!(self.call(create), self.call(list));
+        let (created, listed) = tokio::join!(
+            tokio::time::timeout(self.timeout, creating),
+            self.call(list)
+        );
+        let created = match created {
+            Ok(Ok(reply)) => reply.map_err(Failed::Refused),
+            Ok(Err(failed)) => return Err(format!("the create failed: {failed}").into()),
+            Err(_) => Err(Failed::Timeout(self.timeout)),
+        };
         let (stat, sequence): (Stat, _) = match created {
             Ok(answer) => answer,
             Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
@@ -433,13 +470,25 @@ impl Shared {
 
     /// Drops our child for `token` (refused in skip mode, given up, or
     /// abandoned); `Ok(true)` if it was there.
-    async fn withdraw(&self, parent: &str, token: LockToken) -> Result<bool, BackendError> {
+    async fn withdraw(
+        self: &Arc<Self>,
+        parent: &str,
+        token: LockToken,
+    ) -> Result<bool, BackendError> {
         let known = self.created().remove(&token).flatten();
         let path = match known {
             Some(child) => child.path(),
             None => {
                 let prefix = format!("{token}-");
-                let queue = self.queue(parent).await?;
+                let queue = match self.queue(parent).await {
+                    Ok(queue) => queue,
+                    Err(err) => {
+                        // Our create may still be applied (the ensemble
+                        // away, a reply lost): look again until we can.
+                        self.sweep(parent, token);
+                        return Err(err);
+                    }
+                };
                 let Some(name) = queue.into_iter().find(|name| name.starts_with(&prefix)) else {
                     return Ok(false);
                 };
@@ -448,6 +497,39 @@ impl Shared {
         };
         self.held().remove(&path);
         self.delete(&path).await
+    }
+
+    /// Deletes `token`'s child under `parent` once the queue can be read
+    /// again: a create whose outcome we could not learn. A listing answered
+    /// after the create (one session answers in order) settles it; if the
+    /// session ends first, the child went with it.
+    fn sweep(self: &Arc<Self>, parent: &str, token: LockToken) {
+        let (shared, parent) = (Arc::downgrade(self), parent.to_owned());
+        tokio::spawn(async move {
+            let prefix = format!("{token}-");
+            let mut pause = Duration::from_millis(100);
+            // Bounded: a session outlives no ensemble outage forever.
+            for _ in 0..300 {
+                tokio::time::sleep(pause).await;
+                let Some(store) = shared.upgrade() else {
+                    return;
+                };
+                if store.created().contains_key(&token) {
+                    return; // asked for again: its attempt will find it
+                }
+                match store.queue(&parent).await {
+                    Ok(queue) => {
+                        if let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) {
+                            let path = format!("{parent}/{name}");
+                            tracing::debug!(%path, "deleting a lock node whose attempt was given up");
+                            let _ = store.delete(&path).await;
+                        }
+                        return;
+                    }
+                    Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+                }
+            }
+        });
     }
 }
 
@@ -764,9 +846,11 @@ impl Backend for ZooKeeperBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
-            let queue = self.shared.queue(&parent).await?;
-            let prefix = format!("{token}-");
-            let holds = queue.first().is_some_and(|name| name.starts_with(&prefix));
+            // Granted to an attempt nobody heard: its child is held.
+            let known = self.shared.created().get(&token).cloned().flatten();
+            let holds = known.is_some_and(|child| self.shared.held().contains_key(&child.path()));
+            // First, even while the ensemble is away: a create still in
+            // flight is then deleted when it lands.
             let withdrew = self.shared.withdraw(&parent, token).await?;
             Ok(holds && withdrew)
         })
