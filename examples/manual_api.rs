@@ -40,16 +40,7 @@ impl FencedStore {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let mut store = StoreFlag::default();
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        if !store.parse(&flag, value)? {
-            return Err(
-                format!("unknown option {flag}; see the top of examples/manual_api.rs").into(),
-            );
-        }
-    }
+    let store = StoreFlag::from_args("manual_api")?;
     let registry = store.registry().await?;
     let key = format!("invoice:{}", std::process::id());
 

@@ -32,16 +32,7 @@ async fn nightly_report() -> usize {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let mut store = StoreFlag::default();
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        if !store.parse(&flag, value)? {
-            return Err(
-                format!("unknown option {flag}; see the top of examples/quick_start.rs").into(),
-            );
-        }
-    }
+    let store = StoreFlag::from_args("quick_start")?;
     if store.is_shared() {
         println!("locking through {}", store.name());
     } else {

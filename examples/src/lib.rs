@@ -56,6 +56,22 @@ impl StoreFlag {
         Ok(true)
     }
 
+    /// The store flag of an example that takes no other option: from the
+    /// command line, an error naming `example` for anything else.
+    pub fn from_args(example: &str) -> Result<StoreFlag, Error> {
+        let mut store = StoreFlag::default();
+        let mut args = std::env::args().skip(1);
+        while let Some(flag) = args.next() {
+            let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+            if !store.parse(&flag, value)? {
+                return Err(
+                    format!("unknown option {flag}; see the top of examples/{example}.rs").into(),
+                );
+            }
+        }
+        Ok(store)
+    }
+
     /// Whether processes can share locks through this store.
     pub fn is_shared(&self) -> bool {
         *self != StoreFlag::Memory

@@ -369,10 +369,7 @@ impl EtcdCluster {
 
     /// Kills member `i` (SIGKILL); its data stays for a restart.
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::server_process::kill(&mut self.members[i].child);
     }
 
     /// Starts member `i` again on its data; waits until the cluster is
@@ -394,13 +391,7 @@ impl EtcdCluster {
     }
 
     fn signal(&self, i: usize, signal: &str) {
-        let child = self.members[i].child.as_ref().expect("member is running");
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        crate::server_process::signal(self.members[i].child.as_ref(), signal);
     }
 
     /// Member `i`'s log so far.

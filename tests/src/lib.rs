@@ -11,6 +11,7 @@ mod postgres_server;
 pub mod processes;
 mod proxy;
 mod redis_server;
+mod server_process;
 mod worker;
 mod zookeeper_server;
 

@@ -231,10 +231,7 @@ impl ZooKeeperEnsemble {
 
     /// Kills server `i` (SIGKILL); its data stays for a restart.
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.servers[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::server_process::kill(&mut self.servers[i].child);
     }
 
     /// Starts server `i` again on its data; waits until every running
@@ -256,13 +253,7 @@ impl ZooKeeperEnsemble {
     }
 
     fn signal(&self, i: usize, signal: &str) {
-        let child = self.servers[i].child.as_ref().expect("server is running");
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        crate::server_process::signal(self.servers[i].child.as_ref(), signal);
     }
 
     /// Server `i`'s log so far.
