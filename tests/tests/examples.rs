@@ -59,39 +59,13 @@ fn flash_sale_without_the_lock_shows_the_oversell() {
     assert!(out.contains("OVERSOLD without the lock"), "{out}");
 }
 
-#[test]
-fn flash_sale_across_processes_on_redis() {
-    let server = RedisServer::new();
-    let url = server.url();
-    let (ok, out) = run(
-        "flash_sale",
-        &[
-            "--redis",
-            &url,
-            "--processes",
-            "3",
-            "--stock",
-            "30",
-            "--buyers",
-            "6",
-        ],
-    );
-    assert!(ok, "{out}");
-    assert!(
-        out.contains("6 buyers in 3 process(es), Redis backend, lock on"),
-        "{out}"
-    );
-    assert!(out.contains("stock       30 -> 0"), "{out}");
-    assert!(out.contains("OK: every item sold exactly once."), "{out}");
-}
-
-#[test]
-fn flash_sale_across_processes_on_postgres() {
-    let server = PostgresServer::new();
-    let url = server.url();
+/// The flash sale in 3 processes on a store (`flag value`, named `backend`
+/// in the output): every item sold once; the control without the lock
+/// oversells.
+fn flash_sale_across_processes(flag: &str, value: &str, backend: &str) {
     let args = [
-        "--postgres",
-        &url,
+        flag,
+        value,
         "--processes",
         "3",
         "--stock",
@@ -101,38 +75,8 @@ fn flash_sale_across_processes_on_postgres() {
     ];
     let (ok, out) = run("flash_sale", &args);
     assert!(ok, "{out}");
-    assert!(
-        out.contains("6 buyers in 3 process(es), PostgreSQL backend, lock on"),
-        "{out}"
-    );
-    assert!(out.contains("stock       30 -> 0"), "{out}");
-    assert!(out.contains("OK: every item sold exactly once."), "{out}");
-    // The control: the same processes without the lock oversell.
-    let (ok, out) = run("flash_sale", &[&args[..], &["--no-lock"]].concat());
-    assert!(ok, "{out}");
-    assert!(out.contains("OVERSOLD without the lock"), "{out}");
-}
-
-#[test]
-fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
-    let cluster = EtcdCluster::spawn(3);
-    let endpoints = cluster.endpoints().join(",");
-    let args = [
-        "--etcd",
-        &endpoints,
-        "--processes",
-        "3",
-        "--stock",
-        "30",
-        "--buyers",
-        "6",
-    ];
-    let (ok, out) = run("flash_sale", &args);
-    assert!(ok, "{out}");
-    assert!(
-        out.contains("6 buyers in 3 process(es), etcd backend, lock on"),
-        "{out}"
-    );
+    let header = format!("6 buyers in 3 process(es), {backend} backend, lock on");
+    assert!(out.contains(&header), "{out}");
     assert!(out.contains("stock       30 -> 0"), "{out}");
     assert!(
         out.contains("orders      30 recorded, 30 distinct items"),
@@ -142,6 +86,24 @@ fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
     let (ok, out) = run("flash_sale", &[&args[..], &["--no-lock"]].concat());
     assert!(ok, "{out}");
     assert!(out.contains("OVERSOLD without the lock"), "{out}");
+}
+
+#[test]
+fn flash_sale_across_processes_on_redis() {
+    let server = RedisServer::new();
+    flash_sale_across_processes("--redis", &server.url(), "Redis");
+}
+
+#[test]
+fn flash_sale_across_processes_on_postgres() {
+    let server = PostgresServer::new();
+    flash_sale_across_processes("--postgres", &server.url(), "PostgreSQL");
+}
+
+#[test]
+fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
+    let cluster = EtcdCluster::spawn(3);
+    flash_sale_across_processes("--etcd", &cluster.endpoints().join(","), "etcd");
 }
 
 #[test]
