@@ -19,7 +19,7 @@ pub use etcd_server::{EtcdCerts, EtcdCluster};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
-pub use worker::{Worker, field};
+pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;
 
 use std::sync::atomic::{AtomicU64, Ordering};

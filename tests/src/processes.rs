@@ -224,16 +224,7 @@ impl Processes {
             std::thread::sleep(Duration::from_millis(10));
         }
         let resumed = killed_at.elapsed();
-        let mut errors = 0;
-        for worker in workers {
-            let (status, lines) = worker.finish(Duration::from_secs(60));
-            assert!(status.success(), "worker failed: {lines:?}");
-            let done = lines
-                .iter()
-                .find(|l| l.starts_with("done"))
-                .expect("summary line");
-            errors += field(done, "errors").parse::<u64>().unwrap();
-        }
+        let errors = crate::sum_of_done(workers, "errors");
         let overlaps: Vec<String> = data.lrange(format!("chaos:{key}:overlaps"), 0, -1).unwrap();
         let tokens: Vec<u64> = data.lrange(format!("chaos:{key}:tokens"), 0, -1).unwrap();
         let lost: u64 = data.llen(format!("chaos:{key}:lost")).unwrap();

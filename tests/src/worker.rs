@@ -120,6 +120,23 @@ impl Drop for Worker {
     }
 }
 
+/// Waits (60 s at most each) for `workers` to end, each successfully, and
+/// sums the `name=` field of their `done` summary lines.
+pub fn sum_of_done(workers: Vec<Worker>, name: &str) -> u64 {
+    workers
+        .into_iter()
+        .map(|worker| {
+            let (status, lines) = worker.finish(Duration::from_secs(60));
+            assert!(status.success(), "worker failed: {lines:?}");
+            let done = lines
+                .iter()
+                .find(|l| l.starts_with("done"))
+                .expect("summary line");
+            field(done, name).parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
 /// The value of `name=value` in an event line.
 pub fn field<'a>(line: &'a str, name: &str) -> &'a str {
     line.split_whitespace()

@@ -134,53 +134,41 @@ fn scheduled_job_without_hold_at_least_runs_ticks_twice() {
     assert!(out.contains("tick 1: ran by #0, #1, #2 (WRONG)"), "{out}");
 }
 
+/// The scheduled job as 3 processes on a store (`flag value`, named
+/// `backend` in the output): each of 2 ticks runs exactly once.
+fn scheduled_job_across_processes(flag: &str, value: &str, backend: &str) {
+    let (ok, out) = run(
+        "scheduled_job",
+        &[flag, value, "--instances", "3", "--ticks", "2"],
+    );
+    assert!(ok, "{out}");
+    let header = format!("3 instances (processes on {backend})");
+    assert!(out.contains(&header), "{out}");
+    assert_eq!(out.matches("(once)").count(), 2, "{out}");
+    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+}
+
 #[test]
 fn scheduled_job_runs_each_tick_once_across_processes() {
     let server = RedisServer::new();
-    let url = server.url();
-    let (ok, out) = run(
-        "scheduled_job",
-        &["--redis", &url, "--instances", "3", "--ticks", "2"],
-    );
-    assert!(ok, "{out}");
-    assert!(out.contains("3 instances (processes on Redis)"), "{out}");
-    assert_eq!(out.matches("(once)").count(), 2, "{out}");
-    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+    scheduled_job_across_processes("--redis", &server.url(), "Redis");
 }
 
 #[test]
 fn scheduled_job_runs_each_tick_once_across_processes_on_postgres() {
     let server = PostgresServer::new();
-    let url = server.url();
-    let (ok, out) = run(
-        "scheduled_job",
-        &["--postgres", &url, "--instances", "3", "--ticks", "2"],
-    );
-    assert!(ok, "{out}");
-    assert!(
-        out.contains("3 instances (processes on PostgreSQL)"),
-        "{out}"
-    );
-    assert_eq!(out.matches("(once)").count(), 2, "{out}");
-    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+    scheduled_job_across_processes("--postgres", &server.url(), "PostgreSQL");
 }
 
 #[test]
 fn scheduled_job_runs_each_tick_once_across_processes_on_etcd() {
     let cluster = EtcdCluster::single();
-    let endpoints = cluster.endpoints().join(",");
-    let (ok, out) = run(
-        "scheduled_job",
-        &["--etcd", &endpoints, "--instances", "3", "--ticks", "2"],
-    );
-    assert!(ok, "{out}");
-    assert!(out.contains("3 instances (processes on etcd)"), "{out}");
-    assert_eq!(out.matches("(once)").count(), 2, "{out}");
-    assert!(out.contains("OK: every tick ran exactly once."), "{out}");
+    scheduled_job_across_processes("--etcd", &cluster.endpoints().join(","), "etcd");
 }
 
-#[test]
-fn manual_api_in_memory_and_on_every_store() {
+/// Runs `example` in memory and on each store (Redis, PostgreSQL, etcd),
+/// and checks each run's output with `check`.
+fn on_every_store(example: &str, check: impl Fn(&str)) {
     let (redis, postgres, etcd) = (
         RedisServer::new(),
         PostgresServer::new(),
@@ -194,8 +182,15 @@ fn manual_api_in_memory_and_on_every_store() {
         vec!["--postgres", postgres_url.as_str()],
         vec!["--etcd", etcd_endpoints.as_str()],
     ] {
-        let (ok, out) = run("manual_api", &args);
+        let (ok, out) = run(example, &args);
         assert!(ok, "{out}");
+        check(&out);
+    }
+}
+
+#[test]
+fn manual_api_in_memory_and_on_every_store() {
+    on_every_store("manual_api", |out| {
         assert!(out.contains("try_lock while held: None"), "{out}");
         assert!(out.contains("try_lock after release: got it"), "{out}");
         assert!(
@@ -204,27 +199,13 @@ fn manual_api_in_memory_and_on_every_store() {
         );
         assert!(out.contains("B still holds it? true"), "{out}");
         assert!(out.contains(r#"store holds ["B's invoice"]"#), "{out}");
-    }
+    });
 }
 
 #[test]
 fn quick_start_in_memory_and_on_every_store() {
-    let (redis, postgres, etcd) = (
-        RedisServer::new(),
-        PostgresServer::new(),
-        EtcdCluster::single(),
-    );
-    let (redis_url, postgres_url, etcd_endpoints) =
-        (redis.url(), postgres.url(), etcd.endpoints().join(","));
-    for args in [
-        vec![],
-        vec!["--redis", redis_url.as_str()],
-        vec!["--postgres", postgres_url.as_str()],
-        vec!["--etcd", etcd_endpoints.as_str()],
-    ] {
-        let (ok, out) = run("quick_start", &args);
-        assert!(ok, "{out}");
+    on_every_store("quick_start", |out| {
         assert_eq!(out.matches("bought item 7").count(), 4, "{out}");
         assert_eq!(out.matches("ran the report").count(), 1, "{out}");
-    }
+    });
 }

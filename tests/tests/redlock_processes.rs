@@ -85,16 +85,7 @@ fn chaos_kills_and_restarts_of_minorities_never_break_exclusion() {
         std::thread::sleep(Duration::from_millis(rand::random_range(50..200)));
     }
 
-    let mut entries = 0;
-    for worker in workers {
-        let (status, lines) = worker.finish(Duration::from_secs(60));
-        assert!(status.success(), "worker failed: {lines:?}");
-        let done = lines
-            .iter()
-            .find(|l| l.starts_with("done"))
-            .expect("summary line");
-        entries += lock_tests::field(done, "entries").parse::<u64>().unwrap();
-    }
+    let entries = lock_tests::sum_of_done(workers, "entries");
     let mut conn = data.connection();
     let overlaps: Vec<String> = conn.lrange(format!("chaos:{key}:overlaps"), 0, -1).unwrap();
     let tokens: Vec<u64> = conn.lrange(format!("chaos:{key}:tokens"), 0, -1).unwrap();

@@ -331,11 +331,7 @@ impl Shared {
                     return Box::pin(self.enqueue(parent, token)).await;
                 };
                 let path = format!("{parent}/{name}");
-                let Some(stat) = self
-                    .call(self.client().check_stat(&path))
-                    .await
-                    .map_err(BackendError::from)?
-                else {
+                let Some(stat) = self.call(self.client().check_stat(&path)).await? else {
                     self.created().remove(&token);
                     return Ok(None);
                 };
@@ -424,7 +420,7 @@ impl Shared {
             Err(err) => return Err(err.into()),
         };
         let name = format!("{token}-{sequence}");
-        let mut queue = listed.map_err(BackendError::from)?;
+        let mut queue = listed?;
         sort(&mut queue);
         let child = Child {
             parent: parent.to_owned(),
@@ -568,7 +564,8 @@ fn encode(key: &str) -> String {
 const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// Tells the holder of `path` when someone else deletes it (an operator, a
-/// forced release), once it has been held for [`WATCH_AFTER`].
+/// forced release), once it has been held for [`WATCH_AFTER`]. Runs in the
+/// lease's task, beside [`expire`].
 async fn watch_held(shared: Weak<Shared>, path: String) {
     tokio::time::sleep(WATCH_AFTER).await;
     let watched = {
@@ -675,12 +672,15 @@ impl ZooKeeperLease {
         sent_at: Instant,
     ) -> Self {
         let deadline = Arc::new(Mutex::new(sent_at + ttl));
-        let expiry = tokio::spawn(expire(
-            Arc::downgrade(&shared),
-            token,
-            child.path(),
-            deadline.clone(),
-        ))
+        let (weak, path, until) = (Arc::downgrade(&shared), child.path(), deadline.clone());
+        // One task per held child, ended by the release: the ttl and the
+        // watch for a deletion by someone else.
+        let expiry = tokio::spawn(async move {
+            tokio::join!(
+                expire(weak.clone(), token, path.clone(), until),
+                watch_held(weak, path),
+            );
+        })
         .abort_handle();
         ZooKeeperLease {
             shared,
@@ -745,8 +745,7 @@ impl Lease for ZooKeeperLease {
             let stat = self
                 .shared
                 .call(self.shared.client().check_stat(&path))
-                .await
-                .map_err(BackendError::from)?;
+                .await?;
             let ours = stat.is_some_and(|stat| {
                 stat.ephemeral_owner == self.shared.client().session_id().0
                     && stat.czxid == self.child.czxid
@@ -779,8 +778,7 @@ impl Lease for ZooKeeperLease {
             let exists = self
                 .shared
                 .call(self.shared.client().check_stat(&path))
-                .await
-                .map_err(BackendError::from)?;
+                .await?;
             if exists.is_none() {
                 return Ok(false);
             }
@@ -824,7 +822,6 @@ impl Backend for ZooKeeperBackend {
             if queue.first() == Some(&child.name) {
                 let fencing = u64::try_from(child.czxid).unwrap_or(0);
                 shared.held().insert(child.path(), request.loss.clone());
-                tokio::spawn(watch_held(Arc::downgrade(shared), child.path()));
                 let lease =
                     ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
                 return Ok(Acquire::Acquired {
