@@ -185,6 +185,43 @@ async fn a_holder_cut_off_until_its_session_expires_gives_up_first_then_recovers
     again.release().await.unwrap();
 }
 
+/// A release that never reached the server (the connection cut, then
+/// reset, the request with it) is not the end of it: the node is deleted
+/// once the client is back, so the next client gets the lock then, not
+/// when the holder's 30 s session ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_lost_on_the_way_frees_the_lock_once_the_client_is_back() {
+    let zk = ZooKeeperEnsemble::single();
+    let proxy = Proxy::start(zk.client_port(0));
+    let backend = ZooKeeperBackend::builder(&format!("127.0.0.1:{}", proxy.port()))
+        .session_timeout(Duration::from_secs(30))
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let holder = LockRegistry::builder(backend).build().unwrap();
+    let other = registry(&zk, Duration::from_secs(30)).await;
+    let key = unique_key("unanswered");
+    let options = LockOptions::default().ttl(Duration::from_secs(30));
+    let guard = holder.lock(&key, options.clone()).await.unwrap();
+    proxy.black_hole();
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    // The delete dies with the connection; the client reconnects.
+    proxy.reset();
+    proxy.forward();
+    let back = Instant::now();
+    let next = other
+        .lock(&key, options.wait_timeout(Duration::from_secs(10)))
+        .await
+        .expect("the lock is free well before the holder's session ends");
+    eprintln!(
+        "the release failed ({err}); the lock was free {:?} after the connection came back",
+        back.elapsed()
+    );
+    next.release().await.unwrap();
+}
+
 /// Two of three servers die: a lock attempt fails with a clear error
 /// within its wait_timeout, and locks work again once one is back.
 #[tokio::test(flavor = "multi_thread")]

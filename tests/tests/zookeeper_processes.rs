@@ -144,3 +144,17 @@ fn waiting_processes_get_the_lock_in_the_order_they_queued() {
         "not in queue order: {acquired_at:?}"
     );
 }
+
+/// Two processes contend while the leader of three servers is killed: no
+/// overlap, fencing in holding order across the leader change, locks
+/// resume. Sessions of 4 s (the chaos worker's ttl is 1 s) outlive the
+/// election, so no held node is lost with its session.
+#[test]
+fn killing_the_leader_while_processes_contend_breaks_no_exclusion() {
+    let mut servers = Servers::new(3);
+    let processes = servers.processes(Duration::from_secs(4));
+    processes.a_killed_leader_breaks_no_exclusion(|| {
+        let leader = servers.locks.leader().expect("a leader");
+        servers.locks.kill(leader);
+    });
+}

@@ -390,7 +390,7 @@ impl Shared {
                     let wanted = shared.created().contains_key(&token);
                     match &reply {
                         Ok((_, sequence)) if !wanted => {
-                            let _ = shared.delete(&format!("{prefix}{sequence}")).await;
+                            let _ = shared.discard(&format!("{prefix}{sequence}")).await;
                         }
                         // Refused for sure: nothing was made.
                         Ok(_) | Err(ZkError::NoNode | ZkError::NodeExists) => {}
@@ -464,6 +464,41 @@ impl Shared {
         }
     }
 
+    /// Deletes our node at `path`, now or, if the ensemble does not answer,
+    /// as soon as it does: a node left behind would hold its place in the
+    /// queue (or the lock itself) for as long as the session lives, which
+    /// outlasts a leader election or a lost connection. `Ok(false)` if it
+    /// was gone. Retrying by path is safe: the name holds our token.
+    async fn discard(self: &Arc<Self>, path: &str) -> Result<bool, BackendError> {
+        let deleted = self.delete(path).await;
+        if deleted.is_err() {
+            self.discard_later(path.to_owned());
+        }
+        deleted
+    }
+
+    /// [`Shared::discard`] in the background, retrying until the ensemble
+    /// answers (or the store is dropped; a session outlives no outage
+    /// forever, so the retries stop after some minutes).
+    fn discard_later(self: &Arc<Self>, path: String) {
+        let shared = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            for _ in 0..300 {
+                let Some(store) = shared.upgrade() else {
+                    return;
+                };
+                match store.delete(&path).await {
+                    Ok(_) => return,
+                    Err(err) => tracing::debug!(%path, %err, "lock node not deleted yet; retrying"),
+                }
+                drop(store);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        });
+    }
+
     /// Drops our child for `token` (refused in skip mode, given up, or
     /// abandoned); `Ok(true)` if it was there.
     async fn withdraw(
@@ -492,7 +527,7 @@ impl Shared {
             }
         };
         self.held().remove(&path);
-        self.delete(&path).await
+        self.discard(&path).await
     }
 
     /// Deletes `token`'s child under `parent` once the queue can be read
@@ -518,7 +553,7 @@ impl Shared {
                         if let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) {
                             let path = format!("{parent}/{name}");
                             tracing::debug!(%path, "deleting a lock node whose attempt was given up");
-                            let _ = store.delete(&path).await;
+                            let _ = store.discard(&path).await;
                         }
                         return;
                     }
@@ -726,8 +761,8 @@ async fn expire(
         };
         shared.created().remove(&token);
         shared.held().remove(&path);
-        if let Err(err) = shared.delete(&path).await {
-            tracing::warn!(%path, %err, "could not delete an expired lock node; it goes with the session");
+        if let Err(err) = shared.discard(&path).await {
+            tracing::warn!(%path, %err, "could not delete an expired lock node yet; retrying");
         }
         return;
     }
@@ -763,18 +798,24 @@ impl Lease for ZooKeeperLease {
             let path = self.child.path();
             if !self.forget() {
                 // Lost already: no round trip to a store that may not
-                // answer; the child, if left, goes with its session.
-                let shared = Arc::downgrade(&self.shared);
-                tokio::spawn(async move {
-                    if let Some(shared) = shared.upgrade() {
-                        let _ = shared.delete(&path).await;
-                    }
-                });
+                // answer; the child, if left (a renewal that failed), is
+                // deleted in the background.
+                self.shared.discard_later(path);
                 return Ok(false);
             }
             if linger.is_zero() {
-                return self.shared.delete(&path).await;
+                return self.shared.discard(&path).await;
             }
+            // Deleted after `linger` whatever the check below says, so an
+            // unanswered check leaves nothing behind.
+            let shared = Arc::downgrade(&self.shared);
+            let later = path.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(linger).await;
+                if let Some(shared) = shared.upgrade() {
+                    let _ = shared.discard(&later).await;
+                }
+            });
             let exists = self
                 .shared
                 .call(self.shared.client().check_stat(&path))
@@ -782,13 +823,6 @@ impl Lease for ZooKeeperLease {
             if exists.is_none() {
                 return Ok(false);
             }
-            let shared = Arc::downgrade(&self.shared);
-            tokio::spawn(async move {
-                tokio::time::sleep(linger).await;
-                if let Some(shared) = shared.upgrade() {
-                    let _ = shared.delete(&path).await;
-                }
-            });
             Ok(true)
         })
     }
@@ -916,7 +950,7 @@ impl Drop for LeaveQueue {
         runtime.spawn(async move {
             for (token, path) in waiting {
                 shared.created().remove(&token);
-                let _ = shared.delete(&path).await;
+                let _ = shared.discard(&path).await;
             }
         });
     }
