@@ -185,6 +185,103 @@ async fn a_holder_cut_off_until_its_session_expires_gives_up_first_then_recovers
     again.release().await.unwrap();
 }
 
+/// An error and its sources, as one line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        line = format!("{line}: {cause}");
+        source = cause.source();
+    }
+    line
+}
+
+/// A chroot, from the builder or the connect string, confines every node
+/// under it (created on connect): the same key outside it is another lock.
+#[tokio::test]
+async fn a_chroot_confines_every_node_under_it() {
+    let zk = ZooKeeperEnsemble::single();
+    let builder = ZooKeeperBackend::builder(&zk.connect_string())
+        .chroot("/apps/orders")
+        .session_timeout(SESSION);
+    let confined = LockRegistry::builder(builder.connect().await.unwrap())
+        .build()
+        .unwrap();
+    let by_string = registry_at(&format!("{}/apps/orders", zk.connect_string()), SESSION).await;
+    let outside = registry(&zk, SESSION).await;
+    let key = unique_key("chroot");
+    let options = LockOptions::default().ttl(SESSION);
+    let guard = confined.lock(&key, options.clone()).await.unwrap();
+    let same = by_string.try_lock(&key, options.clone()).await.unwrap();
+    assert!(same.is_none(), "the connect string's chroot is the same");
+    let other = outside.try_lock(&key, options.clone()).await.unwrap();
+    let other = other.expect("outside the chroot the key is another lock");
+    let client = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let queue = client
+        .list_children(&format!("/apps/orders/locks/{key}"))
+        .await
+        .unwrap();
+    assert_eq!(queue.len(), 1, "{queue:?}");
+    guard.release().await.unwrap();
+    other.release().await.unwrap();
+
+    let bad = ZooKeeperBackend::builder(&zk.connect_string())
+        .chroot("apps/")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("chroot `apps/`"), "{bad}");
+}
+
+/// With digest credentials the nodes admit only sessions holding the same
+/// ones: another process with them queues as usual; without them, or with
+/// a wrong password, an attempt fails with a clear error that never shows
+/// the password.
+#[tokio::test]
+async fn digest_credentials_admit_only_the_same_credentials() {
+    let zk = ZooKeeperEnsemble::single();
+    let with = |password: &'static str| {
+        ZooKeeperBackend::builder(&zk.connect_string())
+            .digest("orders", password)
+            .session_timeout(SESSION)
+    };
+    let builder = with("s3cret-pw");
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("s3cret-pw"), "{shown}");
+    let build = |backend| LockRegistry::builder(backend).build().unwrap();
+    let holder = build(builder.connect().await.unwrap());
+    let peer = build(with("s3cret-pw").connect().await.unwrap());
+    let key = unique_key("digest");
+    let options = LockOptions::default().ttl(SESSION);
+    let guard = holder.lock(&key, options.clone()).await.unwrap();
+    assert!(
+        peer.try_lock(&key, options.clone())
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let wrong = build(with("wr0ng-pw").connect().await.unwrap());
+    let anonymous = registry(&zk, SESSION).await;
+    for (who, registry) in [("a wrong password", &wrong), ("no credentials", &anonymous)] {
+        let err = registry.try_lock(&key, options.clone()).await.unwrap_err();
+        let line = chain(&err);
+        eprintln!("with {who}: {line}");
+        assert!(matches!(err, LockError::Backend { .. }), "{who}: {line}");
+        assert!(line.contains("not authorized"), "{who}: {line}");
+        assert!(line.contains(&key), "{who}: {line}");
+        assert!(!line.contains("pw"), "{who}: {line}");
+    }
+    guard.release().await.unwrap();
+    let next = peer.try_lock(&key, options).await.unwrap();
+    next.expect("free for the same credentials")
+        .release()
+        .await
+        .unwrap();
+}
+
 /// A release that never reached the server (the connection cut, then
 /// reset, the request with it) is not the end of it: the node is deleted
 /// once the client is back, so the next client gets the lock then, not

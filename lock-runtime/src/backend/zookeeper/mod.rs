@@ -64,16 +64,53 @@ impl LockRegistry {
 #[derive(Debug)]
 pub struct ZooKeeperBackendBuilder {
     connect_string: String,
+    chroot: Option<String>,
+    digest: Option<Digest>,
     root: String,
     session_timeout: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
 }
 
+/// Digest credentials (`user:password`); never shown.
+#[derive(Clone)]
+struct Digest {
+    user: String,
+    credentials: Vec<u8>,
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({}:<redacted>)", self.user)
+    }
+}
+
 impl ZooKeeperBackendBuilder {
     /// The node every key's queue lives under (default `/locks`).
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
+        self
+    }
+
+    /// Confines every node of the store under `chroot` (`/apps/orders`),
+    /// which is created on connect if missing, as the root is. A connect
+    /// string ending in a path (`host:2181/apps/orders`) sets it too; this
+    /// replaces that.
+    pub fn chroot(mut self, chroot: impl Into<String>) -> Self {
+        self.chroot = Some(chroot.into());
+        self
+    }
+
+    /// Authenticates the session with ZooKeeper's `digest` scheme as
+    /// `user`, and creates every node with the `auth` ACL: only sessions
+    /// with the same credentials may read, queue on or delete them. Give
+    /// every process sharing the locks the same credentials. The password
+    /// never appears in errors or `Debug` output.
+    pub fn digest(mut self, user: &str, password: &str) -> Self {
+        self.digest = Some(Digest {
+            user: user.to_owned(),
+            credentials: format!("{user}:{password}").into_bytes(),
+        });
         self
     }
 
@@ -105,20 +142,57 @@ impl ZooKeeperBackendBuilder {
     /// No server answers, or the root cannot be created.
     pub async fn connect(self) -> Result<ZooKeeperBackend, BackendError> {
         let shown = self.connect_string.clone();
-        if !self.root.starts_with('/') || self.root.ends_with('/') {
-            return Err(format!(
-                "the ZooKeeper root `{}` must start with `/` and not end with one",
-                self.root
-            )
-            .into());
+        let (servers, chroot) = match self.connect_string.split_once('/') {
+            Some((servers, path)) => (servers.to_owned(), Some(format!("/{path}"))),
+            None => (self.connect_string.clone(), None),
+        };
+        let chroot = self.chroot.or(chroot).filter(|chroot| chroot != "/");
+        for (what, path) in [("root", Some(&self.root)), ("chroot", chroot.as_ref())] {
+            let Some(path) = path else {
+                continue;
+            };
+            if !path.starts_with('/') || path.ends_with('/') || path.contains("//") {
+                return Err(format!(
+                    "the ZooKeeper {what} `{path}` must start with `/`, not end with one \
+                     and have no empty segment"
+                )
+                .into());
+            }
         }
         let settings = Session {
-            connect_string: self.connect_string,
+            servers,
+            chroot,
+            digest: self.digest,
             session_timeout: self.session_timeout,
             connection_timeout: self.connection_timeout,
             response_timeout: self.response_timeout,
         };
-        let client = settings.open().await?;
+        // The chroot and the root, made from outside the chroot.
+        let unconfined = settings.open().await?;
+        let full_root = format!("{}{}", settings.chroot.as_deref().unwrap_or(""), self.root);
+        let made = tokio::time::timeout(
+            self.response_timeout,
+            unconfined.mkdir(&full_root, &settings.directory()),
+        )
+        .await;
+        match made {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                return Err(format!(
+                    "cannot create the ZooKeeper root `{full_root}`: {}",
+                    BackendError::from(Failed::Refused(err))
+                )
+                .into());
+            }
+            Err(_) => {
+                return Err(format!(
+                    "cannot create the ZooKeeper root `{full_root}`: {}",
+                    BackendError::from(Failed::Timeout(self.response_timeout))
+                )
+                .into());
+            }
+        }
+        let client = settings.confine(unconfined)?;
         let session_timeout = client.session_timeout();
         let store = ZooKeeperBackend {
             shared: Arc::new(Shared {
@@ -132,18 +206,6 @@ impl ZooKeeperBackendBuilder {
             capabilities: capabilities(session_timeout),
             shown,
         };
-        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        store
-            .shared
-            .call(store.shared.client().mkdir(&store.shared.root, &persistent))
-            .await
-            .map_err(|err| {
-                format!(
-                    "cannot create the ZooKeeper root `{}`: {}",
-                    store.shared.root,
-                    BackendError::from(err)
-                )
-            })?;
         tokio::spawn(watch_session(
             store.shared.client().state_watcher(),
             Arc::downgrade(&store.shared),
@@ -155,20 +217,27 @@ impl ZooKeeperBackendBuilder {
 /// How to open a session, again after one expired.
 #[derive(Debug)]
 struct Session {
-    connect_string: String,
+    /// The servers, without the chroot.
+    servers: String,
+    chroot: Option<String>,
+    digest: Option<Digest>,
     session_timeout: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
 }
 
 impl Session {
+    /// A session outside the chroot (see [`Session::confine`]).
     async fn open(&self) -> Result<Client, BackendError> {
-        let shown = &self.connect_string;
+        let shown = &self.servers;
         let within = self.connection_timeout + self.response_timeout;
-        let connect = Client::connector()
+        let mut connector = Client::connector()
             .with_session_timeout(self.session_timeout)
-            .with_connection_timeout(self.connection_timeout)
-            .connect(&self.connect_string);
+            .with_connection_timeout(self.connection_timeout);
+        if let Some(digest) = &self.digest {
+            connector = connector.with_auth("digest", &digest.credentials);
+        }
+        let connect = connector.connect(&self.servers);
         match tokio::time::timeout(within, connect).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(err)) => Err(format!("cannot connect to ZooKeeper at {shown}: {err}").into()),
@@ -177,6 +246,30 @@ impl Session {
             )
             .into()),
         }
+    }
+
+    /// `client` confined to the chroot, if one is set.
+    fn confine(&self, client: Client) -> Result<Client, BackendError> {
+        match &self.chroot {
+            None => Ok(client),
+            Some(chroot) => client
+                .chroot(chroot.as_str())
+                .map_err(|_| format!("the ZooKeeper chroot `{chroot}` is not a valid path").into()),
+        }
+    }
+
+    /// Who may touch our nodes: anyone, or with digest credentials only
+    /// sessions holding the same ones.
+    fn acls(&self) -> Acls<'static> {
+        match self.digest {
+            Some(_) => Acls::creator_all(),
+            None => Acls::anyone_all(),
+        }
+    }
+
+    /// How the chroot and the root are made.
+    fn directory(&self) -> zookeeper_client::CreateOptions<'static> {
+        CreateMode::Persistent.with_acls(self.acls())
     }
 }
 
@@ -216,6 +309,8 @@ impl ZooKeeperBackend {
     pub fn builder(connect_string: &str) -> ZooKeeperBackendBuilder {
         ZooKeeperBackendBuilder {
             connect_string: connect_string.to_owned(),
+            chroot: None,
+            digest: None,
             root: "/locks".to_owned(),
             session_timeout: Duration::from_secs(30),
             connection_timeout: Duration::from_secs(2),
@@ -263,6 +358,10 @@ enum Failed {
 impl From<Failed> for BackendError {
     fn from(failed: Failed) -> BackendError {
         match failed {
+            Failed::Refused(ZkError::NoAuth) => "ZooKeeper refused access (not authorized): \
+                 the lock nodes' ACL admits other credentials than this session's \
+                 (see the builder's `digest`)"
+                .into(),
             Failed::Refused(err) => format!("ZooKeeper: {err}").into(),
             Failed::Timeout(timeout) => {
                 format!("no answer from ZooKeeper within {timeout:?}").into()
@@ -377,11 +476,12 @@ impl Shared {
     ) -> Result<Result<(Child, Vec<String>), ()>, BackendError> {
         let client = self.client();
         let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+        let shared_acls = self.settings.acls();
         let creating = tokio::spawn({
             let (client, shared) = (client.clone(), Arc::downgrade(self));
             let parent = parent.to_owned();
             async move {
-                let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let options = CreateMode::EphemeralSequential.with_acls(shared_acls);
                 let prefix = format!("{parent}/{token}-");
                 let reply = client.create(&prefix, &[], &options);
                 let _ = sent_tx.send(());
@@ -393,7 +493,14 @@ impl Shared {
                             let _ = shared.discard(&format!("{prefix}{sequence}")).await;
                         }
                         // Refused for sure: nothing was made.
-                        Ok(_) | Err(ZkError::NoNode | ZkError::NodeExists) => {}
+                        Ok(_)
+                        | Err(
+                            ZkError::NoNode
+                            | ZkError::NodeExists
+                            | ZkError::NoAuth
+                            | ZkError::InvalidAcl
+                            | ZkError::BadArguments(_),
+                        ) => {}
                         // Perhaps made, the reply lost.
                         Err(_) => shared.sweep(&parent, token),
                     }
@@ -433,7 +540,7 @@ impl Shared {
     /// Creates the key's node (a container: the ensemble removes it once
     /// it has no children left).
     async fn make_parent(&self, parent: &str) -> Result<(), BackendError> {
-        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+        let container = CreateMode::Container.with_acls(self.settings.acls());
         let client = self.client();
         let made = self.call(client.create(parent, &[], &container)).await;
         match made {
@@ -654,14 +761,19 @@ async fn watch_session(mut states: zookeeper_client::StateWatcher, shared: Weak<
         for loss in held {
             loss.raise("the ZooKeeper session expired");
         }
-        tracing::warn!(servers = %store.settings.connect_string, ?state, "ZooKeeper session ended; opening a new one");
+        tracing::warn!(servers = %store.settings.servers, ?state, "ZooKeeper session ended; opening a new one");
         drop(store);
         let mut pause = Duration::from_millis(100);
         loop {
             let Some(store) = shared.upgrade() else {
                 return;
             };
-            match store.settings.open().await {
+            match store
+                .settings
+                .open()
+                .await
+                .and_then(|client| store.settings.confine(client))
+            {
                 Ok(client) => {
                     states = client.state_watcher();
                     *store.session.write().unwrap_or_else(|e| e.into_inner()) = client;
