@@ -8,12 +8,13 @@
 //! cargo run -p examples --example flash_sale -- --redis redis://127.0.0.1:6379 --processes 4
 //! cargo run -p examples --example flash_sale -- --postgres postgres://postgres@127.0.0.1/postgres --processes 4
 //! cargo run -p examples --features etcd --example flash_sale -- --etcd 127.0.0.1:2379 --processes 4
+//! cargo run -p examples --features zookeeper --example flash_sale -- --zookeeper 127.0.0.1:2181 --processes 4
 //! ```
 //!
 //! Options: `--stock N` (100), `--buyers N` (32, spread over the processes),
 //! `--pause-ms N` (2, between read and write), `--redis URL`,
-//! `--postgres URL` or `--etcd ENDPOINTS` (the lock store, which also keeps
-//! the stock and the orders), `--processes N` (1; more needs a store: the
+//! `--postgres URL`, `--etcd ENDPOINTS` or `--zookeeper CONNECT` (the lock
+//! store, which also keeps the stock and the orders), `--processes N` (1; more needs a store: the
 //! example starts them itself), `--no-lock`. Exits with status 1 if
 //! anything was oversold with the lock on.
 
@@ -104,6 +105,13 @@ enum Store {
         client: Box<etcd_client::KvClient>,
         sale: String,
     },
+    /// Nodes under `/flash/{sale}`: `stock`, and one sequential child of
+    /// `orders` per order.
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper {
+        client: zookeeper_client::Client,
+        sale: String,
+    },
 }
 
 /// Numbers this process's orders, for their etcd keys.
@@ -133,6 +141,11 @@ impl Store {
                 let kv = got.kvs().first().ok_or("the stock key is missing")?;
                 kv.value_str()?.parse()?
             }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let (data, _) = client.get_data(&format!("/flash/{sale}/stock")).await?;
+                String::from_utf8(data)?.parse()?
+            }
         })
     }
 
@@ -155,6 +168,25 @@ impl Store {
                 client
                     .put(format!("flash/{sale}/stock"), level.to_string(), None)
                     .await?;
+            }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let path = format!("/flash/{sale}/stock");
+                let data = level.to_string();
+                match client.set_data(&path, data.as_bytes(), None).await {
+                    Err(zookeeper_client::Error::NoNode) => {
+                        // The first write, by the parent: make the sale's nodes.
+                        let options = zookeeper_client::CreateMode::Persistent
+                            .with_acls(zookeeper_client::Acls::anyone_all());
+                        client
+                            .mkdir(&format!("/flash/{sale}/orders"), &options)
+                            .await?;
+                        client.create(&path, data.as_bytes(), &options).await?;
+                    }
+                    done => {
+                        done?;
+                    }
+                }
             }
         }
         Ok(())
@@ -181,6 +213,15 @@ impl Store {
                 let order = ORDER_SEQ.fetch_add(1, Ordering::Relaxed);
                 let key = format!("flash/{sale}/orders/{}-{order}", std::process::id());
                 client.put(key, level.to_string(), None).await?;
+            }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let options = zookeeper_client::CreateMode::PersistentSequential
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                let path = format!("/flash/{sale}/orders/o-");
+                client
+                    .create(&path, level.to_string().as_bytes(), &options)
+                    .await?;
             }
         }
         Ok(())
@@ -210,6 +251,16 @@ impl Store {
                 }
                 levels
             }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let dir = format!("/flash/{sale}/orders");
+                let mut levels = Vec::new();
+                for order in client.list_children(&dir).await? {
+                    let (data, _) = client.get_data(&format!("{dir}/{order}")).await?;
+                    levels.push(String::from_utf8(data)?.parse()?);
+                }
+                levels
+            }
         })
     }
 
@@ -232,6 +283,12 @@ impl Store {
                     .get(format!("flash/{sale}/orders/"), Some(count))
                     .await?;
                 got.count() as u64
+            }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let dir = format!("/flash/{sale}/orders");
+                let stat = client.check_stat(&dir).await?.ok_or("no orders node")?;
+                stat.num_children as u64
             }
         })
     }
@@ -264,6 +321,13 @@ impl Store {
             }
             #[cfg(not(feature = "etcd"))]
             StoreFlag::Etcd(_) => return Err(examples::WITHOUT_ETCD.into()),
+            #[cfg(feature = "zookeeper")]
+            StoreFlag::ZooKeeper(_) => Store::ZooKeeper {
+                client: args.store.zookeeper_client().await?,
+                sale,
+            },
+            #[cfg(not(feature = "zookeeper"))]
+            StoreFlag::ZooKeeper(_) => return Err(examples::WITHOUT_ZOOKEEPER.into()),
         })
     }
 
@@ -306,6 +370,20 @@ impl Store {
                 client
                     .delete(format!("flash/{sale}/"), Some(prefix))
                     .await?;
+            }
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper { client, sale } => {
+                let dir = format!("/flash/{sale}/orders");
+                for order in client.list_children(&dir).await? {
+                    client.delete(&format!("{dir}/{order}"), None).await?;
+                }
+                for node in [
+                    dir,
+                    format!("/flash/{sale}/stock"),
+                    format!("/flash/{sale}"),
+                ] {
+                    client.delete(&node, None).await?;
+                }
             }
         }
         Ok(())

@@ -7,6 +7,7 @@
 //! cargo run -p examples --example manual_api -- --redis redis://127.0.0.1:6379
 //! cargo run -p examples --example manual_api -- --postgres postgres://postgres@127.0.0.1/postgres
 //! cargo run -p examples --features etcd --example manual_api -- --etcd 127.0.0.1:2379
+//! cargo run -p examples --features zookeeper --example manual_api -- --zookeeper 127.0.0.1:2181
 //! ```
 
 use std::sync::Mutex;

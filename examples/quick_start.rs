@@ -2,9 +2,10 @@
 //!
 //! `cargo run -p examples --example quick_start` runs on the in-memory
 //! backend; add `-- --redis redis://127.0.0.1:6379` to lock through Redis
-//! (or `-- --postgres postgres://user@host/db` through PostgreSQL, or
+//! (or `-- --postgres postgres://user@host/db` through PostgreSQL,
 //! `--features etcd --example quick_start -- --etcd 127.0.0.1:2379` through
-//! etcd), and start it in several terminals at once to see the processes
+//! etcd, or `--features zookeeper --example quick_start -- --zookeeper
+//! 127.0.0.1:2181` through ZooKeeper), and start it in several terminals at once to see the processes
 //! take turns.
 
 use std::time::Duration;
@@ -22,7 +23,7 @@ async fn buy(item_id: u64, qty: u32) -> String {
 #[distributed_lock(
     key = "job:nightly-report",
     mode = "skip",
-    ttl = "5m",
+    ttl = "30s",
     hold_at_least = "1s"
 )]
 async fn nightly_report() -> usize {

@@ -8,6 +8,7 @@
 //! cargo run -p examples --example scheduled_job -- --redis redis://127.0.0.1:6379 --instances 4
 //! cargo run -p examples --example scheduled_job -- --postgres postgres://postgres@127.0.0.1/postgres
 //! cargo run -p examples --features etcd --example scheduled_job -- --etcd 127.0.0.1:2379
+//! cargo run -p examples --features zookeeper --example scheduled_job -- --zookeeper 127.0.0.1:2181
 //! ```
 //!
 //! The job is `mode = "skip"`: an instance that finds the lock held does not
@@ -17,8 +18,8 @@
 //! the late instances skip. Ticks are 3 s apart.
 //!
 //! Options: `--instances K` (3), `--ticks N` (4), `--redis URL`,
-//! `--postgres URL` or `--etcd ENDPOINTS` (the lock store, which also keeps
-//! the ledger; instances become processes the example starts), `--no-hold`.
+//! `--postgres URL`, `--etcd ENDPOINTS` or `--zookeeper CONNECT` (the lock
+//! store, which also keeps the ledger; instances become processes the example starts), `--no-hold`.
 //! Exits with status 1 if a tick ran other than once with `hold_at_least`
 //! on.
 
@@ -94,6 +95,10 @@ enum Ledger {
     /// `ran` or `skipped`.
     #[cfg(feature = "etcd")]
     Etcd(Box<etcd_client::KvClient>, String),
+    /// One node per entry: `/sched/{run}/{tick}-{instance}`, its data `ran`
+    /// or `skipped`.
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(zookeeper_client::Client, String),
 }
 
 impl Ledger {
@@ -121,6 +126,14 @@ impl Ledger {
                 let key = format!("sched/{run}/ledger/{tick}/{instance}");
                 let entry = if ran { "ran" } else { "skipped" };
                 client.clone().put(key, entry, None).await?;
+            }
+            #[cfg(feature = "zookeeper")]
+            Ledger::ZooKeeper(client, run) => {
+                let entry = if ran { "ran" } else { "skipped" };
+                let options = zookeeper_client::CreateMode::Persistent
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                let path = format!("/sched/{run}/{tick}-{instance}");
+                client.create(&path, entry.as_bytes(), &options).await?;
             }
         }
         Ok(())
@@ -178,6 +191,21 @@ impl Ledger {
                 entries.sort_unstable();
                 entries
             }
+            #[cfg(feature = "zookeeper")]
+            Ledger::ZooKeeper(client, run) => {
+                let dir = format!("/sched/{run}");
+                let mut entries = Vec::new();
+                for name in client.list_children(&dir).await? {
+                    let path = format!("{dir}/{name}");
+                    let (data, _) = client.get_data(&path).await?;
+                    client.delete(&path, None).await?;
+                    let (tick, instance) = name.split_once('-').ok_or("a malformed ledger node")?;
+                    entries.push((tick.parse()?, instance.parse()?, data == b"ran"));
+                }
+                client.delete(&dir, None).await?;
+                entries.sort_unstable();
+                entries
+            }
         })
     }
 
@@ -202,6 +230,16 @@ impl Ledger {
             StoreFlag::Etcd(_) => Ledger::Etcd(args.store.etcd_kv().await?, run),
             #[cfg(not(feature = "etcd"))]
             StoreFlag::Etcd(_) => return Err(examples::WITHOUT_ETCD.into()),
+            #[cfg(feature = "zookeeper")]
+            StoreFlag::ZooKeeper(_) => {
+                let client = args.store.zookeeper_client().await?;
+                let options = zookeeper_client::CreateMode::Persistent
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                client.mkdir(&format!("/sched/{run}"), &options).await?;
+                Ledger::ZooKeeper(client, run)
+            }
+            #[cfg(not(feature = "zookeeper"))]
+            StoreFlag::ZooKeeper(_) => return Err(examples::WITHOUT_ZOOKEEPER.into()),
         })
     }
 }

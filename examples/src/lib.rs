@@ -1,8 +1,8 @@
 //! Runnable examples of lock-runtime; see the `[[example]]` targets.
 //!
-//! This library holds what the examples share: the `--redis`, `--postgres`
-//! and `--etcd` flags that choose the lock store, and the registry each
-//! one builds.
+//! This library holds what the examples share: the `--redis`, `--postgres`,
+//! `--etcd` and `--zookeeper` flags that choose the lock store, and the
+//! registry each one builds.
 
 use lock_runtime::LockRegistry;
 
@@ -22,6 +22,8 @@ pub enum StoreFlag {
     /// `--etcd ENDPOINTS`: `host:port` (or `http://host:port`), several
     /// separated by commas.
     Etcd(String),
+    /// `--zookeeper CONNECT`: `host:port`, several separated by commas.
+    ZooKeeper(String),
 }
 
 /// Why `--etcd` fails in a build without the `etcd` feature.
@@ -29,8 +31,13 @@ pub const WITHOUT_ETCD: &str = "these examples were built without etcd: run them
      `cargo run -p examples --features etcd --example ...` \
      (the build needs protoc: apt-get install protobuf-compiler libprotobuf-dev)";
 
+/// Why `--zookeeper` fails in a build without the `zookeeper` feature.
+pub const WITHOUT_ZOOKEEPER: &str = "these examples were built without ZooKeeper: run them \
+     with `cargo run -p examples --features zookeeper --example ...`";
+
 /// The flags [`StoreFlag::parse`] takes, for usage messages.
-pub const STORE_FLAGS: &str = "--redis URL, --postgres URL or --etcd ENDPOINTS";
+pub const STORE_FLAGS: &str =
+    "--redis URL, --postgres URL, --etcd ENDPOINTS or --zookeeper CONNECT";
 
 impl StoreFlag {
     /// Takes `flag` if it names a store, reading its value with `value`;
@@ -47,6 +54,7 @@ impl StoreFlag {
             "--redis" => StoreFlag::Redis,
             "--postgres" => StoreFlag::Postgres,
             "--etcd" => StoreFlag::Etcd,
+            "--zookeeper" => StoreFlag::ZooKeeper,
             _ => return Ok(false),
         };
         if *self != StoreFlag::Memory {
@@ -84,6 +92,7 @@ impl StoreFlag {
             StoreFlag::Redis(_) => "Redis",
             StoreFlag::Postgres(_) => "PostgreSQL",
             StoreFlag::Etcd(_) => "etcd",
+            StoreFlag::ZooKeeper(_) => "ZooKeeper",
         }
     }
 
@@ -94,6 +103,7 @@ impl StoreFlag {
             StoreFlag::Redis(url) => vec!["--redis".into(), url.clone()],
             StoreFlag::Postgres(url) => vec!["--postgres".into(), url.clone()],
             StoreFlag::Etcd(endpoints) => vec!["--etcd".into(), endpoints.clone()],
+            StoreFlag::ZooKeeper(connect) => vec!["--zookeeper".into(), connect.clone()],
         }
     }
 
@@ -118,6 +128,16 @@ impl StoreFlag {
         Ok(Box::new(client.kv_client()))
     }
 
+    /// A session for the ZooKeeper data of the examples (their stock,
+    /// orders and ledgers), with the servers of `--zookeeper`.
+    #[cfg(feature = "zookeeper")]
+    pub async fn zookeeper_client(&self) -> Result<zookeeper_client::Client, Error> {
+        let StoreFlag::ZooKeeper(connect) = self else {
+            return Err("not a --zookeeper store".into());
+        };
+        Ok(zookeeper_client::Client::connect(connect).await?)
+    }
+
     /// Connects the registry this flag names.
     pub async fn registry(&self) -> Result<LockRegistry, Error> {
         Ok(match self {
@@ -128,6 +148,10 @@ impl StoreFlag {
             StoreFlag::Etcd(_) => LockRegistry::etcd(&self.etcd_endpoints()).await?,
             #[cfg(not(feature = "etcd"))]
             StoreFlag::Etcd(_) => return Err(WITHOUT_ETCD.into()),
+            #[cfg(feature = "zookeeper")]
+            StoreFlag::ZooKeeper(connect) => LockRegistry::zookeeper(connect).await?,
+            #[cfg(not(feature = "zookeeper"))]
+            StoreFlag::ZooKeeper(_) => return Err(WITHOUT_ZOOKEEPER.into()),
         })
     }
 }

@@ -1,11 +1,11 @@
 //! Runs every example with small parameters, in memory, over Redis, over
-//! PostgreSQL and over etcd, so none of them can rot. `cargo test --workspace` builds the examples before
+//! PostgreSQL, over etcd and over ZooKeeper, so none of them can rot. `cargo test --workspace` builds the examples before
 //! it runs any test.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use lock_tests::{EtcdCluster, PostgresServer, RedisServer};
+use lock_tests::{EtcdCluster, PostgresServer, RedisServer, ZooKeeperEnsemble};
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
 fn example(name: &str) -> PathBuf {
@@ -107,6 +107,12 @@ fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
 }
 
 #[test]
+fn flash_sale_across_processes_on_a_three_server_zookeeper_ensemble() {
+    let ensemble = ZooKeeperEnsemble::spawn(3);
+    flash_sale_across_processes("--zookeeper", &ensemble.connect_string(), "ZooKeeper");
+}
+
+#[test]
 fn flash_sale_refuses_processes_without_redis() {
     let (ok, out) = run("flash_sale", &["--processes", "2"]);
     assert!(!ok, "{out}");
@@ -166,21 +172,33 @@ fn scheduled_job_runs_each_tick_once_across_processes_on_etcd() {
     scheduled_job_across_processes("--etcd", &cluster.endpoints().join(","), "etcd");
 }
 
-/// Runs `example` in memory and on each store (Redis, PostgreSQL, etcd),
-/// and checks each run's output with `check`.
+#[test]
+fn scheduled_job_runs_each_tick_once_across_processes_on_zookeeper() {
+    let ensemble = ZooKeeperEnsemble::single();
+    scheduled_job_across_processes("--zookeeper", &ensemble.connect_string(), "ZooKeeper");
+}
+
+/// Runs `example` in memory and on each store (Redis, PostgreSQL, etcd,
+/// ZooKeeper), and checks each run's output with `check`.
 fn on_every_store(example: &str, check: impl Fn(&str)) {
-    let (redis, postgres, etcd) = (
+    let (redis, postgres, etcd, zookeeper) = (
         RedisServer::new(),
         PostgresServer::new(),
         EtcdCluster::single(),
+        ZooKeeperEnsemble::single(),
     );
-    let (redis_url, postgres_url, etcd_endpoints) =
-        (redis.url(), postgres.url(), etcd.endpoints().join(","));
+    let (redis_url, postgres_url, etcd_endpoints, zookeeper_connect) = (
+        redis.url(),
+        postgres.url(),
+        etcd.endpoints().join(","),
+        zookeeper.connect_string(),
+    );
     for args in [
         vec![],
         vec!["--redis", redis_url.as_str()],
         vec!["--postgres", postgres_url.as_str()],
         vec!["--etcd", etcd_endpoints.as_str()],
+        vec!["--zookeeper", zookeeper_connect.as_str()],
     ] {
         let (ok, out) = run(example, &args);
         assert!(ok, "{out}");
