@@ -14,10 +14,13 @@
 //!   attribute in scenario 7);
 //! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
 //!   settings, on the same server;
-//! - for PostgreSQL (rows 9-12) and etcd (rows 13-16, one member), each
-//!   store's floor beside `lock-runtime` on it: the library's own acquire
-//!   statement or transaction and an owner-checked delete, without the
-//!   library (etcd's floor puts every key on one lease granted at start).
+//! - for PostgreSQL (rows 9-12), etcd (rows 13-16, one member) and
+//!   ZooKeeper (rows 17-20, one server), each store's floor beside
+//!   `lock-runtime` on it: the library's own acquire statement or
+//!   transaction and an owner-checked delete, without the library (etcd's
+//!   floor puts every key on one lease granted at start; ZooKeeper's
+//!   creates an ephemeral node named after the key, retried at once while
+//!   it exists, and deletes it).
 //!
 //! Every critical section does the same small fixed work (about 2 µs of
 //! arithmetic).
@@ -66,6 +69,92 @@ enum Lib {
     /// granted once, retried at once while held, and an owner-checked
     /// delete; no library.
     EtcdFloor(Arc<EtcdFloor>),
+    /// The ZooKeeper floor: create an ephemeral node named after the key,
+    /// retried at once while it exists, then delete it; no library.
+    ZkFloor(Arc<ZkFloor>),
+}
+
+/// A ZooKeeper session and the persistent node the floor's locks live
+/// under.
+struct ZkFloor {
+    client: zookeeper_client::Client,
+    /// Locks the recipe's way (a queue) rather than with one node.
+    queued: bool,
+}
+
+impl ZkFloor {
+    const DIR: &str = "/bench-floor";
+    const QUEUES: &str = "/bench-queues";
+
+    async fn connect(connect: &str) -> Result<ZkFloor, Error> {
+        let client = zookeeper_client::Client::connect(connect).await?;
+        let persistent = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        client.mkdir(Self::DIR, &persistent).await?;
+        client.mkdir(Self::QUEUES, &persistent).await?;
+        Ok(ZkFloor {
+            client,
+            queued: false,
+        })
+    }
+
+    fn path(key: &str) -> String {
+        format!("{}/{}", Self::DIR, key.replace('/', "%2F"))
+    }
+
+    /// Acquires `key` as the queue recipe does, without a library: an
+    /// ephemeral sequential child under the key's node and, sent with it,
+    /// the listing of the queue; held if ours is the lowest (else deleted
+    /// and tried again at once). The token is the child's path.
+    async fn acquire_queued(&self, key: &str) -> Result<String, Error> {
+        let dir = format!("{}/{}", Self::QUEUES, key.replace('/', "%2F"));
+        let sequential = zookeeper_client::CreateMode::EphemeralSequential
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        let container =
+            zookeeper_client::CreateMode::Container.with_acls(zookeeper_client::Acls::anyone_all());
+        loop {
+            let prefix = format!("{dir}/n-");
+            let create = self.client.create(&prefix, &[], &sequential);
+            let list = self.client.list_children(&dir);
+            let (created, listed) = tokio::join!(create, list);
+            let sequence = match created {
+                Ok((_, sequence)) => sequence,
+                Err(zookeeper_client::Error::NoNode) => {
+                    match self.client.create(&dir, &[], &container).await {
+                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => continue,
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            };
+            let name = format!("n-{sequence}");
+            let path = format!("{dir}/{name}");
+            let lowest = listed?.into_iter().min_by_key(|child| child.clone());
+            if lowest.as_deref() == Some(name.as_str()) {
+                return Ok(path);
+            }
+            self.client.delete(&path, None).await?;
+        }
+    }
+
+    /// Acquires `key`, retried at once while held; the token is the path.
+    async fn acquire(&self, key: &str) -> Result<String, Error> {
+        let path = Self::path(key);
+        let ephemeral =
+            zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+        loop {
+            match self.client.create(&path, &[], &ephemeral).await {
+                Ok(_) => return Ok(path),
+                Err(zookeeper_client::Error::NodeExists) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    async fn release(&self, path: &str) -> Result<(), Error> {
+        self.client.delete(path, None).await?;
+        Ok(())
+    }
 }
 
 /// An etcd client and one long lease for every lock the floor takes.
@@ -281,7 +370,7 @@ impl Lib {
                 lease.release(Duration::ZERO).await?;
                 Ok(waited)
             }
-            Lib::PgFloor(_) | Lib::EtcdFloor(_) => {
+            Lib::PgFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
                 let token = self.store_floor_acquire(key).await?;
                 let waited = called.elapsed();
                 work();
@@ -296,6 +385,8 @@ impl Lib {
         match self {
             Lib::PgFloor(floor) => floor.acquire(key).await,
             Lib::EtcdFloor(floor) => floor.acquire(key).await,
+            Lib::ZkFloor(floor) if floor.queued => floor.acquire_queued(key).await,
+            Lib::ZkFloor(floor) => floor.acquire(key).await,
             _ => Err("not a store floor".into()),
         }
     }
@@ -305,6 +396,7 @@ impl Lib {
         match self {
             Lib::PgFloor(floor) => floor.release(key, token).await,
             Lib::EtcdFloor(floor) => floor.release(key, token).await,
+            Lib::ZkFloor(floor) => floor.release(token).await,
             _ => Err("not a store floor".into()),
         }
     }
@@ -426,6 +518,20 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                     .await?,
             ))
         }
+        "zk-floor" => Lib::ZkFloor(Arc::new(ZkFloor::connect(url).await?)),
+        "zk-queue-floor" => {
+            let floor = ZkFloor::connect(url).await?;
+            Lib::ZkFloor(Arc::new(ZkFloor {
+                queued: true,
+                ..floor
+            }))
+        }
+        "zk-lock-runtime" => Lib::Ours(LockRegistry::zookeeper(url).await?),
+        "zk-raw" => Lib::Raw(Arc::new(
+            lock_runtime::ZooKeeperBackend::builder(url)
+                .connect()
+                .await?,
+        )),
         other => return Err(format!("unknown contender {other}").into()),
     })
 }
@@ -499,7 +605,7 @@ async fn worker(args: &[String]) -> Result<(), Error> {
                         floor_release(&mut conn, key, &token).await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
-                    Lib::PgFloor(_) | Lib::EtcdFloor(_) => {
+                    Lib::PgFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
                         let token = lib.store_floor_acquire(key).await?;
                         let acquired = now_ns();
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -803,6 +909,9 @@ struct StoreRows {
     uncontended_ops: u64,
     distinct_ops: u64,
     process_ops: u64,
+    /// Another floor for the uncontended and distinct-key rows: its name in
+    /// the table and for [`make_lib`].
+    second_floor: Option<(&'static str, &'static str)>,
 }
 
 const POSTGRES: StoreRows = StoreRows {
@@ -813,6 +922,7 @@ const POSTGRES: StoreRows = StoreRows {
     uncontended_ops: 2_000,
     distinct_ops: 100,
     process_ops: 200,
+    second_floor: None,
 };
 
 const ETCD: StoreRows = StoreRows {
@@ -823,6 +933,20 @@ const ETCD: StoreRows = StoreRows {
     uncontended_ops: 1_000,
     distinct_ops: 50,
     process_ops: 100,
+    second_floor: None,
+};
+
+const ZOOKEEPER: StoreRows = StoreRows {
+    name: "zookeeper",
+    first: 17,
+    floor: "zk-floor",
+    ours: "zk-lock-runtime",
+    uncontended_ops: 1_000,
+    distinct_ops: 50,
+    process_ops: 100,
+    // The queue recipe (sequential child + listing) without a library: the
+    // read that a FIFO queue needs and a single node does not.
+    second_floor: Some(("queue floor", "zk-queue-floor")),
 };
 
 /// One store's four rows, the library beside the store's floor on one
@@ -838,8 +962,11 @@ async fn store_rows(
     let (name, first) = (store.name, store.first);
     let floor = make_lib(store.floor, url).await?;
     let ours = make_lib(store.ours, url).await?;
-    let contenders = [("floor", &floor), ("lock-runtime", &ours)];
-    for (_, lib) in contenders {
+    let mut contenders = vec![("floor", floor.clone()), ("lock-runtime", ours)];
+    if let Some((name, lib)) = store.second_floor {
+        contenders.insert(1, (name, make_lib(lib, url).await?));
+    }
+    for (_, lib) in &contenders {
         run_tasks(lib, "warm-up", "", 1, 100, false).await?;
     }
     let mut rows = Vec::new();
@@ -859,7 +986,8 @@ async fn store_rows(
         // of each, keeping each contender's best.
         let mut best: HashMap<&str, Measured> = HashMap::new();
         for _ in 0..4 {
-            for (lib_name, lib) in contenders {
+            for (lib_name, lib) in &contenders {
+                let lib_name = *lib_name;
                 let m = run_tasks(lib, &scenario, lib_name, tasks, ops, false).await?;
                 if best
                     .get(lib_name)
@@ -869,7 +997,7 @@ async fn store_rows(
                 }
             }
         }
-        for (lib_name, _) in contenders {
+        for (lib_name, _) in &contenders {
             rows.extend(best.remove(lib_name));
         }
     }
@@ -902,7 +1030,8 @@ async fn store_rows(
 }
 
 /// The median round trip of the store a floor talks to: `SELECT 1` on
-/// PostgreSQL, a `put` (a committed write) on etcd.
+/// PostgreSQL, a `put` (a committed write) on etcd, a `setData` (a
+/// committed write) on ZooKeeper.
 async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
     let mut samples = Vec::new();
     for _ in 0..200 {
@@ -914,12 +1043,57 @@ async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
             Lib::EtcdFloor(etcd) => {
                 etcd.kv.clone().put("bench:round-trip", "", None).await?;
             }
+            Lib::ZkFloor(zk) => {
+                zk.client.set_data(ZkFloor::DIR, b"", None).await?;
+            }
             _ => return Err("not a store floor".into()),
         }
         samples.push(started.elapsed());
     }
     samples.sort_unstable();
     Ok(samples[samples.len() / 2])
+}
+
+/// Runs one store's rows on a server of its own and prints them.
+async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
+    let (rows, round_trip) = match name {
+        "postgres" => {
+            let server = lock_tests::PostgresServer::new();
+            store_rows(&POSTGRES, &server.url(), quick).await?
+        }
+        "etcd" => {
+            let cluster = lock_tests::EtcdCluster::single();
+            store_rows(&ETCD, &cluster.endpoints().join(","), quick).await?
+        }
+        "zookeeper" => {
+            let ensemble = lock_tests::ZooKeeperEnsemble::single();
+            store_rows(&ZOOKEEPER, &ensemble.connect_string(), quick).await?
+        }
+        other => {
+            return Err(format!("--store takes postgres, etcd or zookeeper, not `{other}`").into());
+        }
+    };
+    println!("round trip p50 {}", fmt_d(round_trip));
+    for m in &rows {
+        let hand_off = m.scenario.contains("hand-off");
+        println!(
+            "{:<56} {:<14} {:>8.0}/s  p50 {:>9}  p99 {:>9}{}",
+            m.scenario,
+            m.lib,
+            m.throughput(),
+            fmt_d(m.pct(50.0)),
+            fmt_d(m.pct(99.0)),
+            if hand_off {
+                format!(
+                    "  {:.1} RTT",
+                    m.pct(50.0).as_secs_f64() / round_trip.as_secs_f64()
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -933,11 +1107,17 @@ async fn main() -> Result<(), Error> {
         // `--profile pg-floor,pg-lock-runtime,pg-raw OPS [TASKS [ROUNDS]]`:
         // scenario 9 (or 10), the contenders in turn on one server, then the
         // server's time per statement (pg_stat_statements). The same with
-        // etcd-floor,etcd-lock-runtime,etcd-raw: scenario 13 (or 14).
-        if args[1].starts_with("pg-") || args[1].starts_with("etcd-") {
-            let (mut postgres, mut etcd) = (None, None);
+        // etcd-floor,etcd-lock-runtime,etcd-raw: scenario 13 (or 14), and
+        // zk-floor,zk-lock-runtime,zk-raw: scenario 17 (or 18).
+        let stores = ["pg-", "etcd-", "zk-"];
+        if stores.iter().any(|store| args[1].starts_with(store)) {
+            let (mut postgres, mut etcd, mut zookeeper) = (None, None, None);
             let url = if args[1].starts_with("pg-") {
                 postgres.insert(lock_tests::PostgresServer::new()).url()
+            } else if args[1].starts_with("zk-") {
+                zookeeper
+                    .insert(lock_tests::ZooKeeperEnsemble::single())
+                    .connect_string()
             } else {
                 etcd.insert(lock_tests::EtcdCluster::single())
                     .endpoints()
@@ -958,7 +1138,7 @@ async fn main() -> Result<(), Error> {
                     println!("{name}: {:.0}/s", m.throughput());
                 }
             }
-            drop(etcd);
+            drop((etcd, zookeeper));
             let Some(postgres) = postgres else {
                 return Ok(());
             };
@@ -985,6 +1165,11 @@ async fn main() -> Result<(), Error> {
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.first().map(String::as_str) == Some("--store") {
+        // `--store postgres|etcd|zookeeper [--quick]`: that store's four
+        // rows alone, printed, not written.
+        return one_store(args.get(1).map_or("", String::as_str), quick).await;
+    }
     let scale = if quick { 10 } else { 1 };
 
     let server = RedisServer::new();
@@ -1141,6 +1326,14 @@ async fn main() -> Result<(), Error> {
     rows.into_iter().for_each(&mut push);
     store_round_trips.push(format!("etcd, one member: a `put` p50 {}", fmt_d(etcd_rtt)));
     drop(etcd);
+    let zookeeper = lock_tests::ZooKeeperEnsemble::single();
+    let (rows, zk_rtt) = store_rows(&ZOOKEEPER, &zookeeper.connect_string(), quick).await?;
+    rows.into_iter().for_each(&mut push);
+    store_round_trips.push(format!(
+        "ZooKeeper, one server: a `setData` p50 {}",
+        fmt_d(zk_rtt)
+    ));
+    drop(zookeeper);
 
     // The table.
     let floor_of = |scenario: &str| {
@@ -1204,11 +1397,12 @@ async fn main() -> Result<(), Error> {
         report,
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
          Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
-         interleaved, keeping the faster run; 9, 10, 13 and 14 four times. \"vs floor\" is throughput over the floor's in the same \
+         interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 four times. \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
-         and an owner-checked delete, no library); for hand-offs it is the median in round trips ({}).\n",
+         and an owner-checked delete, no library; for ZooKeeper an ephemeral node created and deleted, no \
+         library); for hand-offs it is the median in round trips ({}).\n",
         if quick {
             "--quick (figures are rough)"
         } else {
