@@ -185,6 +185,35 @@ async fn a_holder_cut_off_until_its_session_expires_gives_up_first_then_recovers
     again.release().await.unwrap();
 }
 
+/// The fencing token is the held node's czxid (the acquire reads it from
+/// its own transaction, not from a second request), and the holder is the
+/// key's only child.
+#[tokio::test]
+async fn the_fencing_token_is_the_held_nodes_czxid() {
+    let zk = ZooKeeperEnsemble::single();
+    let registry = registry(&zk, SESSION).await;
+    let client = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let key = unique_key("czxid");
+    let options = LockOptions::default().ttl(SESSION);
+    let mut last = 0;
+    for _ in 0..3 {
+        let guard = registry.lock(&key, options.clone()).await.unwrap();
+        let parent = format!("/locks/{key}");
+        let queue = client.list_children(&parent).await.unwrap();
+        assert_eq!(queue.len(), 1, "{queue:?}");
+        let (_, stat) = client
+            .get_data(&format!("{parent}/{}", queue[0]))
+            .await
+            .unwrap();
+        assert_eq!(guard.fencing_token(), stat.czxid as u64);
+        assert!(guard.fencing_token() > last);
+        last = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+}
+
 /// An error and its sources, as one line.
 fn chain(err: &dyn std::error::Error) -> String {
     let mut line = err.to_string();

@@ -37,7 +37,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState, Stat};
+use zookeeper_client::{
+    Acls, Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, SessionState,
+    Stat,
+};
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
@@ -402,20 +405,20 @@ impl Shared {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Our child for `token` under `parent` and the queue, sorted by
-    /// sequence; creates the child if we have none (one round trip: the
-    /// create and the listing are sent together).
+    /// Our child for `token` under `parent` and whether it heads the
+    /// queue; creates the child if we have none. `None` if ours was gone.
     async fn enqueue(
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
-    ) -> Result<Option<(Child, Vec<String>)>, BackendError> {
+    ) -> Result<Option<(Child, bool)>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
                 if queue.contains(&child.name) {
-                    return Ok(Some((child, queue)));
+                    let first = queue.first() == Some(&child.name);
+                    return Ok(Some((child, first)));
                 }
                 // Gone (expired at its ttl, deleted by an operator).
                 self.created().remove(&token);
@@ -439,8 +442,9 @@ impl Shared {
                     name: name.clone(),
                     czxid: stat.czxid,
                 };
+                let first = queue.first() == Some(name);
                 self.created().insert(token, Some(child.clone()));
-                Ok(Some((child, queue)))
+                Ok(Some((child, first)))
             }
             None => {
                 self.created().insert(token, None);
@@ -461,36 +465,48 @@ impl Shared {
         }
     }
 
-    /// Creates our child and lists the queue in one round trip; `Err(())`
-    /// when the key's node does not exist.
-    #[allow(clippy::type_complexity)]
+    /// Creates our child; returns it and whether it heads the queue, or
+    /// `Err(())` when the key's node does not exist.
     ///
-    /// The create's reply is awaited by a task of its own, which outlives a
-    /// caller that stops waiting (a timeout while the ensemble is away): if
-    /// the child turns up after its attempt was given up, the task deletes
-    /// it, so no orphan blocks the queue for the rest of the session.
+    /// One request, one transaction, and no read: the create and an empty
+    /// `setData` on the key's node, whose returned stat is taken in the
+    /// same transaction. Its child count says whether ours is the only
+    /// child (every child already there has a lower sequence, so ours
+    /// heads the queue exactly when it is alone), and its `mzxid` is the
+    /// transaction's zxid, which is our child's czxid.
+    ///
+    /// The reply is awaited by a task of its own, which outlives a caller
+    /// that stops waiting (a timeout while the ensemble is away): if the
+    /// child turns up after its attempt was given up, the task deletes it,
+    /// so no orphan blocks the queue for the rest of the session.
     async fn create(
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
-    ) -> Result<Result<(Child, Vec<String>), ()>, BackendError> {
+    ) -> Result<Result<(Child, bool), ()>, BackendError> {
+        let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         let client = self.client();
-        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
-        let shared_acls = self.settings.acls();
         let creating = tokio::spawn({
-            let (client, shared) = (client.clone(), Arc::downgrade(self));
-            let parent = parent.to_owned();
+            let (shared, parent) = (Arc::downgrade(self), parent.to_owned());
             async move {
-                let options = CreateMode::EphemeralSequential.with_acls(shared_acls);
                 let prefix = format!("{parent}/{token}-");
-                let reply = client.create(&prefix, &[], &options);
-                let _ = sent_tx.send(());
-                let reply = reply.await;
+                let mut multi = client.new_multi_writer();
+                let reply = match multi
+                    .add_create(&prefix, &[], &options)
+                    .and_then(|()| multi.add_set_data(&parent, &[], None))
+                {
+                    Err(err) => Err(err),
+                    Ok(()) => match multi.commit().await {
+                        Ok(results) => created(results),
+                        Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
+                        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+                    },
+                };
                 if let Some(shared) = shared.upgrade() {
                     let wanted = shared.created().contains_key(&token);
                     match &reply {
-                        Ok((_, sequence)) if !wanted => {
-                            let _ = shared.discard(&format!("{prefix}{sequence}")).await;
+                        Ok((path, _)) if !wanted => {
+                            let _ = shared.discard(path).await;
                         }
                         // Refused for sure: nothing was made.
                         Ok(_)
@@ -508,33 +524,23 @@ impl Shared {
                 reply
             }
         });
-        // Sent after the create, on the same session, so ZooKeeper answers
-        // it after the create: the listing includes our child.
-        let _ = sent_rx.await;
-        let list = client.list_children(parent);
-        let (created, listed) = tokio::join!(
-            tokio::time::timeout(self.timeout, creating),
-            self.call(list)
-        );
-        let created = match created {
+        let created = match tokio::time::timeout(self.timeout, creating).await {
             Ok(Ok(reply)) => reply.map_err(Failed::Refused),
             Ok(Err(failed)) => return Err(format!("the create failed: {failed}").into()),
             Err(_) => Err(Failed::Timeout(self.timeout)),
         };
-        let (stat, sequence): (Stat, _) = match created {
+        let (path, stat) = match created {
             Ok(answer) => answer,
             Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
             Err(err) => return Err(err.into()),
         };
-        let name = format!("{token}-{sequence}");
-        let mut queue = listed?;
-        sort(&mut queue);
+        let name = path.rsplit('/').next().unwrap_or_default().to_owned();
         let child = Child {
             parent: parent.to_owned(),
             name,
-            czxid: stat.czxid,
+            czxid: stat.mzxid,
         };
-        Ok(Ok((child, queue)))
+        Ok(Ok((child, stat.num_children == 1)))
     }
 
     /// Creates the key's node (a container: the ensemble removes it once
@@ -668,6 +674,26 @@ impl Shared {
                 }
             }
         });
+    }
+}
+
+/// Our child's path and the key's node stat, from the results of the
+/// create-and-touch transaction.
+fn created(results: Vec<MultiWriteResult>) -> Result<(String, Stat), ZkError> {
+    let mut path = None;
+    let mut stat = None;
+    for result in results {
+        match result {
+            MultiWriteResult::Create { path: made, .. } => path = Some(made),
+            MultiWriteResult::SetData { stat: touched } => stat = Some(touched),
+            _ => {}
+        }
+    }
+    match (path, stat) {
+        (Some(path), Some(stat)) => Ok((path, stat)),
+        _ => Err(ZkError::UnexpectedError(
+            "a lock node's transaction answered without its results".to_owned(),
+        )),
     }
 }
 
@@ -962,10 +988,10 @@ impl Backend for ZooKeeperBackend {
                 // Ours was gone: queue again.
                 found = shared.enqueue(&parent, request.token).await?;
             }
-            let Some((child, queue)) = found else {
+            let Some((child, first)) = found else {
                 return Err("our lock node vanished twice in a row".into());
             };
-            if queue.first() == Some(&child.name) {
+            if first {
                 let fencing = u64::try_from(child.czxid).unwrap_or(0);
                 shared.held().insert(child.path(), request.loss.clone());
                 let lease =
