@@ -8,18 +8,21 @@
 //! `%XX`, so no key can reach another key's node. Each attempt is an
 //! ephemeral sequential child named after its token (`<token>-<sequence>`).
 //!
-//! - **Acquire** creates our child and lists the key's children in one
-//!   round trip (ZooKeeper answers one session's requests in order, so the
-//!   list includes our child). The lowest child holds the lock. A refused
-//!   attempt in skip mode deletes its child; in wait mode the child keeps
-//!   its place in the queue, and the next attempt with the same token finds
-//!   it by its name (also after a create whose reply was lost).
+//! - **Acquire** is one transaction, no read: our child's create and an
+//!   empty `setData` on the key's node, whose stat (taken in the same
+//!   transaction) counts the children. Every child already there has a
+//!   lower sequence, so ours holds the lock exactly when it is alone. A
+//!   refused attempt in skip mode deletes its child; in wait mode the child
+//!   keeps its place in the queue, and the next attempt with the same token
+//!   finds it by its name (also after a create whose reply was lost) and
+//!   reads the queue, unless the waiter's watch already knows ours heads it.
 //! - **Fencing** is the czxid of our child: the zxid of its creation,
 //!   cluster-wide and strictly increasing, and lower for every child queued
 //!   before ours, so the next holder always has a larger one.
 //! - **Waiting** watches only the child just before ours (no herd): its
 //!   deletion (a release, an expired session, a waiter that left) wakes us
-//!   to look again.
+//!   to look again. If that child headed the queue, ours heads it now (no
+//!   child can join ahead of ours), so the hand-off costs no round trip.
 //! - **Liveness** is the session: a crashed holder's children vanish when
 //!   the ensemble expires its session. A live holder's lock also ends at
 //!   its ttl unless renewed: the store deletes its child then itself. The
@@ -343,6 +346,10 @@ struct Child {
     parent: String,
     name: String,
     czxid: i64,
+    /// Known to head the queue without reading it: the child just ahead,
+    /// which headed the queue, was deleted (no child can join ahead of
+    /// ours, so ours is first).
+    head: bool,
 }
 
 impl Child {
@@ -414,6 +421,13 @@ impl Shared {
     ) -> Result<Option<(Child, bool)>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
+            Some(Some(child)) if child.head => {
+                // Told by the waiter's watch: no round trip.
+                if let Some(Some(known)) = self.created().get_mut(&token) {
+                    known.head = false;
+                }
+                Ok(Some((child, true)))
+            }
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
                 if queue.contains(&child.name) {
@@ -441,6 +455,7 @@ impl Shared {
                     parent: parent.to_owned(),
                     name: name.clone(),
                     czxid: stat.czxid,
+                    head: false,
                 };
                 let first = queue.first() == Some(name);
                 self.created().insert(token, Some(child.clone()));
@@ -539,6 +554,7 @@ impl Shared {
             parent: parent.to_owned(),
             name,
             czxid: stat.mzxid,
+            head: false,
         };
         Ok(Ok((child, stat.num_children == 1)))
     }
@@ -1133,12 +1149,31 @@ async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
         let client = store.client();
         let watched = store.call(client.check_and_watch_stat(&path)).await;
         drop(store);
+        // Ours is second: once the head is deleted, ours heads the queue.
+        let promote = |shared: &Weak<Shared>| {
+            let (Some(at), Some(store)) = (mine, shared.upgrade()) else {
+                return;
+            };
+            if at != 1 {
+                return;
+            }
+            let name = &queue[at];
+            for child in store.created().values_mut().flatten() {
+                if child.parent == parent && child.name == *name {
+                    child.head = true;
+                }
+            }
+        };
         match watched {
             Ok((None, _)) => {
+                promote(&shared);
                 tx.send_replace(());
             }
             Ok((Some(_), watcher)) => {
-                watcher.changed().await;
+                let event = watcher.changed().await;
+                if event.event_type == zookeeper_client::EventType::NodeDeleted {
+                    promote(&shared);
+                }
                 tx.send_replace(());
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
