@@ -80,6 +80,10 @@ struct ZkFloor {
     client: zookeeper_client::Client,
     /// Locks the recipe's way (a queue) rather than with one node.
     queued: bool,
+    /// Queues as the library does: the create and an empty `setData` on
+    /// the key's node in one transaction, held when ours is the only child
+    /// (profiling only).
+    multi: bool,
 }
 
 impl ZkFloor {
@@ -95,6 +99,7 @@ impl ZkFloor {
         Ok(ZkFloor {
             client,
             queued: false,
+            multi: false,
         })
     }
 
@@ -114,6 +119,43 @@ impl ZkFloor {
             zookeeper_client::CreateMode::Container.with_acls(zookeeper_client::Acls::anyone_all());
         loop {
             let prefix = format!("{dir}/n-");
+            if self.multi {
+                let mut multi = self.client.new_multi_writer();
+                multi.add_create(&prefix, &[], &sequential)?;
+                multi.add_set_data(&dir, &[], None)?;
+                match multi.commit().await {
+                    Ok(results) => {
+                        let mut path = String::new();
+                        let mut alone = false;
+                        for result in results {
+                            match result {
+                                zookeeper_client::MultiWriteResult::Create {
+                                    path: made, ..
+                                } => {
+                                    path = made;
+                                }
+                                zookeeper_client::MultiWriteResult::SetData { stat } => {
+                                    alone = stat.num_children == 1;
+                                }
+                                _ => {}
+                            }
+                        }
+                        if alone {
+                            return Ok(path);
+                        }
+                        self.client.delete(&path, None).await?;
+                        continue;
+                    }
+                    Err(zookeeper_client::MultiWriteError::OperationFailed {
+                        source: zookeeper_client::Error::NoNode,
+                        ..
+                    }) => match self.client.create(&dir, &[], &container).await {
+                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => continue,
+                        Err(err) => return Err(err.into()),
+                    },
+                    Err(err) => return Err(err.to_string().into()),
+                }
+            }
             let create = self.client.create(&prefix, &[], &sequential);
             let list = self.client.list_children(&dir);
             let (created, listed) = tokio::join!(create, list);
@@ -519,10 +561,11 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
             ))
         }
         "zk-floor" => Lib::ZkFloor(Arc::new(ZkFloor::connect(url).await?)),
-        "zk-queue-floor" => {
+        "zk-queue-floor" | "zk-multi-floor" => {
             let floor = ZkFloor::connect(url).await?;
             Lib::ZkFloor(Arc::new(ZkFloor {
                 queued: true,
+                multi: name == "zk-multi-floor",
                 ..floor
             }))
         }
