@@ -346,10 +346,22 @@ struct Child {
     parent: String,
     name: String,
     czxid: i64,
-    /// Known to head the queue without reading it: the child just ahead,
-    /// which headed the queue, was deleted (no child can join ahead of
-    /// ours, so ours is first).
-    head: bool,
+    /// Where the waiter's watch last placed it in the queue.
+    place: Place,
+}
+
+/// Where a waiting child stands, as its waiter's watch knows it; no child
+/// can ever join ahead of ours (sequences only grow), so this stays true
+/// until the watched child goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Read the queue to know.
+    Unknown,
+    /// First: the child ahead, which headed the queue, was deleted, or a
+    /// listing found ours first.
+    Head,
+    /// Behind a child that is still there (its deletion is watched).
+    Behind,
 }
 
 impl Child {
@@ -421,12 +433,9 @@ impl Shared {
     ) -> Result<Option<(Child, bool)>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
-            Some(Some(child)) if child.head => {
+            Some(Some(child)) if child.place != Place::Unknown => {
                 // Told by the waiter's watch: no round trip.
-                if let Some(Some(known)) = self.created().get_mut(&token) {
-                    known.head = false;
-                }
-                Ok(Some((child, true)))
+                Ok(Some((child.clone(), child.place == Place::Head)))
             }
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
@@ -455,7 +464,7 @@ impl Shared {
                     parent: parent.to_owned(),
                     name: name.clone(),
                     czxid: stat.czxid,
-                    head: false,
+                    place: Place::Unknown,
                 };
                 let first = queue.first() == Some(name);
                 self.created().insert(token, Some(child.clone()));
@@ -554,7 +563,7 @@ impl Shared {
             parent: parent.to_owned(),
             name,
             czxid: stat.mzxid,
-            head: false,
+            place: Place::Unknown,
         };
         Ok(Ok((child, stat.num_children == 1)))
     }
@@ -1045,7 +1054,16 @@ impl Backend for ZooKeeperBackend {
         Box::pin(async move {
             let parent = self.shared.parent(key);
             let (tx, rx) = watch::channel(());
-            let task = tokio::spawn(follow(Arc::downgrade(&self.shared), parent.clone(), tx));
+            let (placed, first) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(follow(
+                Arc::downgrade(&self.shared),
+                parent.clone(),
+                tx,
+                placed,
+            ));
+            // The first placement (a listing and the watch on the child
+            // ahead), so the attempt that follows needs no round trip.
+            let _ = tokio::time::timeout(self.shared.timeout, first).await;
             // Our queued child, if the caller leaves it waiting: dropped
             // with the watch, it leaves the queue unless it got the lock.
             let leave = LeaveQueue {
@@ -1111,8 +1129,27 @@ impl Drop for LeaveQueue {
 }
 
 /// Reports the releases a waiter on `parent` cares about: the deletion of
-/// the child just before ours (or, with no child of ours, of the holder's).
-async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
+/// the child just before ours (or, with no child of ours, of the holder's),
+/// and keeps our child's [`Place`] up to date. `placed` is told once the
+/// first placement is made.
+async fn follow(
+    shared: Weak<Shared>,
+    parent: String,
+    tx: watch::Sender<()>,
+    placed: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut placed = Some(placed);
+    // Sets the place of our child named `name`.
+    let place = |shared: &Weak<Shared>, name: Option<&String>, place: Place| {
+        let (Some(name), Some(store)) = (name, shared.upgrade()) else {
+            return;
+        };
+        for child in store.created().values_mut().flatten() {
+            if child.parent == parent && child.name == *name {
+                child.place = place;
+            }
+        }
+    };
     loop {
         let Some(store) = shared.upgrade() else {
             return;
@@ -1128,11 +1165,13 @@ async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
             Ok(queue) => queue,
             Err(_) => {
                 drop(store);
+                placed.take().map(|placed| placed.send(()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let mine = queue.iter().position(|name| ours.contains(name));
+        let name = mine.map(|at| &queue[at]);
         let target = match mine {
             Some(0) => None,
             Some(at) => queue.get(at - 1).cloned(),
@@ -1140,6 +1179,8 @@ async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
         };
         let Some(target) = target else {
             // Nothing ahead of us: look again.
+            place(&shared, name, Place::Head);
+            placed.take().map(|placed| placed.send(()));
             tx.send_replace(());
             drop(store);
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1150,33 +1191,30 @@ async fn follow(shared: Weak<Shared>, parent: String, tx: watch::Sender<()>) {
         let watched = store.call(client.check_and_watch_stat(&path)).await;
         drop(store);
         // Ours is second: once the head is deleted, ours heads the queue.
-        let promote = |shared: &Weak<Shared>| {
-            let (Some(at), Some(store)) = (mine, shared.upgrade()) else {
-                return;
-            };
-            if at != 1 {
-                return;
-            }
-            let name = &queue[at];
-            for child in store.created().values_mut().flatten() {
-                if child.parent == parent && child.name == *name {
-                    child.head = true;
-                }
-            }
+        let after = if mine == Some(1) {
+            Place::Head
+        } else {
+            Place::Unknown
         };
         match watched {
             Ok((None, _)) => {
-                promote(&shared);
+                place(&shared, name, after);
+                placed.take().map(|placed| placed.send(()));
                 tx.send_replace(());
             }
             Ok((Some(_), watcher)) => {
+                place(&shared, name, Place::Behind);
+                placed.take().map(|placed| placed.send(()));
                 let event = watcher.changed().await;
-                if event.event_type == zookeeper_client::EventType::NodeDeleted {
-                    promote(&shared);
-                }
+                let deleted = event.event_type == zookeeper_client::EventType::NodeDeleted;
+                place(&shared, name, if deleted { after } else { Place::Unknown });
                 tx.send_replace(());
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => {
+                place(&shared, name, Place::Unknown);
+                placed.take().map(|placed| placed.send(()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }
