@@ -499,60 +499,53 @@ impl Shared {
     /// heads the queue exactly when it is alone), and its `mzxid` is the
     /// transaction's zxid, which is our child's czxid.
     ///
-    /// The reply is awaited by a task of its own, which outlives a caller
-    /// that stops waiting (a timeout while the ensemble is away): if the
-    /// child turns up after its attempt was given up, the task deletes it,
-    /// so no orphan blocks the queue for the rest of the session.
+    /// A caller that stops waiting (a timeout while the ensemble is away, a
+    /// cancelled attempt) leaves the outcome unknown: the child is then
+    /// looked for and deleted once the queue can be read (see
+    /// [`Shared::sweep`]), so no orphan blocks the queue for the rest of the
+    /// session.
     async fn create(
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
     ) -> Result<Result<(Child, bool), ()>, BackendError> {
         let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
+        let prefix = format!("{parent}/{token}-");
         let client = self.client();
-        let creating = tokio::spawn({
-            let (shared, parent) = (Arc::downgrade(self), parent.to_owned());
-            async move {
-                let prefix = format!("{parent}/{token}-");
-                let mut multi = client.new_multi_writer();
-                let reply = match multi
-                    .add_create(&prefix, &[], &options)
-                    .and_then(|()| multi.add_set_data(&parent, &[], None))
-                {
-                    Err(err) => Err(err),
-                    Ok(()) => match multi.commit().await {
-                        Ok(results) => created(results),
-                        Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
-                        Err(MultiWriteError::RequestFailed { source }) => Err(source),
-                    },
-                };
-                if let Some(shared) = shared.upgrade() {
-                    let wanted = shared.created().contains_key(&token);
-                    match &reply {
-                        Ok((path, _)) if !wanted => {
-                            let _ = shared.discard(path).await;
-                        }
-                        // Refused for sure: nothing was made.
-                        Ok(_)
-                        | Err(
-                            ZkError::NoNode
-                            | ZkError::NodeExists
-                            | ZkError::NoAuth
-                            | ZkError::InvalidAcl
-                            | ZkError::BadArguments(_),
-                        ) => {}
-                        // Perhaps made, the reply lost.
-                        Err(_) => shared.sweep(&parent, token),
-                    }
-                }
-                reply
-            }
-        });
-        let created = match tokio::time::timeout(self.timeout, creating).await {
-            Ok(Ok(reply)) => reply.map_err(Failed::Refused),
-            Ok(Err(failed)) => return Err(format!("the create failed: {failed}").into()),
+        let mut multi = client.new_multi_writer();
+        multi
+            .add_create(&prefix, &[], &options)
+            .and_then(|()| multi.add_set_data(parent, &[], None))
+            .map_err(|err| format!("ZooKeeper refused the lock node `{prefix}`: {err}"))?;
+        let mut unknown = Unknown {
+            shared: Some(self),
+            parent,
+            token,
+        };
+        let created = match tokio::time::timeout(self.timeout, multi.commit()).await {
+            Ok(Ok(results)) => created(results).map_err(Failed::Refused),
+            Ok(Err(
+                MultiWriteError::OperationFailed { source, .. }
+                | MultiWriteError::RequestFailed { source },
+            )) => Err(Failed::Refused(source)),
             Err(_) => Err(Failed::Timeout(self.timeout)),
         };
+        let settled = matches!(
+            created,
+            Ok(_)
+                | Err(Failed::Refused(
+                    ZkError::NoNode
+                        | ZkError::NodeExists
+                        | ZkError::NoAuth
+                        | ZkError::InvalidAcl
+                        | ZkError::BadArguments(_),
+                ))
+        );
+        if settled {
+            // Made, or refused for sure.
+            unknown.shared = None;
+        }
+        drop(unknown);
         let (path, stat) = match created {
             Ok(answer) => answer,
             Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
@@ -674,7 +667,11 @@ impl Shared {
     /// session ends first, the child went with it.
     fn sweep(self: &Arc<Self>, parent: &str, token: LockToken) {
         let (shared, parent) = (Arc::downgrade(self), parent.to_owned());
-        tokio::spawn(async move {
+        // Also called from drops, perhaps outside the runtime.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             let prefix = format!("{token}-");
             let mut pause = Duration::from_millis(100);
             // Bounded: a session outlives no ensemble outage forever.
@@ -699,6 +696,23 @@ impl Shared {
                 }
             }
         });
+    }
+}
+
+/// A create whose outcome is not known while this lives (its reply not in,
+/// or lost): dropped so, it has the child looked for and deleted once the
+/// queue can be read, unless the attempt asks for it again.
+struct Unknown<'a> {
+    shared: Option<&'a Arc<Shared>>,
+    parent: &'a str,
+    token: LockToken,
+}
+
+impl Drop for Unknown<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.sweep(self.parent, self.token);
+        }
     }
 }
 
