@@ -8,7 +8,7 @@ use syn::visit_mut::VisitMut;
 use syn::{ReturnType, Token, Type, parse_quote};
 
 use crate::input::{Body, LockFn};
-use crate::parse::{LockArgs, Mode};
+use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
 use crate::valid::{Config, validate};
 
 /// Entry point: never panics; on error emits the original item next to the
@@ -43,11 +43,32 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
     let key = Ident::new("__lock_key", Span::mixed_site());
     let format_args = config.key.format_args();
     let options = options(config);
-    let run = match mode {
-        Mode::Wait => quote!(run_wait),
-        Mode::Skip => quote!(run_skip),
+    let registry = Ident::new("__lock_registry", Span::mixed_site());
+    // `run_wait(key, ..)` on the global registry, or `run_wait_in(&registry,
+    // key, ..)` on the one `registry = expr` names (cloned first, so the
+    // expression's borrow ends before the body runs).
+    let (run, in_registry, take_registry) = match &config.registry {
+        None => (
+            match mode {
+                Mode::Wait => quote!(run_wait),
+                Mode::Skip => quote!(run_skip),
+            },
+            quote!(),
+            quote!(),
+        ),
+        Some(expr) => (
+            match mode {
+                Mode::Wait => quote!(run_wait_in),
+                Mode::Skip => quote!(run_skip_in),
+            },
+            quote!(&#registry,),
+            quote_spanned! {expr.span()=>
+                let #registry = #krate::__private::registry_of(&#expr);
+            },
+        ),
     };
     let render = quote! {
+        #take_registry
         let #key = #krate::__private::render_key(#format_args);
     };
     let body = match body {
@@ -77,7 +98,7 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
             //         }
             quote! {
                 #render
-                #krate::__private::#run(#key, #options, async move {
+                #krate::__private::#run(#in_registry #key, #options, async move {
                     #pin_output
                     let #ret: #value_ty = { #stmts };
                     #[allow(unreachable_code, clippy::needless_return)]
@@ -97,7 +118,7 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
                 #(#before)*
                 #render
                 #pin(async move {
-                    #krate::__private::#run(#key, #options, #inner).await
+                    #krate::__private::#run(#in_registry #key, #options, #inner).await
                 })
             }
         }
@@ -111,18 +132,39 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
     }
 }
 
-/// Builds `__private::options(ttl_ms, wait_timeout_ms, hold_at_least_ms, watchdog, max_hold_ms)`.
+/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold)`:
+/// a literal becomes `Duration::from_millis(N)`, an expression is used as
+/// it is, typed `Duration` at its own span (so a wrong type is reported
+/// there).
 fn options(config: &Config) -> TokenStream {
-    let optional = |value: Option<u64>| match value {
-        Some(n) => quote!(::core::option::Option::Some(#n)),
+    let krate = &config.krate;
+    let duration = |value: &DurationArg| match value {
+        DurationArg::Literal(millis) => {
+            let n = millis.millis;
+            quote!(::core::time::Duration::from_millis(#n))
+        }
+        DurationArg::Expr(expr) => {
+            quote_spanned! {expr.span()=> {
+                let __lock_duration: ::core::time::Duration = #expr;
+                __lock_duration
+            }}
+        }
+    };
+    let optional = |value: &Option<DurationArg>| match value {
+        Some(value) => {
+            let value = duration(value);
+            quote!(::core::option::Option::Some(#value))
+        }
         None => quote!(::core::option::Option::None),
     };
-    let ttl = config.ttl_ms;
+    let ttl = match &config.ttl {
+        Some(ttl) => duration(ttl),
+        None => quote!(::core::time::Duration::from_millis(#DEFAULT_TTL_MILLIS)),
+    };
     let watchdog = config.watchdog;
-    let wait_timeout = optional(config.wait_timeout_ms);
-    let hold_at_least = optional(config.hold_at_least_ms);
-    let max_hold = optional(config.max_hold_ms);
-    let krate = &config.krate;
+    let wait_timeout = optional(&config.wait_timeout);
+    let hold_at_least = optional(&config.hold_at_least);
+    let max_hold = optional(&config.max_hold);
     quote! {
         #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold)
     }

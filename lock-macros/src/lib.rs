@@ -62,6 +62,7 @@ use proc_macro::TokenStream;
 /// | `hold_at_least = "10s"` | none | keep the lease this long after the body started, even if it ended sooner |
 /// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
+/// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |
 /// | `crate = "path"` | `::lock_runtime` | path of the runtime crate, for renamed dependencies |
 ///
 /// Every argument is checked at compile time: an unknown or duplicate
@@ -70,6 +71,35 @@ use proc_macro::TokenStream;
 /// `ttl`, `max_hold` shorter than `ttl` or without the watchdog, and a
 /// non-`async` function are all errors that point at the offending token.
 /// Durations are at most ten years.
+///
+/// The four durations also take any expression of type
+/// [`Duration`](std::time::Duration), evaluated at each call: those are
+/// checked when the call runs (`LockError::InvalidOptions`).
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::{LockError, LockRegistry, distributed_lock};
+///
+/// struct Shop {
+///     locks: LockRegistry,
+///     wait: Duration,
+/// }
+///
+/// impl Shop {
+///     #[distributed_lock(key = "stock:{item}", ttl = Duration::from_secs(10),
+///                        wait_timeout = self.wait, registry = self.locks)]
+///     async fn buy(&self, item: u64) -> u64 {
+///         item
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let shop = Shop { locks: LockRegistry::memory(), wait: Duration::from_secs(1) };
+/// assert_eq!(shop.buy(7).await?, 7);
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// # Modes
 ///

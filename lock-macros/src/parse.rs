@@ -1,5 +1,9 @@
 //! Parsing of the attribute's arguments: `key = "…", mode = "skip", ttl = "30s", …`.
 //!
+//! Durations are a string literal (checked here) or any expression of type
+//! `Duration` (checked by the runtime when the call runs); `registry` is an
+//! expression.
+//!
 //! Only syntax and the shape of each value are checked here; how the values
 //! fit together and with the function is checked in `valid.rs`.
 
@@ -19,6 +23,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "hold_at_least",
     "watchdog",
     "max_hold",
+    "registry",
     "crate",
 ];
 
@@ -37,6 +42,7 @@ mod kw {
     syn::custom_keyword!(hold_at_least);
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(max_hold);
+    syn::custom_keyword!(registry);
 }
 
 /// What to do when the lock is held elsewhere.
@@ -55,9 +61,35 @@ pub(crate) struct Millis {
     pub(crate) lit: LitStr,
 }
 
-impl Millis {
+/// A duration argument: a literal, or an expression of type `Duration`.
+#[derive(Clone)]
+pub(crate) enum DurationArg {
+    Literal(Millis),
+    Expr(Box<syn::Expr>),
+}
+
+impl DurationArg {
     pub(crate) fn span(&self) -> Span {
-        self.lit.span()
+        match self {
+            DurationArg::Literal(millis) => millis.lit.span(),
+            DurationArg::Expr(expr) => syn::spanned::Spanned::span(expr),
+        }
+    }
+
+    /// The literal's value; `None` for an expression (known at run time).
+    pub(crate) fn millis(&self) -> Option<u64> {
+        match self {
+            DurationArg::Literal(millis) => Some(millis.millis),
+            DurationArg::Expr(_) => None,
+        }
+    }
+
+    /// How an error message shows it.
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            DurationArg::Literal(millis) => format!("{:?}", millis.lit.value()),
+            DurationArg::Expr(expr) => quote::ToTokens::to_token_stream(expr).to_string(),
+        }
     }
 }
 
@@ -67,11 +99,13 @@ pub(crate) struct LockArgs {
     /// The key template, scanned here so its errors join the others.
     pub(crate) key: Option<KeyTemplate>,
     pub(crate) mode: Option<(Mode, Span)>,
-    pub(crate) ttl: Option<Millis>,
-    pub(crate) wait_timeout: Option<Millis>,
-    pub(crate) hold_at_least: Option<Millis>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) wait_timeout: Option<DurationArg>,
+    pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: Option<LitBool>,
-    pub(crate) max_hold: Option<Millis>,
+    pub(crate) max_hold: Option<DurationArg>,
+    /// `registry = expr`: a registry other than the global one.
+    pub(crate) registry: Option<syn::Expr>,
     pub(crate) krate: Option<syn::Path>,
 }
 
@@ -80,10 +114,12 @@ impl LockArgs {
         self.mode.map_or(Mode::Wait, |(mode, _)| mode)
     }
 
-    pub(crate) fn ttl_millis(&self) -> u64 {
+    /// The ttl in milliseconds if known at compile time (a literal, or
+    /// the default).
+    pub(crate) fn ttl_millis(&self) -> Option<u64> {
         self.ttl
             .as_ref()
-            .map_or(DEFAULT_TTL_MILLIS, |ttl| ttl.millis)
+            .map_or(Some(DEFAULT_TTL_MILLIS), DurationArg::millis)
     }
 
     pub(crate) fn watchdog(&self) -> bool {
@@ -149,6 +185,10 @@ impl Parse for LockArgs {
             } else if lookahead.peek(kw::max_hold) {
                 let span = input.parse::<kw::max_hold>()?.span;
                 duration_arg(input, &mut args.max_hold, span, "max_hold")?
+            } else if lookahead.peek(kw::registry) {
+                let span = input.parse::<kw::registry>()?.span;
+                let expr = parse_value::<syn::Expr>(input)?;
+                set_once(&mut args.registry, expr, span, "registry")
             } else if lookahead.peek(kw::watchdog) {
                 let span = input.parse::<kw::watchdog>()?.span;
                 let lit = parse_value::<LitBool>(input)?;
@@ -202,9 +242,11 @@ fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
 
 /// Parses `= "DURATION"` into `slot`. Syntax errors are returned as the outer
 /// error; a bad or duplicate value as the inner one, so parsing can go on.
+/// A string literal is checked now; any other expression must be a
+/// `Duration` (the compiler checks its type, the runtime its value).
 fn duration_arg(
     input: ParseStream<'_>,
-    slot: &mut Option<Millis>,
+    slot: &mut Option<DurationArg>,
     span: Span,
     name: &str,
 ) -> syn::Result<syn::Result<()>> {
@@ -213,11 +255,23 @@ fn duration_arg(
         let number: TokenTree = input.parse()?;
         return Err(syn::Error::new(
             number.span(),
-            format!("`{name}` takes a string with a unit, e.g. `{name} = \"{number}s\"`"),
+            format!(
+                "`{name}` takes a string with a unit, e.g. `{name} = \"{number}s\"`, or a `Duration`"
+            ),
         ));
     }
-    let lit: LitStr = input.parse()?;
-    Ok(parse_duration(&lit, name).and_then(|millis| set_once(slot, millis, span, name)))
+    if input.peek(LitStr) {
+        let lit: LitStr = input.parse()?;
+        return Ok(parse_duration(&lit, name)
+            .and_then(|millis| set_once(slot, DurationArg::Literal(millis), span, name)));
+    }
+    let expr: syn::Expr = input.parse()?;
+    Ok(set_once(
+        slot,
+        DurationArg::Expr(Box::new(expr)),
+        span,
+        name,
+    ))
 }
 
 fn parse_mode(lit: &LitStr) -> syn::Result<Mode> {
@@ -315,10 +369,10 @@ mod tests {
         .unwrap();
         assert_eq!(args.key.as_ref().unwrap().lit.value(), "a:{id}");
         assert_eq!(args.mode(), Mode::Skip);
-        assert_eq!(args.ttl.as_ref().unwrap().millis, 90_000);
-        assert_eq!(args.hold_at_least.as_ref().unwrap().millis, 10_000);
+        assert_eq!(args.ttl.as_ref().unwrap().millis(), Some(90_000));
+        assert_eq!(args.hold_at_least.as_ref().unwrap().millis(), Some(10_000));
         assert!(!args.watchdog.as_ref().unwrap().value());
-        assert_eq!(args.max_hold.as_ref().unwrap().millis, 600_000);
+        assert_eq!(args.max_hold.as_ref().unwrap().millis(), Some(600_000));
         let krate = args.krate.unwrap();
         assert_eq!(krate.segments.len(), 2);
     }
@@ -327,7 +381,7 @@ mod tests {
     fn defaults_apply_when_arguments_are_absent() {
         let args = parse(r#"key = "k""#).unwrap();
         assert_eq!(args.mode(), Mode::Wait);
-        assert_eq!(args.ttl_millis(), DEFAULT_TTL_MILLIS);
+        assert_eq!(args.ttl_millis(), Some(DEFAULT_TTL_MILLIS));
         assert!(args.watchdog());
         assert!(args.wait_timeout.is_none());
     }
@@ -392,5 +446,24 @@ mod tests {
     fn wrong_literal_kind_is_a_syntax_error() {
         assert!(parse(r#"ttl = 30"#).is_err());
         assert!(parse(r#"watchdog = "no""#).is_err());
+    }
+
+    #[test]
+    fn durations_and_the_registry_may_be_expressions() {
+        let args = parse(
+            r#"key = "k", ttl = TTL, wait_timeout = Duration::from_secs(self.wait),
+               registry = self.locks, hold_at_least = "1s""#,
+        )
+        .unwrap();
+        assert!(matches!(args.ttl, Some(DurationArg::Expr(_))));
+        assert_eq!(args.ttl_millis(), None);
+        assert_eq!(args.ttl.as_ref().unwrap().shown(), "TTL");
+        assert!(matches!(args.wait_timeout, Some(DurationArg::Expr(_))));
+        assert_eq!(args.hold_at_least.as_ref().unwrap().millis(), Some(1_000));
+        assert!(args.registry.is_some());
+        assert_eq!(
+            error(r#"key = "k", registry = a, registry = b"#),
+            "duplicate `registry` argument"
+        );
     }
 }

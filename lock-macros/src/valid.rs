@@ -8,7 +8,7 @@ use syn::{FnArg, Pat};
 
 use crate::input::{Body, LockFn};
 use crate::key::KeyTemplate;
-use crate::parse::{LockArgs, Millis, Mode};
+use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
 
 /// The checked arguments, in the form expansion needs them.
 pub(crate) struct Config {
@@ -16,18 +16,22 @@ pub(crate) struct Config {
     pub(crate) mode: Mode,
     /// The runtime crate's path: `::lock_runtime` unless `crate = ".."`.
     pub(crate) krate: TokenStream,
-    pub(crate) ttl_ms: u64,
-    pub(crate) wait_timeout_ms: Option<u64>,
-    pub(crate) hold_at_least_ms: Option<u64>,
+    /// The durations: literals checked here, or expressions checked by the
+    /// runtime; `None` for an argument not given (the ttl then defaults).
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) wait_timeout: Option<DurationArg>,
+    pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: bool,
-    pub(crate) max_hold_ms: Option<u64>,
+    pub(crate) max_hold: Option<DurationArg>,
+    /// `registry = expr`, or the global registry.
+    pub(crate) registry: Option<syn::Expr>,
 }
 
 /// Checks the arguments against each other and against the function, joining
 /// every independent error into one.
 pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let key = check(&args, func)?;
-    let millis = |value: &Option<Millis>| value.as_ref().map(|m| m.millis);
+    let watchdog = args.watchdog();
     Ok(Config {
         key,
         mode: args.mode(),
@@ -35,11 +39,12 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
             .krate
             .as_ref()
             .map_or_else(|| quote!(::lock_runtime), ToTokens::to_token_stream),
-        ttl_ms: args.ttl_millis(),
-        wait_timeout_ms: millis(&args.wait_timeout),
-        hold_at_least_ms: millis(&args.hold_at_least),
-        watchdog: args.watchdog(),
-        max_hold_ms: millis(&args.max_hold),
+        ttl: args.ttl,
+        wait_timeout: args.wait_timeout,
+        hold_at_least: args.hold_at_least,
+        watchdog,
+        max_hold: args.max_hold,
+        registry: args.registry,
     })
 }
 
@@ -105,7 +110,11 @@ fn check_options(args: &LockArgs) -> syn::Result<()> {
             "`wait_timeout` has no effect in skip mode, which never waits; remove it or use `mode = \"wait\"`",
         ));
     }
-    if let Some(hold) = args.hold_at_least.as_ref().filter(|hold| hold.millis > ttl) {
+    // Compared only when both are literals; the runtime checks the rest.
+    let longer = |value: &DurationArg| matches!((value.millis(), ttl), (Some(v), Some(t)) if v > t);
+    let shorter =
+        |value: &DurationArg| matches!((value.millis(), ttl), (Some(v), Some(t)) if v < t);
+    if let Some(hold) = args.hold_at_least.as_ref().filter(|hold| longer(hold)) {
         errors.push(syn::Error::new(
             hold.span(),
             format!(
@@ -121,7 +130,7 @@ fn check_options(args: &LockArgs) -> syn::Result<()> {
                 max_hold.span(),
                 "`max_hold` limits the watchdog's renewals and has no effect with `watchdog = false`; the `ttl` already bounds the hold",
             ));
-        } else if max_hold.millis < ttl {
+        } else if shorter(max_hold) {
             errors.push(syn::Error::new(
                 max_hold.span(),
                 format!(
@@ -142,14 +151,15 @@ fn check_options(args: &LockArgs) -> syn::Result<()> {
     }
 }
 
-fn show(millis: &Millis) -> String {
-    format!("{:?}", millis.lit.value())
+fn show(value: &DurationArg) -> String {
+    value.shown()
 }
 
 fn show_ttl(args: &LockArgs) -> String {
-    args.ttl
-        .as_ref()
-        .map_or_else(|| "default \"30s\"".to_owned(), show)
+    args.ttl.as_ref().map_or_else(
+        || format!("default \"{}s\"", DEFAULT_TTL_MILLIS / 1000),
+        show,
+    )
 }
 
 /// Every placeholder root must be `self` (on a method) or a parameter bound

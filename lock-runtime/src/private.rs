@@ -12,6 +12,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::LockOptions;
 use crate::options::Mode;
+use crate::registry::LockRegistry;
 
 /// Renders a key template's arguments (no allocation beyond the result).
 #[doc(hidden)]
@@ -19,28 +20,31 @@ pub fn render_key(args: fmt::Arguments<'_>) -> String {
     fmt::format(args)
 }
 
-/// Builds the options the attribute's arguments describe.
+/// Builds the options the attribute's arguments describe (literals made
+/// `Duration::from_millis(..)` at compile time, or the user's `Duration`
+/// expressions, checked when the call runs).
 #[doc(hidden)]
 pub const fn options(
-    ttl_ms: u64,
-    wait_timeout_ms: Option<u64>,
-    hold_at_least_ms: Option<u64>,
+    ttl: Duration,
+    wait_timeout: Option<Duration>,
+    hold_at_least: Option<Duration>,
     watchdog: bool,
-    max_hold_ms: Option<u64>,
+    max_hold: Option<Duration>,
 ) -> LockOptions {
-    const fn millis(value: Option<u64>) -> Option<Duration> {
-        match value {
-            Some(ms) => Some(Duration::from_millis(ms)),
-            None => None,
-        }
-    }
     LockOptions {
-        ttl: Duration::from_millis(ttl_ms),
-        wait_timeout: millis(wait_timeout_ms),
-        hold_at_least: millis(hold_at_least_ms),
+        ttl,
+        wait_timeout,
+        hold_at_least,
         watchdog,
-        max_hold: millis(max_hold_ms),
+        max_hold,
     }
+}
+
+/// The registry of `registry = expr`: an owned clone, so the expression's
+/// borrow ends before the body runs.
+#[doc(hidden)]
+pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
+    registry.clone()
 }
 
 /// Wait mode: waits for the lock, runs `body` under it, releases.
@@ -50,7 +54,17 @@ pub async fn run_wait<F: Future>(
     opts: LockOptions,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let registry = crate::registry()?;
+    run_wait_in(crate::registry()?, key, opts, body).await
+}
+
+/// [`run_wait`] on the registry of `registry = expr`.
+#[doc(hidden)]
+pub async fn run_wait_in<F: Future>(
+    registry: &LockRegistry,
+    key: String,
+    opts: LockOptions,
+    body: F,
+) -> Result<F::Output, LockError> {
     let full_key = registry.full_key(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         return Ok(reenter(&key, frame, body).await);
@@ -66,7 +80,17 @@ pub async fn run_skip<F: Future>(
     opts: LockOptions,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let registry = crate::registry()?;
+    run_skip_in(crate::registry()?, key, opts, body).await
+}
+
+/// [`run_skip`] on the registry of `registry = expr`.
+#[doc(hidden)]
+pub async fn run_skip_in<F: Future>(
+    registry: &LockRegistry,
+    key: String,
+    opts: LockOptions,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
     let full_key = registry.full_key(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         return Ok(Some(reenter(&key, frame, body).await));

@@ -1,0 +1,107 @@
+//! The attribute with run-time settings: durations from `Duration`
+//! expressions and `registry = expr`. This binary never initialises the
+//! global registry, so every lock here goes through the one named.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, distributed_lock};
+
+struct Shop {
+    locks: LockRegistry,
+    ttl: Duration,
+    wait: Duration,
+    inside: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Shop {
+    fn new(locks: LockRegistry) -> Shop {
+        Shop {
+            locks,
+            ttl: Duration::from_secs(5),
+            wait: Duration::from_secs(5),
+            inside: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        }
+    }
+
+    #[distributed_lock(key = "stock:{item}", ttl = self.ttl, wait_timeout = self.wait, registry = self.locks)]
+    async fn buy(&self, item: u64) -> u64 {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+        item
+    }
+
+    #[distributed_lock(key = "stock:{item}", mode = "skip", ttl = self.ttl, registry = &self.locks)]
+    async fn try_buy(&self, item: u64) -> u64 {
+        item
+    }
+}
+
+#[distributed_lock(key = "job", registry = locks, ttl = ttl)]
+async fn job(locks: &LockRegistry, ttl: Duration) -> &'static str {
+    "ran"
+}
+
+#[distributed_lock(key = "job", ttl = Duration::from_secs(1), hold_at_least = hold, registry = locks)]
+async fn held_job(locks: Arc<LockRegistry>, hold: Duration) {}
+
+/// The named registry is used (the global one was never set up), and the
+/// lock still excludes: eight concurrent buyers of one item, one at a time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_named_registry_locks_without_the_global_one() {
+    let shop = Arc::new(Shop::new(LockRegistry::memory()));
+    let buyers: Vec<_> = (0..8)
+        .map(|_| {
+            let shop = shop.clone();
+            tokio::spawn(async move { shop.buy(7).await })
+        })
+        .collect();
+    for buyer in buyers {
+        assert_eq!(buyer.await.unwrap().unwrap(), 7);
+    }
+    assert_eq!(shop.most.load(Ordering::SeqCst), 1);
+}
+
+/// Two registries in one process are two lock spaces: a key held in one is
+/// free in the other, and held for the one it was taken in.
+#[tokio::test]
+async fn two_registries_in_one_process_are_apart() {
+    let (a, b) = (
+        Shop::new(LockRegistry::memory()),
+        Shop::new(LockRegistry::memory()),
+    );
+    let held = a
+        .locks
+        .lock("stock:1", LockOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(a.try_buy(1).await.unwrap(), None, "held in a");
+    assert_eq!(b.try_buy(1).await.unwrap(), Some(1), "free in b");
+    held.release().await.unwrap();
+    assert_eq!(a.try_buy(1).await.unwrap(), Some(1));
+}
+
+/// Durations from run-time values are checked when the call runs: a zero
+/// ttl, or a hold longer than the ttl, is `InvalidOptions` naming the key,
+/// and nothing is left held.
+#[tokio::test]
+async fn senseless_run_time_durations_are_invalid_options() {
+    let locks = LockRegistry::memory();
+    assert_eq!(job(&locks, Duration::from_secs(1)).await.unwrap(), "ran");
+    let err = job(&locks, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+    assert!(err.to_string().contains("job"), "{err}");
+    let locks = Arc::new(locks);
+    let err = held_job(locks.clone(), Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("hold_at_least"), "{err}");
+    // Nothing held: the key is free.
+    let free = locks.try_lock("job", LockOptions::default()).await.unwrap();
+    assert!(free.is_some());
+}
