@@ -27,10 +27,10 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
     let func: LockFn = syn::parse2(item)?;
     let args: LockArgs = syn::parse2(args)?;
     let config = validate(args, &func)?;
-    Ok(expand(&config, func))
+    expand(&config, func)
 }
 
-fn expand(config: &Config, func: LockFn) -> TokenStream {
+fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
     let krate = &config.krate;
     let LockFn {
         attrs,
@@ -75,7 +75,15 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
         Body::Tokens(stmts) => {
             let declared = output_type(&sig.output);
             let (value_ty, erased) = erase_impl_trait(declared.clone());
-            sig.output = wrap_return(&sig.output, mode, krate);
+            let into = if config.errors_into {
+                Some(result_parts(&declared)?)
+            } else {
+                None
+            };
+            sig.output = match &into {
+                None => wrap_return(&sig.output, mode, krate),
+                Some(parts) => into_return(&sig.output, mode, parts),
+            };
             let ret = Ident::new("__lock_ret", Span::mixed_site());
             // Pins the async block's output to `R` before the body is checked,
             // so a `return` of the wrong type is reported at the user's value
@@ -96,19 +104,34 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
             //             let key = render_key(..);
             //             run_wait(key, options, async move { let ret: R = { body }; ret }).await
             //         }
-            quote! {
-                #render
+            let call = quote! {
                 #krate::__private::#run(#in_registry #key, #options, async move {
                     #pin_output
                     let #ret: #value_ty = { #stmts };
                     #[allow(unreachable_code, clippy::needless_return)]
                     return #ret;
                 })
-                .await
+            };
+            let done = finish(call, mode, into.as_ref(), krate);
+            quote! {
+                #render
+                #done
             }
         }
         Body::AsyncTrait { before, pin, inner } => {
-            RewriteOutput { mode, krate }.visit_return_type_mut(&mut sig.output);
+            let mut rewrite = RewriteOutput {
+                mode,
+                krate,
+                into: config.errors_into,
+                parts: None,
+                error: None,
+            };
+            rewrite.visit_return_type_mut(&mut sig.output);
+            if let Some(err) = rewrite.error {
+                return Err(err);
+            }
+            let call = quote!(#krate::__private::#run(#in_registry #key, #options, #inner));
+            let done = finish(call, mode, rewrite.parts.as_ref(), krate);
             // Input:  fn f(&self) -> Pin<Box<dyn Future<Output = R> + ..>> { stmts; Box::pin(async move { .. }) }
             // Output: fn f(&self) -> Pin<Box<dyn Future<Output = Result<R, LockError>> + ..>> {
             //             stmts; let key = render_key(..);
@@ -118,17 +141,120 @@ fn expand(config: &Config, func: LockFn) -> TokenStream {
                 #(#before)*
                 #render
                 #pin(async move {
-                    #krate::__private::#run(#in_registry #key, #options, #inner).await
+                    #done
                 })
             }
         }
     };
-    quote! {
+    Ok(quote! {
         #(#attrs)*
         #vis #sig {
             #(#inner_attrs)*
             #body
         }
+    })
+}
+
+/// `T` and `E` of a declared `Result<T, E>`, for `errors = "into"`.
+struct ResultParts {
+    value: Type,
+    error: Type,
+}
+
+/// Splits `Result<T, E>` (any path ending in `Result` with two type
+/// arguments); an error at the type otherwise.
+fn result_parts(ty: &Type) -> syn::Result<ResultParts> {
+    let wrong = || {
+        syn::Error::new(
+            ty.span(),
+            "`errors = \"into\"` needs the function to return `Result<T, E>` \
+             with `E: From<LockError>`; this one returns another type",
+        )
+    };
+    let Type::Path(path) = ty else {
+        return Err(wrong());
+    };
+    let last = path.path.segments.last().ok_or_else(wrong)?;
+    if last.ident != "Result" {
+        return Err(wrong());
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return Err(wrong());
+    };
+    let types: Vec<&Type> = args
+        .args
+        .iter()
+        .filter_map(|arg| match arg {
+            syn::GenericArgument::Type(ty) => Some(ty),
+            _ => None,
+        })
+        .collect();
+    match types.as_slice() {
+        [value, error] => Ok(ResultParts {
+            value: (*value).clone(),
+            error: (*error).clone(),
+        }),
+        _ => Err(wrong()),
+    }
+}
+
+/// With `errors = "into"`: wait mode keeps `Result<T, E>`, skip mode
+/// returns `Result<Option<T>, E>`.
+fn into_type(declared: &Type, mode: Mode, parts: &ResultParts) -> Type {
+    let ResultParts { value, error } = parts;
+    match mode {
+        Mode::Wait => declared.clone(),
+        Mode::Skip => {
+            parse_quote!(::core::result::Result<::core::option::Option<#value>, #error>)
+        }
+    }
+}
+
+fn into_return(output: &ReturnType, mode: Mode, parts: &ResultParts) -> ReturnType {
+    let arrow = match output {
+        ReturnType::Default => <Token![->]>::default(),
+        ReturnType::Type(arrow, _) => *arrow,
+    };
+    ReturnType::Type(
+        arrow,
+        Box::new(into_type(&output_type(output), mode, parts)),
+    )
+}
+
+/// Awaits the runtime's call; with `errors = "into"`, flattens its result
+/// into the body's, the `LockError` converted by `E: From<LockError>` (a
+/// missing `From` is reported at `E`).
+fn finish(
+    call: TokenStream,
+    mode: Mode,
+    into: Option<&ResultParts>,
+    krate: &TokenStream,
+) -> TokenStream {
+    let Some(ResultParts { error, .. }) = into else {
+        return quote!(#call.await);
+    };
+    let lock_err = Ident::new("__lock_err", Span::mixed_site());
+    let value = Ident::new("__lock_value", Span::mixed_site());
+    let convert = quote_spanned! {error.span()=>
+        <#error as ::core::convert::From<#krate::LockError>>::from(#lock_err)
+    };
+    let result = quote!(::core::result::Result);
+    let option = quote!(::core::option::Option);
+    match mode {
+        Mode::Wait => quote! {
+            match #call.await {
+                #result::Ok(#value) => #value,
+                #result::Err(#lock_err) => #result::Err(#convert),
+            }
+        },
+        Mode::Skip => quote! {
+            match #call.await {
+                #result::Ok(#option::Some(#result::Ok(#value))) => #result::Ok(#option::Some(#value)),
+                #result::Ok(#option::Some(#result::Err(#lock_err))) => #result::Err(#lock_err),
+                #result::Ok(#option::None) => #result::Ok(#option::None),
+                #result::Err(#lock_err) => #result::Err(#convert),
+            }
+        },
     }
 }
 
@@ -218,16 +344,30 @@ fn erase_impl_trait(mut ty: Type) -> (Type, bool) {
     (ty, erase.0)
 }
 
-/// Rewrites `Output = T` inside an async-trait return type.
+/// Rewrites `Output = T` inside an async-trait return type (with
+/// `errors = "into"`, keeps `T`'s parts for the expansion).
 struct RewriteOutput<'a> {
     mode: Mode,
     krate: &'a TokenStream,
+    into: bool,
+    parts: Option<ResultParts>,
+    error: Option<syn::Error>,
 }
 
 impl VisitMut for RewriteOutput<'_> {
     fn visit_assoc_type_mut(&mut self, assoc: &mut syn::AssocType) {
         if assoc.ident == "Output" {
-            assoc.ty = wrap_type(&assoc.ty, self.mode, self.krate);
+            if !self.into {
+                assoc.ty = wrap_type(&assoc.ty, self.mode, self.krate);
+                return;
+            }
+            match result_parts(&assoc.ty) {
+                Ok(parts) => {
+                    assoc.ty = into_type(&assoc.ty, self.mode, &parts);
+                    self.parts = Some(parts);
+                }
+                Err(err) => self.error = Some(err),
+            }
         } else {
             syn::visit_mut::visit_assoc_type_mut(self, assoc);
         }

@@ -63,6 +63,7 @@ use proc_macro::TokenStream;
 /// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |
+/// | `errors = "into"` | `"nested"` | for a body returning `Result<T, E>` with `E: From<LockError>`: wait mode returns `Result<T, E>` and skip mode `Result<Option<T>, E>`, the lock's errors converted into `E` (a missing `From` is one compile error at `E`); `"nested"` gives `Result<Result<T, E>, LockError>` |
 /// | `crate = "path"` | `::lock_runtime` | path of the runtime crate, for renamed dependencies |
 ///
 /// Every argument is checked at compile time: an unknown or duplicate
@@ -93,10 +94,34 @@ use proc_macro::TokenStream;
 ///     }
 /// }
 ///
+/// #[derive(Debug)]
+/// enum AppError {
+///     OutOfStock,
+///     Lock(LockError),
+/// }
+///
+/// impl From<LockError> for AppError {
+///     fn from(err: LockError) -> AppError {
+///         AppError::Lock(err)
+///     }
+/// }
+///
+/// // `errors = "into"`: one `Result` with the body's error type, not two.
+/// #[distributed_lock(key = "stock:{item}", registry = locks, errors = "into")]
+/// async fn reserve(locks: &LockRegistry, item: u64, stock: u32) -> Result<u32, AppError> {
+///     stock.checked_sub(1).ok_or(AppError::OutOfStock)
+/// }
+///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), LockError> {
 /// let shop = Shop { locks: LockRegistry::memory(), wait: Duration::from_secs(1) };
 /// assert_eq!(shop.buy(7).await?, 7);
+/// let left: Result<u32, AppError> = reserve(&shop.locks, 7, 3).await;
+/// match left {
+///     Ok(left) => assert_eq!(left, 2),
+///     Err(AppError::OutOfStock) => println!("sold out"),
+///     Err(AppError::Lock(err)) => println!("try again later: {err}"),
+/// }
 /// # Ok(())
 /// # }
 /// ```

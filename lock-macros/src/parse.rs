@@ -24,6 +24,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "watchdog",
     "max_hold",
     "registry",
+    "errors",
     "crate",
 ];
 
@@ -43,6 +44,7 @@ mod kw {
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(registry);
+    syn::custom_keyword!(errors);
 }
 
 /// What to do when the lock is held elsewhere.
@@ -106,6 +108,9 @@ pub(crate) struct LockArgs {
     pub(crate) max_hold: Option<DurationArg>,
     /// `registry = expr`: a registry other than the global one.
     pub(crate) registry: Option<syn::Expr>,
+    /// `errors = "into"` (its span) or `"nested"`: whether a body's
+    /// `Result<T, E>` keeps its error type, `LockError` converted into `E`.
+    pub(crate) errors: Option<(bool, Span)>,
     pub(crate) krate: Option<syn::Path>,
 }
 
@@ -120,6 +125,11 @@ impl LockArgs {
         self.ttl
             .as_ref()
             .map_or(Some(DEFAULT_TTL_MILLIS), DurationArg::millis)
+    }
+
+    /// Whether `errors = "into"` was given.
+    pub(crate) fn errors_into(&self) -> bool {
+        self.errors.is_some_and(|(into, _)| into)
     }
 
     pub(crate) fn watchdog(&self) -> bool {
@@ -185,6 +195,18 @@ impl Parse for LockArgs {
             } else if lookahead.peek(kw::max_hold) {
                 let span = input.parse::<kw::max_hold>()?.span;
                 duration_arg(input, &mut args.max_hold, span, "max_hold")?
+            } else if lookahead.peek(kw::errors) {
+                let span = input.parse::<kw::errors>()?.span;
+                let lit = parse_value::<LitStr>(input)?;
+                let into = match lit.value().as_str() {
+                    "into" => Ok(true),
+                    "nested" => Ok(false),
+                    other => Err(syn::Error::new(
+                        lit.span(),
+                        format!("unknown errors {other:?}; expected \"into\" or \"nested\""),
+                    )),
+                };
+                into.and_then(|into| set_once(&mut args.errors, (into, lit.span()), span, "errors"))
             } else if lookahead.peek(kw::registry) {
                 let span = input.parse::<kw::registry>()?.span;
                 let expr = parse_value::<syn::Expr>(input)?;

@@ -25,6 +25,8 @@ pub(crate) struct Config {
     pub(crate) max_hold: Option<DurationArg>,
     /// `registry = expr`, or the global registry.
     pub(crate) registry: Option<syn::Expr>,
+    /// `errors = "into"`: keep the body's `Result<T, E>`.
+    pub(crate) errors_into: bool,
 }
 
 /// Checks the arguments against each other and against the function, joining
@@ -32,6 +34,7 @@ pub(crate) struct Config {
 pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let key = check(&args, func)?;
     let watchdog = args.watchdog();
+    let errors_into = args.errors_into();
     Ok(Config {
         key,
         mode: args.mode(),
@@ -45,6 +48,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
         watchdog,
         max_hold: args.max_hold,
         registry: args.registry,
+        errors_into,
     })
 }
 
