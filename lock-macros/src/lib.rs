@@ -55,7 +55,7 @@ use proc_macro::TokenStream;
 ///
 /// | argument | default | meaning |
 /// |---|---|---|
-/// | `key = "…"` | required | template: `{name}` is a parameter, `{name.field.sub}` a field path, `{self.field}` a field of the receiver, rendered with `Display`; `{{` and `}}` are literal braces |
+/// | `key = "…"` | required | template: `{name}` is a parameter (or a name a parameter's pattern binds, as `item` in `Path(item): Path<u64>`), `{name.field.sub}` a field path, `{self.field}` a field of the receiver, rendered with `Display`; `{{` and `}}` are literal braces |
 /// | `mode = "wait"` or `"skip"` | `"wait"` | wait: wait for the lock; skip: one attempt, `Ok(None)` if it is held elsewhere |
 /// | `ttl = "30s"` | `"30s"` | lease length; units `ms`, `s`, `m`, `h`, combinable (`"1m30s"`) |
 /// | `wait_timeout = "5s"` | wait forever | wait mode only: give up with [`LockError::Timeout`] |

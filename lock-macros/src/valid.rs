@@ -166,8 +166,8 @@ fn show_ttl(args: &LockArgs) -> String {
     )
 }
 
-/// Every placeholder root must be `self` (on a method) or a parameter bound
-/// by a plain identifier pattern.
+/// Every placeholder root must be `self` (on a method) or a name a
+/// parameter's pattern binds (`id`, or `item` in `Path(item): Path<u64>`).
 fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
     let sig = &func.sig;
     let mut params = Vec::new();
@@ -175,11 +175,7 @@ fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(_) => has_self = true,
-            FnArg::Typed(typed) => {
-                if let Pat::Ident(pat) = &*typed.pat {
-                    params.push(pat.ident.to_string());
-                }
-            }
+            FnArg::Typed(typed) => bound_names(&typed.pat, &mut params),
         }
     }
     let fn_name = &sig.ident;
@@ -208,6 +204,31 @@ fn check_key(template: &KeyTemplate, func: &LockFn) -> syn::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The names a parameter pattern binds: `id` in `id: u64`, `item` in
+/// `Path(item): Path<u64>`, `app` in `State(app): State<App>`, the fields of
+/// a struct pattern, and so on, at any depth.
+fn bound_names(pat: &Pat, names: &mut Vec<String>) {
+    match pat {
+        Pat::Ident(pat) => {
+            names.push(pat.ident.to_string());
+            if let Some((_, sub)) = &pat.subpat {
+                bound_names(sub, names);
+            }
+        }
+        Pat::TupleStruct(pat) => pat.elems.iter().for_each(|elem| bound_names(elem, names)),
+        Pat::Tuple(pat) => pat.elems.iter().for_each(|elem| bound_names(elem, names)),
+        Pat::Struct(pat) => pat
+            .fields
+            .iter()
+            .for_each(|field| bound_names(&field.pat, names)),
+        Pat::Reference(pat) => bound_names(&pat.pat, names),
+        Pat::Slice(pat) => pat.elems.iter().for_each(|elem| bound_names(elem, names)),
+        Pat::Paren(pat) => bound_names(&pat.pat, names),
+        Pat::Type(pat) => bound_names(&pat.pat, names),
+        _ => {}
+    }
 }
 
 fn list(names: &[String]) -> String {
