@@ -41,14 +41,21 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
     } = func;
     let mode = config.mode;
     let key = Ident::new("__lock_key", Span::mixed_site());
-    let format_args = config.key.format_args();
+    let renders: Vec<TokenStream> = config
+        .keys
+        .iter()
+        .map(|template| {
+            let format_args = template.format_args();
+            quote!(#krate::__private::render_key(#format_args))
+        })
+        .collect();
     let options = options(config);
     let registry = Ident::new("__lock_registry", Span::mixed_site());
     // `run_wait(key, ..)` on the global registry, or `run_wait_in(&registry,
     // key, ..)` on the one `registry = expr` names (cloned first, so the
     // expression's borrow ends before the body runs).
-    let (run, in_registry, take_registry) = match &config.registry {
-        None => (
+    let (run, in_registry, take_registry) = match (&config.registry, config.multi) {
+        (None, false) => (
             match mode {
                 Mode::Wait => quote!(run_wait),
                 Mode::Skip => quote!(run_skip),
@@ -56,7 +63,7 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             quote!(),
             quote!(),
         ),
-        Some(expr) => (
+        (Some(expr), false) => (
             match mode {
                 Mode::Wait => quote!(run_wait_in),
                 Mode::Skip => quote!(run_skip_in),
@@ -66,10 +73,31 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
                 let #registry = #krate::__private::registry_of(&#expr);
             },
         ),
+        (registry_expr, true) => {
+            let run = match mode {
+                Mode::Wait => quote!(run_wait_all),
+                Mode::Skip => quote!(run_skip_all),
+            };
+            match registry_expr {
+                None => (run, quote!(::core::option::Option::None,), quote!()),
+                Some(expr) => (
+                    run,
+                    quote!(::core::option::Option::Some(&#registry),),
+                    quote_spanned! {expr.span()=>
+                        let #registry = #krate::__private::registry_of(&#expr);
+                    },
+                ),
+            }
+        }
+    };
+    let rendered = if config.multi {
+        quote!(::std::vec![#(#renders),*])
+    } else {
+        quote!(#(#renders)*)
     };
     let render = quote! {
         #take_registry
-        let #key = #krate::__private::render_key(#format_args);
+        let #key = #rendered;
     };
     let body = match body {
         Body::Tokens(stmts) => {

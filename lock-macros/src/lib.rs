@@ -56,6 +56,7 @@ use proc_macro::TokenStream;
 /// | argument | default | meaning |
 /// |---|---|---|
 /// | `key = "…"` | required | template: `{name}` is a parameter (or a name a parameter's pattern binds, as `item` in `Path(item): Path<u64>`), `{name.field.sub}` a field path, `{self.field}` a field of the receiver, rendered with `Display`; `{{` and `}}` are literal braces |
+/// | `keys = ["…", "…"]` | instead of `key` | several locks at once (a transfer, a checkout): taken in one canonical order, so callers wanting the same keys in any order never deadlock; all released on every exit; a lost lease on any cancels the body; `fencing_token_for("acct:7")` gives each key's token inside; skip mode takes all or none |
 /// | `mode = "wait"` or `"skip"` | `"wait"` | wait: wait for the lock; skip: one attempt, `Ok(None)` if it is held elsewhere |
 /// | `ttl = "30s"` | `"30s"` | lease length; units `ms`, `s`, `m`, `h`, combinable (`"1m30s"`) |
 /// | `wait_timeout = "5s"` | wait forever | wait mode only: give up with [`LockError::Timeout`] |

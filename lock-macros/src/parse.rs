@@ -17,6 +17,7 @@ use crate::key::KeyTemplate;
 /// The argument names, in the order the error message lists them.
 pub(crate) const ARGUMENTS: &[&str] = &[
     "key",
+    "keys",
     "mode",
     "ttl",
     "wait_timeout",
@@ -37,6 +38,7 @@ pub(crate) const DEFAULT_TTL_MILLIS: u64 = 30_000;
 
 mod kw {
     syn::custom_keyword!(key);
+    syn::custom_keyword!(keys);
     syn::custom_keyword!(mode);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(wait_timeout);
@@ -100,6 +102,9 @@ impl DurationArg {
 pub(crate) struct LockArgs {
     /// The key template, scanned here so its errors join the others.
     pub(crate) key: Option<KeyTemplate>,
+    /// `keys = ["…", "…"]`: several locks at once (with the span of the
+    /// argument).
+    pub(crate) keys: Option<(Vec<KeyTemplate>, Span)>,
     pub(crate) mode: Option<(Mode, Span)>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait_timeout: Option<DurationArg>,
@@ -173,7 +178,27 @@ impl Parse for LockArgs {
         let mut errors = Errors::default();
         while !input.is_empty() {
             let lookahead = input.lookahead1();
-            let result = if lookahead.peek(kw::key) {
+            let result = if lookahead.peek(kw::keys) {
+                let span = input.parse::<kw::keys>()?.span;
+                input.parse::<Token![=]>()?;
+                let list;
+                let bracket = syn::bracketed!(list in input);
+                let lits =
+                    syn::punctuated::Punctuated::<LitStr, Token![,]>::parse_terminated(&list)?;
+                if lits.is_empty() {
+                    Err(syn::Error::new(
+                        bracket.span.join(),
+                        "`keys` needs at least one key template, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`",
+                    ))
+                } else {
+                    lits.iter()
+                        .map(KeyTemplate::parse)
+                        .collect::<syn::Result<Vec<_>>>()
+                        .and_then(|templates| {
+                            set_once(&mut args.keys, (templates, span), span, "keys")
+                        })
+                }
+            } else if lookahead.peek(kw::key) {
                 let span = input.parse::<kw::key>()?.span;
                 let lit = parse_value::<LitStr>(input)?;
                 KeyTemplate::parse(&lit)
@@ -430,9 +455,18 @@ mod tests {
     }
 
     #[test]
+    fn keys_take_a_list_of_templates() {
+        let args = parse(r#"keys = ["acct:{from}", "acct:{to}",]"#).unwrap();
+        let (templates, _) = args.keys.unwrap();
+        assert_eq!(templates.len(), 2);
+        assert!(error(r#"keys = []"#).contains("at least one key template"));
+        assert!(parse(r#"keys = ["a:{"]"#).is_err());
+    }
+
+    #[test]
     fn unknown_argument_lists_the_valid_ones() {
         let msg = error(r#"key = "k", tll = "1s""#);
-        assert!(msg.starts_with("unknown argument `tll`; expected one of `key`, `mode`"));
+        assert!(msg.starts_with("unknown argument `tll`; expected one of `key`, `keys`, `mode`"));
         assert!(msg.contains("`crate`"));
     }
 

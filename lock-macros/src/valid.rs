@@ -12,7 +12,10 @@ use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
 
 /// The checked arguments, in the form expansion needs them.
 pub(crate) struct Config {
-    pub(crate) key: KeyTemplate,
+    /// The key templates: one for `key`, several for `keys`.
+    pub(crate) keys: Vec<KeyTemplate>,
+    /// `keys = [..]` was given (several locks at once).
+    pub(crate) multi: bool,
     pub(crate) mode: Mode,
     /// The runtime crate's path: `::lock_runtime` unless `crate = ".."`.
     pub(crate) krate: TokenStream,
@@ -32,11 +35,13 @@ pub(crate) struct Config {
 /// Checks the arguments against each other and against the function, joining
 /// every independent error into one.
 pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
-    let key = check(&args, func)?;
+    let keys = check(&args, func)?;
+    let multi = args.keys.is_some();
     let watchdog = args.watchdog();
     let errors_into = args.errors_into();
     Ok(Config {
-        key,
+        keys,
+        multi,
         mode: args.mode(),
         krate: args
             .krate
@@ -52,7 +57,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     })
 }
 
-fn check(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplate> {
+fn check(args: &LockArgs, func: &LockFn) -> syn::Result<Vec<KeyTemplate>> {
     let mut errors: Option<syn::Error> = None;
     let mut push = |err: syn::Error| match &mut errors {
         Some(all) => all.combine(err),
@@ -65,26 +70,35 @@ fn check(args: &LockArgs, func: &LockFn) -> syn::Result<KeyTemplate> {
     if let Err(err) = check_options(args) {
         push(err);
     }
-    let template = match &args.key {
-        None => {
+    let templates: Option<Vec<KeyTemplate>> = match (&args.key, &args.keys) {
+        (Some(_), Some((_, span))) => {
+            push(syn::Error::new(
+                *span,
+                "give `key` for one lock or `keys` for several, not both",
+            ));
+            None
+        }
+        (None, None) => {
             push(syn::Error::new(
                 Span::call_site(),
                 "missing required `key` argument, e.g. `key = \"order:{id}\"`",
             ));
             None
         }
-        Some(template) => match check_key(template, func) {
-            Ok(()) => Some(template.clone()),
-            Err(err) => {
-                push(err);
-                None
-            }
-        },
+        (Some(template), None) => Some(vec![template.clone()]),
+        (None, Some((templates, _))) => Some(templates.clone()),
     };
-    match (errors, template) {
+    let mut checked = true;
+    for template in templates.iter().flatten() {
+        if let Err(err) = check_key(template, func) {
+            push(err);
+            checked = false;
+        }
+    }
+    match (errors, templates) {
         (Some(err), _) => Err(err),
-        (None, Some(template)) => Ok(template),
-        (None, None) => Err(syn::Error::new(Span::call_site(), "invalid key")),
+        (None, Some(templates)) if checked => Ok(templates),
+        (None, _) => Err(syn::Error::new(Span::call_site(), "invalid key")),
     }
 }
 

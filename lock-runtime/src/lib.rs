@@ -70,6 +70,7 @@ mod context;
 mod error;
 mod guard;
 mod local_queue;
+mod multi;
 mod options;
 mod private;
 mod registry;
@@ -90,9 +91,10 @@ pub use backend::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
     LossSignal, ReleaseWatch, SafetyMargin,
 };
-pub use context::fencing_token;
+pub use context::{fencing_token, fencing_token_for};
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
+pub use multi::LockGuards;
 pub use options::{LockOptions, MAX_DURATION};
 pub use registry::{LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::context::{self, Frame};
 use crate::error::LockError;
 use crate::guard::LockGuard;
+use crate::multi::LockGuards;
 use crate::options::LockOptions;
 use crate::options::Mode;
 use crate::registry::LockRegistry;
@@ -108,6 +109,113 @@ async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
     context::with_frame(frame, body).await
 }
 
+/// The re-entrancy frame of a held lock.
+fn frame_of(guard: &LockGuard, registry: usize, full_key: std::sync::Arc<str>) -> Frame {
+    Frame {
+        registry,
+        key: guard.key().into(),
+        full_key,
+        fencing: guard.fencing_token(),
+    }
+}
+
+/// Wait mode with `keys = [..]`: waits for every lock (in canonical order),
+/// runs `body` under all of them, releases all. `registry` is the one of
+/// `registry = expr`, or the global one.
+#[doc(hidden)]
+pub async fn run_wait_all<F: Future>(
+    registry: Option<&LockRegistry>,
+    keys: Vec<String>,
+    opts: LockOptions,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let first = keys.first().cloned().unwrap_or_default();
+    match run_all(registry, keys, opts, Mode::Wait, body).await? {
+        Some(output) => Ok(output),
+        None => Err(LockError::Timeout {
+            key: LockError::shown_key(&first),
+            waited: Duration::ZERO,
+        }),
+    }
+}
+
+/// Skip mode with `keys = [..]`: `Ok(None)` when any of them is held.
+#[doc(hidden)]
+pub async fn run_skip_all<F: Future>(
+    registry: Option<&LockRegistry>,
+    keys: Vec<String>,
+    opts: LockOptions,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
+    run_all(registry, keys, opts, Mode::Skip, body).await
+}
+
+/// Takes the keys this task does not hold yet, runs `body` under every
+/// lease (cancelled when any is lost), releases what it took.
+async fn run_all<F: Future>(
+    registry: Option<&LockRegistry>,
+    keys: Vec<String>,
+    opts: LockOptions,
+    mode: Mode,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
+    let registry = match registry {
+        Some(registry) => registry,
+        None => crate::registry()?,
+    };
+    let mut wanted = Vec::new();
+    for (key, full_key) in registry.canonical(keys)? {
+        // A key this task holds already is re-entered, not taken again.
+        if context::held_by_task(registry.id(), &full_key).is_none() {
+            wanted.push((key, full_key));
+        }
+    }
+    let guards = if wanted.is_empty() {
+        Vec::new()
+    } else {
+        match registry.acquire_all(&wanted, &opts, mode).await? {
+            Some(guards) => guards,
+            None => return Ok(None),
+        }
+    };
+    let frames = guards
+        .iter()
+        .map(|guard| {
+            let (registry, full_key) = guard.owner();
+            frame_of(guard, registry, full_key.clone())
+        })
+        .collect();
+    let guards = LockGuards::new(guards);
+    let outcome = context::with_frames(frames, async {
+        tokio::select! {
+            biased;
+            () = guards.lost() => None,
+            output = body => Some(output),
+        }
+    })
+    .await;
+    match outcome {
+        Some(output) => match guards.release().await {
+            Ok(()) => Ok(Some(output)),
+            Err(LockError::Backend { key, source, .. }) => {
+                tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
+                Ok(Some(output))
+            }
+            Err(error) => Err(error),
+        },
+        None => {
+            let lost = guards
+                .guards()
+                .iter()
+                .find(|guard| !guard.is_held())
+                .map(|guard| guard.key().to_owned())
+                .unwrap_or_default();
+            let _ = guards.release().await;
+            Err(LockError::lost(&lost))
+        }
+    }
+}
+
 /// Runs `body` while the lease is held; cancels it when the lease is lost.
 ///
 /// A body that finished is followed by the release. If the release finds the
@@ -117,11 +225,7 @@ async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
 /// otherwise) and ends at its TTL.
 async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
     let (registry, full_key) = guard.owner();
-    let frame = Frame {
-        registry,
-        full_key: full_key.clone(),
-        fencing: guard.fencing_token(),
-    };
+    let frame = frame_of(&guard, registry, full_key.clone());
     let outcome = context::with_frame(frame, async {
         tokio::select! {
             biased;
