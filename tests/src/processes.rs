@@ -74,6 +74,38 @@ impl Processes {
         conn.lrange(format!("oversell:{item}:sold"), 0, -1).unwrap()
     }
 
+    /// 4 processes x 2 tasks make 30 transfers each between two accounts,
+    /// half of them in each direction, under `keys = [from, to]`: all
+    /// finish (no deadlock between opposite orders), no two bodies are
+    /// ever inside one account, and the money is all there.
+    pub fn opposite_transfers_across_processes_never_deadlock(&self) {
+        let bank = unique_key("bank");
+        let mut conn = self.data();
+        for account in [1, 2] {
+            let () = conn
+                .set(format!("bank:{bank}:balance:{account}"), 10_000)
+                .unwrap();
+        }
+        let workers: Vec<_> = (0..4)
+            .map(|_| self.worker("transfer", &bank, &["30"]))
+            .collect();
+        for worker in workers {
+            let (status, lines) = worker.finish(Duration::from_secs(60));
+            assert!(status.success(), "worker failed (a deadlock?): {lines:?}");
+            assert!(lines.iter().any(|l| l == "done transfers=60"), "{lines:?}");
+        }
+        let overlaps: Vec<String> = conn.lrange(format!("bank:{bank}:overlaps"), 0, -1).unwrap();
+        assert!(overlaps.is_empty(), "overlapping bodies: {overlaps:?}");
+        let total: i64 = [1, 2]
+            .iter()
+            .map(|account| {
+                conn.get::<_, i64>(format!("bank:{bank}:balance:{account}"))
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(total, 20_000, "money lost or made");
+    }
+
     /// 4 processes x 4 tasks sell a stock of 40: each level exactly once.
     pub fn four_processes_sell_exactly_the_stock(&self) {
         let mut sold = self.sell("oversell", 4, 40);

@@ -44,6 +44,7 @@ macro_rules! shared_scenarios {
 
 shared_scenarios!(
     four_processes_sell_exactly_the_stock,
+    opposite_transfers_across_processes_never_deadlock,
     without_the_lock_the_same_processes_oversell,
     skip_mode_skips_while_another_process_runs_the_job,
     fencing_tokens_strictly_increase_across_processes,

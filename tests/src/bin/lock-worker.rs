@@ -36,6 +36,44 @@ async fn buy(conn: &mut MultiplexedConnection, item: &str) -> redis::RedisResult
     sell_one(conn, item).await
 }
 
+/// Moves `amount` from account `from` to `to` of the bank `bank`: a
+/// non-atomic read, pause, write of both balances, under both accounts'
+/// locks, with an overlap detector per account.
+#[distributed_lock(keys = ["acct:{bank}:{from}", "acct:{bank}:{to}"], ttl = "10s")]
+async fn transfer(
+    conn: &mut MultiplexedConnection,
+    bank: &str,
+    from: u32,
+    to: u32,
+    amount: i64,
+) -> redis::RedisResult<()> {
+    for account in [from, to] {
+        let inside: i64 = conn
+            .incr(format!("bank:{bank}:inside:{account}"), 1)
+            .await?;
+        if inside != 1 {
+            let _: i64 = conn
+                .rpush(
+                    format!("bank:{bank}:overlaps"),
+                    format!("account {account}"),
+                )
+                .await?;
+        }
+    }
+    let balance = |account: u32| format!("bank:{bank}:balance:{account}");
+    let a: i64 = conn.get(balance(from)).await?;
+    let b: i64 = conn.get(balance(to)).await?;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let () = conn.set(balance(from), a - amount).await?;
+    let () = conn.set(balance(to), b + amount).await?;
+    for account in [from, to] {
+        let _: i64 = conn
+            .decr(format!("bank:{bank}:inside:{account}"), 1)
+            .await?;
+    }
+    Ok(())
+}
+
 async fn hold(hold: Duration) {
     println!(
         "acquired fencing={} at_ms={}",
@@ -184,6 +222,32 @@ async fn main() -> Result<(), LockError> {
                 sold += handle.await.expect("task");
             }
             println!("done sold={sold}");
+        }
+        "transfer" => {
+            // KEY is the bank; two tasks, each `count` transfers between
+            // accounts 1 and 2, in alternating directions.
+            let count: i64 = arg(&args, 4, "transfers").parse().expect("transfers");
+            let mut handles = Vec::new();
+            for task in 0..2 {
+                let mut conn = data
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("data connection");
+                let bank = key.clone();
+                handles.push(tokio::spawn(async move {
+                    for i in 0..count {
+                        let (from, to) = if (i + task) % 2 == 0 { (1, 2) } else { (2, 1) };
+                        transfer(&mut conn, &bank, from, to, i + 1)
+                            .await
+                            .expect("lock")
+                            .expect("redis data command");
+                    }
+                }));
+            }
+            for handle in handles {
+                handle.await.expect("task");
+            }
+            println!("done transfers={}", 2 * count);
         }
         "hold-1s" | "hold-30s" | "hold-unrenewed" => {
             let ms: u64 = arg(&args, 4, "hold ms").parse().expect("hold ms");
