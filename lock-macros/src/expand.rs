@@ -11,16 +11,90 @@ use crate::input::{Body, LockFn};
 use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
 use crate::valid::{Config, validate};
 
-/// Entry point: never panics; on error emits the original item next to the
-/// error, so no follow-on errors are reported (thiserror's `fallback.rs`).
+/// Entry point: never panics. On error it emits the error next to the
+/// function with the signature a correct attribute would have given it
+/// (as tokio's `entry.rs` does), so callers written for the lock's
+/// `Result` see no follow-on errors: one mistake, one error.
 pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    match try_expand(args, item.clone()) {
+    match try_expand(args.clone(), item.clone()) {
         Ok(tokens) => tokens,
         Err(err) => {
             let error = err.into_compile_error();
+            let item = fallback(&args, item.clone()).unwrap_or(item);
             quote!(#item #error)
         }
     }
+}
+
+/// The function with its rewritten signature and its body run as is, no
+/// lock: what the callers expect, for when the attribute is wrong. The
+/// mode, `errors` and `crate` are read from the arguments leniently; `None`
+/// (emit the original item) when the function itself cannot be read.
+fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
+    let func: LockFn = syn::parse2(item).ok()?;
+    let LockFn {
+        attrs,
+        vis,
+        mut sig,
+        inner_attrs,
+        body,
+    } = func;
+    let Body::Tokens(stmts) = body else {
+        return None;
+    };
+    sig.asyncness?;
+    // `name = "value"` pairs, read without the parser's checks.
+    let tokens: Vec<proc_macro2::TokenTree> = args.clone().into_iter().collect();
+    let value_of = |name: &str| {
+        tokens.windows(3).find_map(|w| match w {
+            [proc_macro2::TokenTree::Ident(ident), proc_macro2::TokenTree::Punct(eq), proc_macro2::TokenTree::Literal(lit)]
+                if ident == name && eq.as_char() == '=' =>
+            {
+                syn::parse_str::<syn::LitStr>(&lit.to_string()).ok().map(|lit| lit.value())
+            }
+            _ => None,
+        })
+    };
+    let mode = match value_of("mode").as_deref() {
+        Some("skip") => Mode::Skip,
+        _ => Mode::Wait,
+    };
+    let krate = value_of("crate")
+        .and_then(|path| syn::parse_str::<syn::Path>(&path).ok())
+        .map_or_else(|| quote!(::lock_runtime), |path| quote!(#path));
+    let declared = output_type(&sig.output);
+    let (value_ty, _) = erase_impl_trait(declared.clone());
+    let into = (value_of("errors").as_deref() == Some("into"))
+        .then(|| result_parts(&declared).ok())
+        .flatten();
+    sig.output = match &into {
+        None => wrap_return(&sig.output, mode, &krate),
+        Some(parts) => into_return(&sig.output, mode, parts),
+    };
+    let ret = Ident::new("__lock_ret", Span::mixed_site());
+    let run = quote! {
+        async move {
+            let #ret: #value_ty = { #stmts };
+            #[allow(unreachable_code, clippy::needless_return)]
+            return #ret;
+        }
+        .await
+    };
+    let body = match (&into, mode) {
+        (None, Mode::Wait) => quote!(::core::result::Result::Ok(#run)),
+        (None, Mode::Skip) => {
+            quote!(::core::result::Result::Ok(::core::option::Option::Some(#run)))
+        }
+        (Some(_), Mode::Wait) => run,
+        (Some(_), Mode::Skip) => quote!(#run.map(::core::option::Option::Some)),
+    };
+    Some(quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            #body
+        }
+    })
 }
 
 fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
@@ -443,10 +517,22 @@ mod tests {
     }
 
     #[test]
-    fn errors_keep_the_original_item() {
-        let out = expand_str(r#"key = "job", tll = "1s""#, "async fn job() {}");
-        assert!(out.starts_with("async fn job () { }"), "{out}");
+    fn errors_keep_the_rewritten_signature_and_the_body() {
+        let out = expand_str(r#"key = "job", tll = "1s""#, "async fn job() -> u8 { 7 }");
+        assert!(
+            out.starts_with(
+                "async fn job () -> :: core :: result :: Result < u8 , :: lock_runtime :: LockError >"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("{ 7 }"), "{out}");
+        assert!(!out.contains("run_wait"), "{out}");
         assert!(out.contains("compile_error"), "{out}");
+        let skip = expand_str(r#"key = "job", mode = "skip", tll = "1s""#, "async fn job() {}");
+        assert!(skip.contains("Option < ()"), "{skip}");
+        // A function that cannot be read is emitted as it was.
+        let not_async = expand_str(r#"key = "job""#, "fn job() {}");
+        assert!(not_async.starts_with("fn job () { }"), "{not_async}");
     }
 
     #[test]
