@@ -47,10 +47,14 @@ fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
     let tokens: Vec<proc_macro2::TokenTree> = args.clone().into_iter().collect();
     let value_of = |name: &str| {
         tokens.windows(3).find_map(|w| match w {
-            [proc_macro2::TokenTree::Ident(ident), proc_macro2::TokenTree::Punct(eq), proc_macro2::TokenTree::Literal(lit)]
-                if ident == name && eq.as_char() == '=' =>
-            {
-                syn::parse_str::<syn::LitStr>(&lit.to_string()).ok().map(|lit| lit.value())
+            [
+                proc_macro2::TokenTree::Ident(ident),
+                proc_macro2::TokenTree::Punct(eq),
+                proc_macro2::TokenTree::Literal(lit),
+            ] if ident == name && eq.as_char() == '=' => {
+                syn::parse_str::<syn::LitStr>(&lit.to_string())
+                    .ok()
+                    .map(|lit| lit.value())
             }
             _ => None,
         })
@@ -528,7 +532,10 @@ mod tests {
         assert!(out.contains("{ 7 }"), "{out}");
         assert!(!out.contains("run_wait"), "{out}");
         assert!(out.contains("compile_error"), "{out}");
-        let skip = expand_str(r#"key = "job", mode = "skip", tll = "1s""#, "async fn job() {}");
+        let skip = expand_str(
+            r#"key = "job", mode = "skip", tll = "1s""#,
+            "async fn job() {}",
+        );
         assert!(skip.contains("Option < ()"), "{skip}");
         // A function that cannot be read is emitted as it was.
         let not_async = expand_str(r#"key = "job""#, "fn job() {}");

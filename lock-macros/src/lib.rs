@@ -60,7 +60,7 @@ use proc_macro::TokenStream;
 /// | `mode = "wait"` or `"skip"` | `"wait"` | wait: wait for the lock; skip: one attempt, `Ok(None)` if it is held elsewhere |
 /// | `ttl = "30s"` | `"30s"` | lease length; units `ms`, `s`, `m`, `h`, combinable (`"1m30s"`) |
 /// | `wait_timeout = "5s"` | wait forever | wait mode only: give up with [`LockError::Timeout`] |
-/// | `hold_at_least = "10s"` | none | keep the lease this long after the body started, even if it ended sooner |
+/// | `hold_at_least = "10s"` | none | keep the lease this long after it was taken, even if the body ended sooner |
 /// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |

@@ -20,7 +20,7 @@ pub enum LockError {
     AlreadyInitialized,
 
     /// `wait_timeout` passed before the lock could be taken.
-    #[error("timed out after {waited:?} waiting for lock `{key}`")]
+    #[error("timed out after {:?} waiting for lock `{key}`", to_millis(*waited))]
     Timeout {
         /// The key of the lock.
         key: String,
@@ -130,9 +130,35 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// `waited` rounded to milliseconds, for messages (`2.001s`, not
+/// `2.000089644s`).
+fn to_millis(waited: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeouts_show_milliseconds() {
+        let err = LockError::Timeout {
+            key: "stock:7".into(),
+            waited: Duration::from_nanos(2_000_089_644),
+        };
+        assert_eq!(
+            err.to_string(),
+            "timed out after 2s waiting for lock `stock:7`"
+        );
+        let err = LockError::Timeout {
+            key: "k".into(),
+            waited: Duration::from_micros(150_400),
+        };
+        assert_eq!(
+            err.to_string(),
+            "timed out after 150ms waiting for lock `k`"
+        );
+    }
 
     #[test]
     fn passwords_are_redacted() {

@@ -189,6 +189,14 @@ impl LockRegistry {
     /// Dropping the future while it waits leaves nothing behind: an attempt
     /// whose answer was not awaited is undone in the store, and a lease
     /// granted but not yet returned is released.
+    ///
+    /// # Panics
+    ///
+    /// When polled outside a Tokio runtime (the renewal and the stores'
+    /// background work are Tokio tasks): run it inside `#[tokio::main]`,
+    /// `#[tokio::test]` or `Runtime::block_on`. The same holds for
+    /// [`try_lock`](Self::try_lock), [`lock_all`](Self::lock_all) and the
+    /// attribute's functions.
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let full_key = self.full_key(key)?;
         self.wait_for(key, &full_key, &opts).await

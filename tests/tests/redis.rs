@@ -209,6 +209,31 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     guard.release().await.unwrap();
 }
 
+/// Connecting to a server that is down: the builder's error is the same
+/// redacted `LockError::Backend` as `LockRegistry::redis`'s, and the number
+/// of connection retries is the builder's to choose (the default 2 take
+/// about half a second; 0 fails after the first refusal).
+#[tokio::test]
+async fn connecting_to_a_down_server_is_a_redacted_backend_error() {
+    let mut server = RedisServer::new();
+    let port = server.port();
+    server.kill();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
+    for retries in [0, 2] {
+        let started = Instant::now();
+        let err = RedisBackend::builder(&url)
+            .connection_retries(retries)
+            .connect()
+            .await
+            .unwrap_err();
+        eprintln!("{retries} retries: failed after {:?}", started.elapsed());
+        assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
+
 #[tokio::test]
 async fn a_frozen_server_never_holds_a_caller_past_wait_timeout() {
     let server = RedisServer::new();

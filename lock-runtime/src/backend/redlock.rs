@@ -97,7 +97,7 @@ struct Node {
 impl Node {
     async fn backend(&self) -> Result<&RedisBackend, BackendError> {
         self.backend
-            .get_or_try_init(|| RedisBackend::builder(&self.url).connect())
+            .get_or_try_init(|| RedisBackend::builder(&self.url).connect_backend())
             .await
     }
 }

@@ -77,8 +77,9 @@ impl LockRegistry {
     /// [`LockError::Backend`] naming the URL (password redacted) when the URL
     /// is invalid or the server cannot be reached or refuses the credentials.
     pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
-        let backend = RedisBackend::builder(url).connect().await;
-        LockRegistry::connected(&redact(url), backend)
+        Ok(LockRegistry::over(
+            RedisBackend::builder(url).connect().await?,
+        ))
     }
 }
 
@@ -227,6 +228,7 @@ pub struct RedisBackendBuilder {
     fencing: Fencing,
     response_timeout: Duration,
     connection_timeout: Duration,
+    connection_retries: usize,
     replica_acks: Option<ReplicaAcks>,
 }
 
@@ -257,6 +259,16 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How many times a failed connection is tried again, from 50 ms apart
+    /// and backing off (default 2): a server that refuses connections makes
+    /// `connect`, and a command while the connection is down, fail after a
+    /// few hundred milliseconds with the default (0.27 s measured on a
+    /// 2-core machine, 0.54 s on another), within a millisecond with 0.
+    pub fn connection_retries(mut self, retries: usize) -> Self {
+        self.connection_retries = retries;
+        self
+    }
+
     /// Makes every grant wait until `replicas` replicas have it (`WAIT`),
     /// at most `timeout`; a grant that fewer replicas confirm in time is
     /// undone and the acquire fails with [`LockError::Backend`]. A failover
@@ -276,9 +288,23 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     ///
-    /// The `redis` crate's error when the URL is invalid or the server cannot
-    /// be reached or refuses the credentials. Never contains the password.
-    pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+    /// [`LockError::Backend`] naming the URL (password redacted), as
+    /// [`LockRegistry::redis`] gives, when the URL is invalid or the server
+    /// cannot be reached or refuses the credentials. Never contains the
+    /// password.
+    pub async fn connect(self) -> Result<RedisBackend, LockError> {
+        let shown = redact(&self.url);
+        self.connect_backend()
+            .await
+            .map_err(|source| LockError::Backend {
+                key: shown,
+                action: "connect to",
+                source,
+            })
+    }
+
+    /// [`connect`](Self::connect), with the store's own error.
+    pub(crate) async fn connect_backend(self) -> Result<RedisBackend, BackendError> {
         if let Some(acks) = self.replica_acks
             && acks.timeout >= self.response_timeout
         {
@@ -293,7 +319,7 @@ impl RedisBackendBuilder {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(2)
+            .set_number_of_retries(self.connection_retries)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
         let conn = RedisConnection::connect(&self.url, config, self.connection_timeout).await?;
@@ -327,12 +353,7 @@ impl RedisBackendBuilder {
 /// let backend = RedisBackend::builder("redis://:secret@10.0.0.5:6379/0")
 ///     .fencing(Fencing::Off)
 ///     .connect()
-///     .await
-///     .map_err(|source| LockError::Backend {
-///         key: "redis://:***@10.0.0.5:6379/0".into(),
-///         action: "connect to",
-///         source,
-///     })?;
+///     .await?;
 /// let shop = LockRegistry::builder(backend).namespace("shop").build()?;
 /// let guard = shop.lock("stock:7", LockOptions::default()).await?;
 /// guard.release().await?;
@@ -366,6 +387,7 @@ impl RedisBackend {
             fencing: Fencing::default(),
             response_timeout: Duration::from_secs(2),
             connection_timeout: Duration::from_secs(1),
+            connection_retries: 2,
             replica_acks: None,
         }
     }
