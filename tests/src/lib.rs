@@ -147,3 +147,32 @@ pub async fn wait_for_waiter(server: &RedisServer, key: &str) {
     })
     .await;
 }
+
+/// Expands each named `async fn NAME(locks: LockRegistry)` into two tests,
+/// `memory::NAME` (an in-memory registry) and `redis::NAME` (a registry on
+/// a Redis server of its own).
+#[macro_export]
+macro_rules! on_memory_and_redis {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(::lock_runtime::LockRegistry::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let server = $crate::RedisServer::new();
+                    let locks = ::lock_runtime::LockRegistry::redis(&server.url())
+                        .await
+                        .expect("connect to the test server");
+                    super::$name(locks).await;
+                }
+            )*
+        }
+    };
+}

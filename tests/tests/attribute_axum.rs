@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Json, Router};
 use lock_runtime::{LockError, LockRegistry, distributed_lock};
 
 #[derive(Clone)]
@@ -63,8 +63,46 @@ async fn buy(State(app): State<App>, Path(item): Path<u64>) -> Result<String, Ap
     Ok(format!("bought item {item}, {} left", left - 1))
 }
 
+/// Run-time settings, as a service would read them at start-up.
+struct Config {
+    wait: Duration,
+}
+
+static CFG: Config = Config {
+    wait: Duration::from_secs(5),
+};
+
+#[derive(serde::Serialize)]
+struct Receipt {
+    item: String,
+    left: u64,
+}
+
+/// The issue's handler: the global registry, a `String` path, a run-time
+/// `wait_timeout` and a JSON answer.
+#[distributed_lock(key = "stock:{item}", errors = "into", wait_timeout = CFG.wait)]
+async fn receipt(
+    State(app): State<App>,
+    Path(item): Path<String>,
+) -> Result<Json<Receipt>, AppError> {
+    let left = app.stock.load(Ordering::SeqCst);
+    if left == 0 {
+        return Err(AppError::SoldOut);
+    }
+    app.stock.store(left - 1, Ordering::SeqCst);
+    Ok(Json(Receipt {
+        item,
+        left: left - 1,
+    }))
+}
+
 /// One HTTP/1.1 request on a fresh connection; the status code.
 fn post_status(port: u16, path: &str) -> u16 {
+    request(port, path).0
+}
+
+/// One HTTP/1.1 request on a fresh connection; the status code and body.
+fn request(port: u16, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -76,11 +114,15 @@ fn post_status(port: u16, path: &str) -> u16 {
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    response
+    let code = response
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"))
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    (code, body)
 }
 
 #[test]
@@ -109,4 +151,28 @@ fn an_annotated_handler_serves_concurrent_buyers_without_overselling() {
     assert_eq!((ok, sold_out), (20, 20), "{codes:?}");
     assert_eq!(app.sold.load(Ordering::SeqCst), 20);
     assert_eq!(app.stock.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn the_issues_handler_serves_json_on_the_global_registry() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    lock_runtime::init(LockRegistry::memory()).unwrap();
+    let app = App {
+        locks: LockRegistry::memory(),
+        stock: Arc::new(AtomicU64::new(2)),
+        sold: Arc::new(AtomicU64::new(0)),
+    };
+    let router = Router::new()
+        .route("/receipt/{item}", post(receipt))
+        .with_state(app);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    runtime.spawn(async move { axum::serve(listener, router).await });
+    let (code, body) = request(port, "/receipt/sku-9");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, r#"{"item":"sku-9","left":1}"#);
+    assert_eq!(request(port, "/receipt/sku-9").0, 200);
+    assert_eq!(request(port, "/receipt/sku-9").0, 409);
 }

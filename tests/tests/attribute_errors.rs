@@ -53,9 +53,7 @@ impl Jobs for Worker {
     }
 }
 
-#[tokio::test]
-async fn wait_mode_returns_the_bodys_result_and_converts_lock_errors() {
-    let locks = LockRegistry::memory();
+async fn wait_mode_returns_the_bodys_result_and_converts_lock_errors(locks: LockRegistry) {
     let left: Result<u32, AppErr> = buy(&locks, 1, 3).await;
     assert_eq!(left, Ok(2));
     assert_eq!(buy(&locks, 1, 0).await, Err(AppErr::OutOfStock));
@@ -69,9 +67,7 @@ async fn wait_mode_returns_the_bodys_result_and_converts_lock_errors() {
     held.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn skip_mode_returns_an_option_inside_the_bodys_result() {
-    let locks = LockRegistry::memory();
+async fn skip_mode_returns_an_option_inside_the_bodys_result(locks: LockRegistry) {
     let ran: Result<Option<&str>, AppErr> = job(&locks, false).await;
     assert_eq!(ran, Ok(Some("ran")));
     assert_eq!(job(&locks, true).await, Err(AppErr::OutOfStock));
@@ -80,11 +76,8 @@ async fn skip_mode_returns_an_option_inside_the_bodys_result() {
     held.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn async_trait_methods_keep_their_error_type_too() {
-    let worker = Worker {
-        locks: LockRegistry::memory(),
-    };
+async fn async_trait_methods_keep_their_error_type_too(locks: LockRegistry) {
+    let worker = Worker { locks };
     assert_eq!(worker.run().await, Ok(1));
     let held = worker
         .locks
@@ -94,3 +87,9 @@ async fn async_trait_methods_keep_their_error_type_too() {
     assert!(matches!(worker.run().await, Err(AppErr::Lock(_))));
     held.release().await.unwrap();
 }
+
+lock_tests::on_memory_and_redis!(
+    wait_mode_returns_the_bodys_result_and_converts_lock_errors,
+    skip_mode_returns_an_option_inside_the_bodys_result,
+    async_trait_methods_keep_their_error_type_too
+);

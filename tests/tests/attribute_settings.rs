@@ -52,9 +52,8 @@ async fn held_job(locks: Arc<LockRegistry>, hold: Duration) {}
 
 /// The named registry is used (the global one was never set up), and the
 /// lock still excludes: eight concurrent buyers of one item, one at a time.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_named_registry_locks_without_the_global_one() {
-    let shop = Arc::new(Shop::new(LockRegistry::memory()));
+async fn a_named_registry_locks_without_the_global_one(locks: LockRegistry) {
+    let shop = Arc::new(Shop::new(locks));
     let buyers: Vec<_> = (0..8)
         .map(|_| {
             let shop = shop.clone();
@@ -89,9 +88,7 @@ async fn two_registries_in_one_process_are_apart() {
 /// Durations from run-time values are checked when the call runs: a zero
 /// ttl, or a hold longer than the ttl, is `InvalidOptions` naming the key,
 /// and nothing is left held.
-#[tokio::test]
-async fn senseless_run_time_durations_are_invalid_options() {
-    let locks = LockRegistry::memory();
+async fn senseless_run_time_durations_are_invalid_options(locks: LockRegistry) {
     assert_eq!(job(&locks, Duration::from_secs(1)).await.unwrap(), "ran");
     let err = job(&locks, Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
@@ -105,3 +102,8 @@ async fn senseless_run_time_durations_are_invalid_options() {
     let free = locks.try_lock("job", LockOptions::default()).await.unwrap();
     assert!(free.is_some());
 }
+
+lock_tests::on_memory_and_redis!(
+    a_named_registry_locks_without_the_global_one,
+    senseless_run_time_durations_are_invalid_options
+);
