@@ -127,9 +127,25 @@ fn request(port: u16, path: &str) -> (u16, String) {
 
 #[test]
 fn an_annotated_handler_serves_concurrent_buyers_without_overselling() {
+    serve_concurrent_buyers(|_| LockRegistry::memory());
+}
+
+#[test]
+fn an_annotated_handler_on_redis_serves_concurrent_buyers_without_overselling() {
+    let server = lock_tests::RedisServer::new();
+    serve_concurrent_buyers(|runtime| {
+        runtime
+            .block_on(LockRegistry::redis(&server.url()))
+            .expect("connect to the test server")
+    });
+}
+
+/// 40 clients for 20 items, all at once, through an annotated handler
+/// locking in the registry `locks` makes.
+fn serve_concurrent_buyers(locks: impl FnOnce(&tokio::runtime::Runtime) -> LockRegistry) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let app = App {
-        locks: LockRegistry::memory(),
+        locks: locks(&runtime),
         stock: Arc::new(AtomicU64::new(20)),
         sold: Arc::new(AtomicU64::new(0)),
     };
