@@ -1097,6 +1097,20 @@ async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
     Ok(samples[samples.len() / 2])
 }
 
+/// One row as printed while the benchmark runs.
+fn row_line(m: &Measured) -> String {
+    format!(
+        "{:<48} {:<14} {:>10.0}/s  p50 {:>9}  p99 {:>9}  max {:>9} {}",
+        m.scenario,
+        m.lib,
+        m.throughput(),
+        fmt_d(m.pct(50.0)),
+        fmt_d(m.pct(99.0)),
+        fmt_d(m.waits.last().copied().unwrap_or_default()),
+        m.note.clone().unwrap_or_default()
+    )
+}
+
 /// Runs one store's rows on a server of its own and prints them.
 async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
     let (rows, round_trip) = match name {
@@ -1118,23 +1132,13 @@ async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
     };
     println!("round trip p50 {}", fmt_d(round_trip));
     for m in &rows {
-        let hand_off = m.scenario.contains("hand-off");
-        println!(
-            "{:<56} {:<14} {:>8.0}/s  p50 {:>9}  p99 {:>9}{}",
-            m.scenario,
-            m.lib,
-            m.throughput(),
-            fmt_d(m.pct(50.0)),
-            fmt_d(m.pct(99.0)),
-            if hand_off {
-                format!(
-                    "  {:.1} RTT",
-                    m.pct(50.0).as_secs_f64() / round_trip.as_secs_f64()
-                )
-            } else {
-                String::new()
-            }
-        );
+        let rtt = m.scenario.contains("hand-off").then(|| {
+            format!(
+                " {:.1} RTT",
+                m.pct(50.0).as_secs_f64() / round_trip.as_secs_f64()
+            )
+        });
+        println!("{}{}", row_line(m), rtt.unwrap_or_default());
     }
     Ok(())
 }
@@ -1240,16 +1244,7 @@ async fn main() -> Result<(), Error> {
 
     let mut results: Vec<Measured> = Vec::new();
     let mut push = |m: Measured| {
-        println!(
-            "{:<48} {:<14} {:>10.0}/s  p50 {:>9}  p99 {:>9}  max {:>9} {}",
-            m.scenario,
-            m.lib,
-            m.throughput(),
-            fmt_d(m.pct(50.0)),
-            fmt_d(m.pct(99.0)),
-            fmt_d(m.waits.last().copied().unwrap_or_default()),
-            m.note.clone().unwrap_or_default()
-        );
+        println!("{}", row_line(&m));
         results.push(m);
     };
 

@@ -71,10 +71,7 @@ fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
     let into = (value_of("errors").as_deref() == Some("into"))
         .then(|| result_parts(&declared).ok())
         .flatten();
-    sig.output = match &into {
-        None => wrap_return(&sig.output, mode, &krate),
-        Some(parts) => into_return(&sig.output, mode, parts),
-    };
+    sig.output = locked_return(&sig.output, mode, into.as_ref(), &krate);
     let ret = Ident::new("__lock_ret", Span::mixed_site());
     let run = quote! {
         async move {
@@ -186,10 +183,7 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             } else {
                 None
             };
-            sig.output = match &into {
-                None => wrap_return(&sig.output, mode, krate),
-                Some(parts) => into_return(&sig.output, mode, parts),
-            };
+            sig.output = locked_return(&sig.output, mode, into.as_ref(), krate);
             let ret = Ident::new("__lock_ret", Span::mixed_site());
             // Pins the async block's output to `R` before the body is checked,
             // so a `return` of the wrong type is reported at the user's value
@@ -316,17 +310,6 @@ fn into_type(declared: &Type, mode: Mode, parts: &ResultParts) -> Type {
     }
 }
 
-fn into_return(output: &ReturnType, mode: Mode, parts: &ResultParts) -> ReturnType {
-    let arrow = match output {
-        ReturnType::Default => <Token![->]>::default(),
-        ReturnType::Type(arrow, _) => *arrow,
-    };
-    ReturnType::Type(
-        arrow,
-        Box::new(into_type(&output_type(output), mode, parts)),
-    )
-}
-
 /// Awaits the runtime's call; with `errors = "into"`, flattens its result
 /// into the body's, the `LockError` converted by `E: From<LockError>` (a
 /// missing `From` is reported at `E`).
@@ -420,14 +403,28 @@ fn wrap_type(ty: &Type, mode: Mode, krate: &TokenStream) -> Type {
     }
 }
 
-fn wrap_return(output: &ReturnType, mode: Mode, krate: &TokenStream) -> ReturnType {
+/// The locked function's output type: `T` wrapped by [`wrap_type`], or with
+/// `errors = "into"` (`into`) the body's `Result` by [`into_type`].
+fn locked_type(ty: &Type, mode: Mode, into: Option<&ResultParts>, krate: &TokenStream) -> Type {
+    match into {
+        None => wrap_type(ty, mode, krate),
+        Some(parts) => into_type(ty, mode, parts),
+    }
+}
+
+fn locked_return(
+    output: &ReturnType,
+    mode: Mode,
+    into: Option<&ResultParts>,
+    krate: &TokenStream,
+) -> ReturnType {
     let arrow = match output {
         ReturnType::Default => <Token![->]>::default(),
         ReturnType::Type(arrow, _) => *arrow,
     };
     ReturnType::Type(
         arrow,
-        Box::new(wrap_type(&output_type(output), mode, krate)),
+        Box::new(locked_type(&output_type(output), mode, into, krate)),
     )
 }
 
@@ -463,17 +460,19 @@ struct RewriteOutput<'a> {
 impl VisitMut for RewriteOutput<'_> {
     fn visit_assoc_type_mut(&mut self, assoc: &mut syn::AssocType) {
         if assoc.ident == "Output" {
-            if !self.into {
-                assoc.ty = wrap_type(&assoc.ty, self.mode, self.krate);
-                return;
-            }
-            match result_parts(&assoc.ty) {
-                Ok(parts) => {
-                    assoc.ty = into_type(&assoc.ty, self.mode, &parts);
-                    self.parts = Some(parts);
+            let parts = if self.into {
+                match result_parts(&assoc.ty) {
+                    Ok(parts) => Some(parts),
+                    Err(err) => {
+                        self.error = Some(err);
+                        return;
+                    }
                 }
-                Err(err) => self.error = Some(err),
-            }
+            } else {
+                None
+            };
+            assoc.ty = locked_type(&assoc.ty, self.mode, parts.as_ref(), self.krate);
+            self.parts = parts;
         } else {
             syn::visit_mut::visit_assoc_type_mut(self, assoc);
         }

@@ -95,11 +95,14 @@ pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
 
 /// Runs `body` with `frame` as the innermost held lock.
 pub(crate) async fn with_frame<F: Future>(frame: Frame, body: F) -> F::Output {
-    with_frames(vec![frame], body).await
+    with_frames(std::iter::once(frame), body).await
 }
 
 /// Runs `body` with `frames` as the innermost held locks.
-pub(crate) async fn with_frames<F: Future>(frames: Vec<Frame>, body: F) -> F::Output {
+pub(crate) async fn with_frames<F: Future>(
+    frames: impl IntoIterator<Item = Frame>,
+    body: F,
+) -> F::Output {
     let mut held = HELD.try_with(Clone::clone).unwrap_or_default();
     held.extend(frames);
     HELD.scope(held, body).await

@@ -110,12 +110,46 @@ async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
 }
 
 /// The re-entrancy frame of a held lock.
-fn frame_of(guard: &LockGuard, registry: usize, full_key: std::sync::Arc<str>) -> Frame {
+fn frame_of(guard: &LockGuard) -> Frame {
+    let (registry, full_key) = guard.owner();
     Frame {
         registry,
         key: guard.key().into(),
-        full_key,
+        full_key: full_key.clone(),
         fencing: guard.fencing_token(),
+    }
+}
+
+/// Runs `body` with `frames` held, until it ends (`Some`) or `lost`
+/// completes first (`None`: the body is cancelled).
+async fn until_lost<F: Future>(
+    frames: impl IntoIterator<Item = Frame>,
+    lost: impl Future<Output = ()>,
+    body: F,
+) -> Option<F::Output> {
+    context::with_frames(frames, async {
+        tokio::select! {
+            biased;
+            () = lost => None,
+            output = body => Some(output),
+        }
+    })
+    .await
+}
+
+/// The call's result once the body finished and `released` says how its
+/// release went. A release that found a lease lost means mutual exclusion
+/// may not have held: `Lost`. If only the store is unreachable, the body's
+/// result stands: the lease was held throughout (the watchdog would have
+/// said otherwise) and ends at its TTL.
+fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T, LockError> {
+    match released {
+        Ok(()) => Ok(output),
+        Err(LockError::Backend { key, source, .. }) => {
+            tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
+            Ok(output)
+        }
+        Err(error) => Err(error),
     }
 }
 
@@ -178,31 +212,10 @@ async fn run_all<F: Future>(
             None => return Ok(None),
         }
     };
-    let frames = guards
-        .iter()
-        .map(|guard| {
-            let (registry, full_key) = guard.owner();
-            frame_of(guard, registry, full_key.clone())
-        })
-        .collect();
+    let frames: Vec<Frame> = guards.iter().map(frame_of).collect();
     let guards = LockGuards::new(guards);
-    let outcome = context::with_frames(frames, async {
-        tokio::select! {
-            biased;
-            () = guards.lost() => None,
-            output = body => Some(output),
-        }
-    })
-    .await;
-    match outcome {
-        Some(output) => match guards.release().await {
-            Ok(()) => Ok(Some(output)),
-            Err(LockError::Backend { key, source, .. }) => {
-                tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
-                Ok(Some(output))
-            }
-            Err(error) => Err(error),
-        },
+    match until_lost(frames, guards.lost(), body).await {
+        Some(output) => settle(Some(output), guards.release().await),
         None => {
             let lost = guards
                 .guards()
@@ -216,34 +229,13 @@ async fn run_all<F: Future>(
     }
 }
 
-/// Runs `body` while the lease is held; cancels it when the lease is lost.
-///
-/// A body that finished is followed by the release. If the release finds the
-/// lease was lost meanwhile, mutual exclusion may not have held, so the call
-/// fails with `Lost`. If only the store is unreachable, the body's result
-/// stands: the lease was held throughout (the watchdog would have said
-/// otherwise) and ends at its TTL.
+/// Runs `body` while the lease is held; cancels it when the lease is lost;
+/// then releases (see [`settle`]).
 async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
-    let (registry, full_key) = guard.owner();
-    let frame = frame_of(&guard, registry, full_key.clone());
-    let outcome = context::with_frame(frame, async {
-        tokio::select! {
-            biased;
-            () = guard.lost() => None,
-            output = body => Some(output),
-        }
-    })
-    .await;
+    let outcome = until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body).await;
     let key = guard.key().to_owned();
     match outcome {
-        Some(output) => match guard.release().await {
-            Ok(()) => Ok(output),
-            Err(LockError::Backend { source, .. }) => {
-                tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
-                Ok(output)
-            }
-            Err(error) => Err(error),
-        },
+        Some(output) => settle(output, guard.release().await),
         None => {
             // Owner-checked: a lease already taken over is left alone.
             let _ = guard.release().await;

@@ -288,12 +288,9 @@ impl PostgresServer {
 
     /// Kills the postmaster (SIGKILL); its sessions end with it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-            // Backends notice their postmaster is gone and exit; a new
-            // postmaster waits for the old shared memory to be released.
-        }
+        // Backends notice their postmaster is gone and exit; a new
+        // postmaster waits for the old shared memory to be released.
+        crate::server_process::kill(&mut self.child);
     }
 
     /// Kills the server and starts it again on the same port and data

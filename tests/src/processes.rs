@@ -50,6 +50,30 @@ impl Processes {
         )
     }
 
+    /// Runs `processes` workers of `scenario` on `key` at once and waits
+    /// for them all (60 s at most); their stdout lines. A worker that fails
+    /// fails the test, `why` saying what that may mean.
+    fn run_all(
+        &self,
+        processes: usize,
+        scenario: &str,
+        key: &str,
+        extra: &[&str],
+        why: &str,
+    ) -> Vec<Vec<String>> {
+        let workers: Vec<_> = (0..processes)
+            .map(|_| self.worker(scenario, key, extra))
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| {
+                let (status, lines) = worker.finish(Duration::from_secs(60));
+                assert!(status.success(), "worker failed{why}: {lines:?}");
+                lines
+            })
+            .collect()
+    }
+
     fn data(&self) -> redis::Connection {
         redis::Client::open(self.data_url.as_str())
             .and_then(|client| client.get_connection())
@@ -62,13 +86,7 @@ impl Processes {
         let item = unique_key("item");
         let mut conn = self.data();
         let () = conn.set(format!("oversell:{item}:level"), stock).unwrap();
-        let workers: Vec<_> = (0..processes)
-            .map(|_| self.worker(scenario, &item, &["4"]))
-            .collect();
-        for worker in workers {
-            let (status, lines) = worker.finish(Duration::from_secs(60));
-            assert!(status.success(), "worker failed: {lines:?}");
-        }
+        self.run_all(processes, scenario, &item, &["4"], "");
         let level: i64 = conn.get(format!("oversell:{item}:level")).unwrap();
         assert_eq!(level, 0, "stock left");
         conn.lrange(format!("oversell:{item}:sold"), 0, -1).unwrap()
@@ -86,12 +104,7 @@ impl Processes {
                 .set(format!("bank:{bank}:balance:{account}"), 10_000)
                 .unwrap();
         }
-        let workers: Vec<_> = (0..4)
-            .map(|_| self.worker("transfer", &bank, &["30"]))
-            .collect();
-        for worker in workers {
-            let (status, lines) = worker.finish(Duration::from_secs(60));
-            assert!(status.success(), "worker failed (a deadlock?): {lines:?}");
+        for lines in self.run_all(4, "transfer", &bank, &["30"], " (a deadlock?)") {
             assert!(lines.iter().any(|l| l == "done transfers=60"), "{lines:?}");
         }
         let overlaps: Vec<String> = conn.lrange(format!("bank:{bank}:overlaps"), 0, -1).unwrap();
@@ -165,13 +178,7 @@ impl Processes {
     /// Fencing tokens strictly increase over 4 processes x 25 rounds.
     pub fn fencing_tokens_strictly_increase_across_processes(&self) {
         let key = unique_key("fence");
-        let workers: Vec<_> = (0..4)
-            .map(|_| self.worker("fence", &key, &["25"]))
-            .collect();
-        for worker in workers {
-            let (status, lines) = worker.finish(Duration::from_secs(60));
-            assert!(status.success(), "{lines:?}");
-        }
+        self.run_all(4, "fence", &key, &["25"], "");
         // Appended under the lock, so list order is holding order.
         let tokens: Vec<u64> = self.data().lrange(format!("fence:{key}"), 0, -1).unwrap();
         assert_eq!(tokens.len(), 100);

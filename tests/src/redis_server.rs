@@ -250,10 +250,7 @@ impl RedisServer {
 
     /// Kills the server (SIGKILL): connections drop, data is gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::server_process::kill(&mut self.child);
     }
 
     /// Starts the server again on the same port, empty.
@@ -279,13 +276,7 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let child = self.child.as_ref().expect("server is running");
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        crate::server_process::signal(self.child.as_ref(), signal);
     }
 
     /// The server's log so far.

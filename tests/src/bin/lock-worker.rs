@@ -140,6 +140,13 @@ async fn chaos_section(
     Ok(())
 }
 
+/// A connection of its own to the data server.
+async fn connection(data: &redis::Client) -> MultiplexedConnection {
+    data.get_multiplexed_async_connection()
+        .await
+        .expect("data connection")
+}
+
 fn arg(args: &[String], i: usize, what: &str) -> String {
     args.get(i)
         .cloned()
@@ -197,10 +204,7 @@ async fn main() -> Result<(), LockError> {
             let locked = scenario == "oversell";
             let mut handles = Vec::new();
             for _ in 0..tasks {
-                let mut conn = data
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("data connection");
+                let mut conn = connection(&data).await;
                 let item = key.clone();
                 handles.push(tokio::spawn(async move {
                     let mut sold = 0;
@@ -229,10 +233,7 @@ async fn main() -> Result<(), LockError> {
             let count: i64 = arg(&args, 4, "transfers").parse().expect("transfers");
             let mut handles = Vec::new();
             for task in 0..2 {
-                let mut conn = data
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("data connection");
+                let mut conn = connection(&data).await;
                 let bank = key.clone();
                 handles.push(tokio::spawn(async move {
                     for i in 0..count {
@@ -280,10 +281,7 @@ async fn main() -> Result<(), LockError> {
         }
         "fence" => {
             let rounds: usize = arg(&args, 4, "rounds").parse().expect("rounds");
-            let mut conn = data
-                .get_multiplexed_async_connection()
-                .await
-                .expect("data connection");
+            let mut conn = connection(&data).await;
             for _ in 0..rounds {
                 record_fencing(&mut conn, &key)
                     .await?
@@ -296,10 +294,7 @@ async fn main() -> Result<(), LockError> {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
             let mut handles = Vec::new();
             for _ in 0..2 {
-                let mut conn = data
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("data connection");
+                let mut conn = connection(&data).await;
                 let key = key.clone();
                 handles.push(tokio::spawn(async move {
                     let (mut entries, mut errors) = (0u64, 0u64);

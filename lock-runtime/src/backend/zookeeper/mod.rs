@@ -435,7 +435,8 @@ impl Shared {
         match known {
             Some(Some(child)) if child.place != Place::Unknown => {
                 // Told by the waiter's watch: no round trip.
-                Ok(Some((child.clone(), child.place == Place::Head)))
+                let head = child.place == Place::Head;
+                Ok(Some((child, head)))
             }
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
@@ -609,22 +610,43 @@ impl Shared {
     }
 
     /// [`Shared::discard`] in the background, retrying until the ensemble
-    /// answers (or the store is dropped; a session outlives no outage
-    /// forever, so the retries stop after some minutes).
+    /// answers.
     fn discard_later(self: &Arc<Self>, path: String) {
+        self.retry(Duration::from_millis(50), move |store| {
+            let path = path.clone();
+            async move {
+                let deleted = store.delete(&path).await;
+                if let Err(err) = &deleted {
+                    tracing::debug!(%path, %err, "lock node not deleted yet; retrying");
+                }
+                deleted.is_ok()
+            }
+        });
+    }
+
+    /// Runs `attempt` in the background, first after `pause`, then again
+    /// after a pause that doubles up to 2 s, until it says it is done or the
+    /// store is dropped. Bounded: a session outlives no ensemble outage
+    /// forever, so the retries stop after some minutes. Also called from
+    /// drops, perhaps outside the runtime: then it does nothing.
+    fn retry<A, F>(self: &Arc<Self>, mut pause: Duration, mut attempt: A)
+    where
+        A: FnMut(Arc<Shared>) -> F + Send + 'static,
+        F: Future<Output = bool> + Send,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let shared = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut pause = Duration::from_millis(50);
+        runtime.spawn(async move {
             for _ in 0..300 {
+                tokio::time::sleep(pause).await;
                 let Some(store) = shared.upgrade() else {
                     return;
                 };
-                match store.delete(&path).await {
-                    Ok(_) => return,
-                    Err(err) => tracing::debug!(%path, %err, "lock node not deleted yet; retrying"),
+                if attempt(store).await {
+                    return;
                 }
-                drop(store);
-                tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
         });
@@ -666,34 +688,23 @@ impl Shared {
     /// after the create (one session answers in order) settles it; if the
     /// session ends first, the child went with it.
     fn sweep(self: &Arc<Self>, parent: &str, token: LockToken) {
-        let (shared, parent) = (Arc::downgrade(self), parent.to_owned());
-        // Also called from drops, perhaps outside the runtime.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let prefix = format!("{token}-");
-            let mut pause = Duration::from_millis(100);
-            // Bounded: a session outlives no ensemble outage forever.
-            for _ in 0..300 {
-                tokio::time::sleep(pause).await;
-                let Some(store) = shared.upgrade() else {
-                    return;
-                };
+        let parent = parent.to_owned();
+        self.retry(Duration::from_millis(100), move |store| {
+            let parent = parent.clone();
+            async move {
                 if store.created().contains_key(&token) {
-                    return; // asked for again: its attempt will find it
+                    return true; // asked for again: its attempt will find it
                 }
-                match store.queue(&parent).await {
-                    Ok(queue) => {
-                        if let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) {
-                            let path = format!("{parent}/{name}");
-                            tracing::debug!(%path, "deleting a lock node whose attempt was given up");
-                            let _ = store.discard(&path).await;
-                        }
-                        return;
-                    }
-                    Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+                let Ok(queue) = store.queue(&parent).await else {
+                    return false;
+                };
+                let prefix = format!("{token}-");
+                if let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) {
+                    let path = format!("{parent}/{name}");
+                    tracing::debug!(%path, "deleting a lock node whose attempt was given up");
+                    let _ = store.discard(&path).await;
                 }
+                true
             }
         });
     }
