@@ -114,17 +114,39 @@ async fn record_fencing(conn: &mut MultiplexedConnection, key: &str) -> redis::R
     Ok(token)
 }
 
+/// Numbers this process's entries into the chaos section.
+static ENTRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A critical section that records entry and exit in the data store; an
 /// entry that finds someone inside is an overlap.
+///
+/// Each entry adds an id of its own to a set and counts the set in one
+/// script, and its exit removes the id. `entry` holds the id from before
+/// the entry is sent until the exit is done: a body cancelled anywhere in
+/// between (a lost lease) leaves it there for the caller to remove, which
+/// is harmless if the entry never landed. (A counter, incremented and
+/// decremented, leaked a mark when the body was cancelled with its
+/// increment in flight, and every later entry then looked like an overlap.)
 #[distributed_lock(key = "{key}", ttl = "1s", wait_timeout = "3s")]
 async fn chaos_section(
     conn: &mut MultiplexedConnection,
     key: &str,
-    inside: &std::sync::atomic::AtomicBool,
+    entry: &std::sync::Mutex<Option<String>>,
 ) -> redis::RedisResult<()> {
     let token = fencing_token().unwrap_or(0);
-    let active: i64 = conn.incr(format!("chaos:{key}:active"), 1).await?;
-    inside.store(true, std::sync::atomic::Ordering::SeqCst);
+    let id = format!(
+        "{}-{}",
+        std::process::id(),
+        ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    *entry.lock().expect("entry") = Some(id.clone());
+    let active: i64 = redis::Script::new(
+        "redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])",
+    )
+    .key(format!("chaos:{key}:inside"))
+    .arg(&id)
+    .invoke_async(conn)
+    .await?;
     if active != 1 {
         let _: i64 = conn
             .rpush(
@@ -135,8 +157,8 @@ async fn chaos_section(
     }
     let _: i64 = conn.rpush(format!("chaos:{key}:tokens"), token).await?;
     tokio::time::sleep(Duration::from_millis(3)).await;
-    let _: i64 = conn.decr(format!("chaos:{key}:active"), 1).await?;
-    inside.store(false, std::sync::atomic::Ordering::SeqCst);
+    let _: i64 = conn.srem(format!("chaos:{key}:inside"), &id).await?;
+    *entry.lock().expect("entry") = None;
     Ok(())
 }
 
@@ -298,9 +320,9 @@ async fn main() -> Result<(), LockError> {
                 let key = key.clone();
                 handles.push(tokio::spawn(async move {
                     let (mut entries, mut errors) = (0u64, 0u64);
-                    let inside = std::sync::atomic::AtomicBool::new(false);
+                    let entry = std::sync::Mutex::new(None);
                     while tokio::time::Instant::now() < deadline {
-                        match chaos_section(&mut conn, &key, &inside).await {
+                        match chaos_section(&mut conn, &key, &entry).await {
                             Ok(result) => {
                                 result.expect("data store");
                                 entries += 1;
@@ -311,16 +333,20 @@ async fn main() -> Result<(), LockError> {
                                     .map(|source| format!(": {source}"))
                                     .unwrap_or_default();
                                 eprintln!("chaos worker {}: {err}{cause}", std::process::id());
-                                // A body cancelled by a lost lease: undo its entry mark.
-                                if inside.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                                    let _: i64 = conn
-                                        .decr(format!("chaos:{key}:active"), 1)
+                                // A body cancelled by a lost lease: undo its
+                                // entry, and count it if it had landed.
+                                let started = entry.lock().expect("entry").take();
+                                if let Some(id) = started {
+                                    let removed: i64 = conn
+                                        .srem(format!("chaos:{key}:inside"), &id)
                                         .await
                                         .expect("data store");
-                                    let _: i64 = conn
-                                        .rpush(format!("chaos:{key}:lost"), 1)
-                                        .await
-                                        .expect("data store");
+                                    if removed == 1 {
+                                        let _: i64 = conn
+                                            .rpush(format!("chaos:{key}:lost"), 1)
+                                            .await
+                                            .expect("data store");
+                                    }
                                 }
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                             }
