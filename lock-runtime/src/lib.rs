@@ -88,15 +88,15 @@ pub use backend::redlock::RedlockBackend;
 #[cfg(feature = "zookeeper")]
 pub use backend::zookeeper::ZooKeeperBackend;
 pub use backend::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 pub use context::{fencing_token, fencing_token_for};
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use multi::LockGuards;
 pub use options::{LockOptions, MAX_DURATION};
-pub use registry::{LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
+pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

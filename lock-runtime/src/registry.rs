@@ -11,7 +11,7 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 
 use crate::acquire::{self, Parts};
-use crate::backend::Backend;
+use crate::backend::{Backend, LockToken};
 use crate::error::{BackendError, LockError};
 use crate::guard::{Context, LockGuard};
 use crate::local_queue::LocalQueues;
@@ -257,6 +257,49 @@ impl LockRegistry {
             .map_err(|source| LockError::backend(key, "force-release", source))
     }
 
+    /// Who holds the lock on `key`, as the store sees it now: `None` when
+    /// it is free. For operators and health checks ("who holds `stock:7`,
+    /// and for how long?"); the answer may be stale as soon as it arrives,
+    /// so never use it to decide whether to take the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when
+    /// the store fails or cannot inspect its locks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_runtime::{LockOptions, LockRegistry};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = LockRegistry::memory();
+    /// assert!(registry.inspect("stock:7").await?.is_none());
+    /// let guard = registry.lock("stock:7", LockOptions::default()).await?;
+    /// let info = registry.inspect("stock:7").await?.expect("held");
+    /// assert!(info.held_by_this_process);
+    /// assert_eq!(info.fencing_token, guard.fencing_token());
+    /// println!("held for {:?} more", info.remaining);
+    /// # guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let full_key = self.full_key(key)?;
+        let lease = self
+            .inner
+            .backend
+            .inspect(&full_key)
+            .await
+            .map_err(|source| LockError::backend(key, "inspect", source))?;
+        Ok(lease.map(|lease| LockInfo {
+            remaining: lease.remaining,
+            fencing_token: lease.fencing,
+            held_by_this_process: lease.token.is_some_and(LockToken::is_from_this_process),
+        }))
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -313,6 +356,20 @@ impl LockRegistry {
         self.full_key(key)
             .map_or(0, |full_key| self.inner.local.queued(&full_key))
     }
+}
+
+/// A held lock, as [`LockRegistry::inspect`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// How long the holder's lease has left, if it is not renewed; `None`
+    /// from a store that does not count it (ZooKeeper: the lease lasts as
+    /// long as the holder's session).
+    pub remaining: Option<Duration>,
+    /// The holder's fencing token (0 from a store without fencing).
+    pub fencing_token: u64,
+    /// Whether a task of this process holds it (through any registry).
+    pub held_by_this_process: bool,
 }
 
 impl fmt::Debug for LockRegistry {

@@ -288,6 +288,11 @@ pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Store) 
             "a pushed loss",
         );
     }
+    // Not even with the key free: a forced release is never undone.
+    assert!(
+        !lease.renew().await.unwrap(),
+        "the forced-out holder took its lease back"
+    );
     let (mut next, _) = granted(attempt(&store.b, &key, LockToken::random(), TTL).await);
     assert!(
         !lease.renew().await.unwrap(),
@@ -317,6 +322,44 @@ pub async fn an_abandoned_acquire_leaves_no_lease(store: &Store) {
         "abandoned twice"
     );
     assert!(lease.release(Duration::ZERO).await.unwrap());
+}
+
+/// Inspection reports the live holder from either client (its token, its
+/// fencing token, what its lease has left), follows a hand-over, and finds
+/// the key free after a release or a forced release.
+pub async fn inspect_reports_the_holder(store: &Store) {
+    let key = crate::unique_key("contract");
+    assert_eq!(store.b.inspect(&key).await.unwrap(), None, "never taken");
+    let token = LockToken::random();
+    let (mut lease, fencing) = granted(attempt(&store.a, &key, token, TTL).await);
+    for client in [&store.a, &store.b] {
+        let info = client.inspect(&key).await.unwrap().expect("held");
+        assert_eq!(info.token, Some(token), "{info:?}");
+        assert_eq!(info.fencing, fencing, "{info:?}");
+        match info.remaining {
+            Some(left) => assert!(left <= TTL && left >= TTL / 2, "{info:?}"),
+            None => assert!(
+                !store.caps().remaining_time,
+                "the store counts the remaining time but did not say it: {info:?}"
+            ),
+        }
+    }
+    if store.caps().hand_over {
+        let next = lease.hand_over().await.unwrap().expect("handed over");
+        let info = store.b.inspect(&key).await.unwrap().expect("held");
+        assert_eq!(info.fencing, next, "{info:?}");
+        let moved = info.token.expect("a token");
+        assert_ne!(moved, token, "the hand-over moved the lease to a new token");
+        assert!(moved.is_from_this_process());
+    } else {
+        store.skip("inspect_reports_the_holder", "inspection after a hand-over");
+    }
+    assert!(lease.release(Duration::ZERO).await.unwrap());
+    assert_eq!(store.b.inspect(&key).await.unwrap(), None, "released");
+    let (_stuck, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    assert!(store.b.inspect(&key).await.unwrap().is_some());
+    assert!(store.b.force_release(&key).await.unwrap());
+    assert_eq!(store.a.inspect(&key).await.unwrap(), None, "force-released");
 }
 
 /// The capabilities make sense together: a linger or margin no larger than
@@ -351,6 +394,7 @@ macro_rules! backend_contract {
                 a_hand_over_moves_the_lease_to_a_new_token,
                 a_forced_release_frees_the_key_and_tells_the_holder,
                 an_abandoned_acquire_leaves_no_lease,
+                inspect_reports_the_holder,
                 the_capabilities_are_consistent,
             );
         }

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::LockRegistry;
 use redis::Commands;
 
 use crate::{Worker, field, unique_key};
@@ -225,6 +226,56 @@ impl Processes {
             undone_at.elapsed() < Duration::from_millis(900),
             "{:?}",
             undone_at.elapsed()
+        );
+        let (status, lines) = holder.finish(STARTUP);
+        assert!(status.success(), "{lines:?}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("releasing")),
+            "body cancelled: {lines:?}"
+        );
+    }
+
+    /// A worker holds a key (a 1 s lease renewed every 333 ms, for a 30 s
+    /// body); this process, on the registry `connect` makes, sees it held
+    /// by another process with the worker's fencing token, force-releases
+    /// it, then finds it free; the worker's body is cancelled with `Lost`
+    /// at its next renewal and never finishes.
+    pub fn another_process_holding_a_key_is_seen_and_can_be_freed(
+        &self,
+        connect: impl AsyncFnOnce() -> LockRegistry,
+    ) {
+        let key = unique_key("inspect");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let registry = runtime.block_on(connect());
+        let mut holder = self.worker("hold-1s", &key, &["30000"]);
+        let fencing: u64 = field(&holder.expect("acquired", STARTUP), "fencing")
+            .parse()
+            .unwrap();
+        let info = runtime
+            .block_on(registry.inspect(&key))
+            .expect("inspect")
+            .expect("held by the worker");
+        assert!(!info.held_by_this_process, "{info:?}");
+        assert_eq!(info.fencing_token, fencing, "{info:?}");
+        if let Some(left) = info.remaining {
+            assert!(left <= Duration::from_secs(1), "{info:?}");
+        }
+        assert!(
+            runtime
+                .block_on(registry.force_release(&key))
+                .expect("force-release")
+        );
+        let freed_at = Instant::now();
+        assert_eq!(
+            runtime.block_on(registry.inspect(&key)).expect("inspect"),
+            None
+        );
+        let lost = holder.expect("error", STARTUP);
+        assert!(lost.contains("was lost"), "{lost}");
+        assert!(
+            freed_at.elapsed() < Duration::from_millis(900),
+            "the holder learned of the loss after {:?}",
+            freed_at.elapsed()
         );
         let (status, lines) = holder.finish(STARTUP);
         assert!(status.success(), "{lines:?}");

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
 use lock_tests::{EtcdCluster, RedisServer};
 
@@ -60,6 +61,18 @@ shared_scenarios!(
     fencing_tokens_strictly_increase_across_processes,
     a_waiter_in_another_process_is_woken_by_the_release,
 );
+
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let servers = Servers::new(1);
+    let endpoints = servers.locks.endpoints();
+    servers
+        .shared()
+        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+            let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            LockRegistry::etcd(&endpoints).await.expect("connect")
+        });
+}
 
 /// Deletes the held key, or revokes its lease, under a running body.
 fn undone_under_a_running_body(undo: &str) {

@@ -1,6 +1,7 @@
 //! Many real OS processes (`lock-worker`) locking through one PostgreSQL
 //! server; the data they race on lives in a Redis server.
 
+use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
 use lock_tests::{PostgresServer, RedisServer};
 
@@ -47,6 +48,17 @@ shared_scenarios!(
     fencing_tokens_strictly_increase_across_processes,
     a_waiter_in_another_process_is_woken_by_the_release,
 );
+
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let servers = Servers::new();
+    let url = servers.locks.url();
+    servers
+        .shared()
+        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+            LockRegistry::postgres(&url).await.expect("connect")
+        });
+}
 
 #[test]
 fn a_lease_row_deleted_under_a_running_body_cancels_it() {

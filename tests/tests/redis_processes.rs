@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::LockRegistry;
 use lock_tests::processes::{Processes, STARTUP};
 use lock_tests::{RedisServer, unique_key};
 use redis::Commands;
@@ -38,6 +39,15 @@ shared_scenarios!(
     fencing_tokens_strictly_increase_across_processes,
     a_waiter_in_another_process_is_woken_by_the_release,
 );
+
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let server = RedisServer::new();
+    let url = server.url();
+    shared(&server).another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+        LockRegistry::redis(&url).await.expect("connect")
+    });
+}
 
 #[test]
 fn the_watchdog_keeps_a_1s_lease_through_a_3s_body_in_another_process() {

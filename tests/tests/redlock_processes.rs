@@ -3,11 +3,27 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::LockRegistry;
+use lock_tests::processes::Processes;
 use lock_tests::{RedisServer, RedisServers, Worker, unique_key};
 use rand::seq::SliceRandom;
 use redis::Commands;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
+
+/// A holder in another process is seen by inspection (a majority of the
+/// nodes agree on its token) and freed by a forced release on every node.
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let nodes = RedisServers::spawn(3);
+    let data = RedisServer::new();
+    let urls = nodes.urls();
+    Processes::new(WORKER, &urls.join(","), &data.url())
+        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+            let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+            LockRegistry::redlock(&urls).await.expect("connect")
+        });
+}
 
 fn spawn_worker(
     scenario: &str,

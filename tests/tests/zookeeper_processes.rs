@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
 use lock_tests::{RedisServer, ZooKeeperEnsemble, unique_key};
 
@@ -50,6 +51,17 @@ shared_scenarios!(
     fencing_tokens_strictly_increase_across_processes,
     a_waiter_in_another_process_is_woken_by_the_release,
 );
+
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let servers = Servers::new(1);
+    let connect = servers.locks.connect_string();
+    servers
+        .processes(Duration::from_secs(30))
+        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+            LockRegistry::zookeeper(&connect).await.expect("connect")
+        });
+}
 
 /// A SIGKILLed holder's node goes when the server expires its session.
 /// The holder asks for a 2 s session (its ttl is 1 s, which must not exceed

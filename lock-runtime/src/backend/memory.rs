@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 use crate::error::BackendError;
 use crate::registry::LockRegistry;
@@ -391,6 +391,27 @@ impl Backend for MemoryBackend {
             };
             loss.raise("the lock was force-released");
             Ok(true)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut table = self.table();
+            let info = table
+                .slot(key)
+                .and_then(|(_, slot)| slot.live_holder(now))
+                .map(|holder| {
+                    LeaseInfo::new(
+                        Some(holder.token),
+                        holder.fencing,
+                        Some(holder.expires - now),
+                    )
+                });
+            Ok(info)
         })
     }
 }

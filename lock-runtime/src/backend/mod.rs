@@ -49,19 +49,52 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The random 128-bit value that identifies one holder of one lease.
 ///
-/// Only the holder knows it, so only the holder can renew or release.
+/// Only the holder knows it, so only the holder can renew or release. Its
+/// high 64 bits are drawn once per process and its low 64 bits for each
+/// token, so a token read back from a store tells whether a lease is held
+/// by this process ([`is_from_this_process`](Self::is_from_this_process))
+/// without any bookkeeping on the lock path.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LockToken(u128);
 
+/// This process's half of every token it draws.
+static PROCESS_BITS: once_cell::sync::Lazy<u64> = once_cell::sync::Lazy::new(rand::random);
+
 impl LockToken {
-    /// Draws a new token from the thread's cryptographically seeded RNG.
+    /// Draws a new token: this process's 64 bits and 64 fresh ones from the
+    /// thread's cryptographically seeded RNG.
     pub fn random() -> Self {
-        LockToken(rand::random())
+        let process = u128::from(*PROCESS_BITS) << 64;
+        LockToken(process | u128::from(rand::random::<u64>()))
+    }
+
+    /// A token of the given value, as read back from a store.
+    pub const fn from_u128(value: u128) -> Self {
+        LockToken(value)
     }
 
     /// The token as a number.
     pub fn as_u128(self) -> u128 {
         self.0
+    }
+
+    /// Whether [`random`](Self::random) drew this token in this process.
+    pub fn is_from_this_process(self) -> bool {
+        (self.0 >> 64) as u64 == *PROCESS_BITS
+    }
+}
+
+impl std::str::FromStr for LockToken {
+    type Err = BackendError;
+
+    /// Parses the 32 hex digits of [`Display`](fmt::Display).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.len() != 32 {
+            return Err(format!("a lock token has 32 hex digits, not {:?}", text).into());
+        }
+        u128::from_str_radix(text, 16)
+            .map(LockToken)
+            .map_err(|_| format!("a lock token has 32 hex digits, not {text:?}").into())
     }
 }
 
@@ -287,6 +320,31 @@ impl FencingPromise {
     }
 }
 
+/// What a store knows of the lease on one key: the answer to
+/// [`Backend::inspect`] when the key is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseInfo {
+    /// The holder's token, when the store keeps one it can read back.
+    pub token: Option<LockToken>,
+    /// The holder's fencing token (0 from a store without fencing).
+    pub fencing: u64,
+    /// How long the lease has left, when the store counts it (a session
+    /// store does not: the lease lasts as long as the holder's session).
+    pub remaining: Option<Duration>,
+}
+
+impl LeaseInfo {
+    /// A lease held by `token` with `fencing`, ending in `remaining`.
+    pub fn new(token: Option<LockToken>, fencing: u64, remaining: Option<Duration>) -> Self {
+        LeaseInfo {
+            token,
+            fencing,
+            remaining,
+        }
+    }
+}
+
 /// One acquire attempt, as the runtime asks it of a store.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -416,6 +474,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// store pushes it or at its next renewal. `Ok(true)` when a lease was
     /// deleted.
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Who holds `key` right now, as the store sees it: `None` when it is
+    /// free (never taken, released, or expired). A read only: it changes
+    /// nothing and wakes no one. The default says the store cannot tell.
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        let _ = key;
+        Box::pin(async { Err("this store cannot inspect its locks".into()) })
+    }
 }
 
 /// A subscription to release notifications for one key.

@@ -12,10 +12,12 @@
 //!   on a release notification, or after a short random delay when no one won
 //!   the vote.
 //! - **Renew** (the watchdog, every `ttl / 3`) re-acquires on every node: an
-//!   owner-checked extension where the lease is still ours, the acquire
-//!   script where a node lost it (a restart, say). It counts only with a
-//!   majority within the current validity; otherwise the lease is lost and
-//!   the body is cancelled, as on one node.
+//!   owner-checked extension where the lease is still ours and, while a
+//!   majority still has it, the acquire script where a node lost it (a
+//!   restart, say). It counts only with a majority within the current
+//!   validity; otherwise the lease is lost and the body is cancelled, as on
+//!   one node. A lease a majority no longer has (a forced release) is never
+//!   taken back.
 //! - **Release** runs on every node, owner-checked. Inside the validity
 //!   window it succeeds when any node still had the lease (nodes that never
 //!   granted it, or restarted, answer "not ours"); when none had it, the
@@ -55,8 +57,8 @@ use tokio::time::{Instant, timeout};
 
 use super::redis::RedisBackend;
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
@@ -360,6 +362,45 @@ impl Backend for RedlockBackend {
             Ok(deleted > 0)
         })
     }
+
+    /// The holder is the token a majority of the nodes have; its lease
+    /// stands while a majority still has it, and its fencing token is the
+    /// largest those nodes issued.
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let results = self
+                .on_all(Duration::from_secs(1), |node| node.inspect(key))
+                .await;
+            let answered: Vec<&Option<LeaseInfo>> = results.iter().flatten().collect();
+            if answered.len() < self.quorum() {
+                return Err(self.no_quorum("inspect", answered.len(), &results).into());
+            }
+            let mut seen: Vec<&LeaseInfo> =
+                answered.iter().filter_map(|info| info.as_ref()).collect();
+            seen.sort_by_key(|info| info.token.map(LockToken::as_u128));
+            let holder = seen
+                .chunk_by(|a, b| a.token == b.token)
+                .find(|same| same.len() >= self.quorum() && same[0].token.is_some());
+            let Some(same) = holder else {
+                return Ok(None);
+            };
+            let mut ends: Vec<Duration> = same
+                .iter()
+                .map(|info| info.remaining.unwrap_or(Duration::MAX))
+                .collect();
+            ends.sort_unstable();
+            let remaining = ends[ends.len() - self.quorum()];
+            let fencing = same.iter().map(|info| info.fencing).max().unwrap_or(0);
+            Ok(Some(LeaseInfo::new(
+                same[0].token,
+                fencing,
+                (remaining != Duration::MAX).then_some(remaining),
+            )))
+        })
+    }
 }
 
 /// One Redlock lease: the key, our token, and until when a majority's grant
@@ -390,10 +431,13 @@ impl Lease for RedlockLease {
             let mut results = redlock
                 .on_all(limit, |node| node.renew_token(key, token, ttl))
                 .await;
-            // Inside the validity window no one else can hold a majority, so
-            // taking the lock on nodes that do not have it (down when it was
-            // acquired, or restarted) is safe and keeps the majority wide.
-            if self.is_valid() {
+            // Inside the validity window, while a majority still has it, no
+            // one else can hold a majority, so taking the lock on nodes that
+            // do not have it (down when it was acquired, or restarted) is
+            // safe and keeps the majority wide. A lease a majority no longer
+            // has (a forced release) is lost, never taken back.
+            let (kept, _) = tally(&results);
+            if self.is_valid() && kept >= redlock.quorum() {
                 let retake = redlock
                     .nodes
                     .iter()

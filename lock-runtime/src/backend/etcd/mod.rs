@@ -65,8 +65,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::backend::LossSignal;
 use crate::error::{BackendError, LockError};
@@ -822,6 +822,45 @@ impl Backend for EtcdBackend {
                 })
                 .await?;
             Ok(deleted.deleted() > 0)
+        })
+    }
+
+    /// The key's value is the holder's token and its last modification the
+    /// holder's fencing token; the remaining time is what etcd says of the
+    /// key's lease, in whole seconds rounded down.
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let key = self.key(key);
+            let got = self
+                .timed(|| {
+                    let (mut kv, key) = (self.kv.clone(), key.clone());
+                    async move { kv.get(key, None).await }
+                })
+                .await?;
+            let Some(holder) = got.kvs().first() else {
+                return Ok(None);
+            };
+            let lease = holder.lease();
+            let remaining = if lease == 0 {
+                None
+            } else {
+                let left = self
+                    .lease_call(|mut c| async move { c.time_to_live(lease, None).await })
+                    .await?;
+                // -1: the lease ended between the two reads.
+                if left.ttl() < 0 {
+                    return Ok(None);
+                }
+                Some(Duration::from_secs(left.ttl().unsigned_abs()))
+            };
+            let token = std::str::from_utf8(holder.value())
+                .ok()
+                .and_then(|value| value.parse().ok());
+            let fencing = holder.mod_revision().max(0).unsigned_abs();
+            Ok(Some(LeaseInfo::new(token, fencing, remaining)))
         })
     }
 }

@@ -74,8 +74,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row, Socket, Statement};
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
@@ -267,6 +267,7 @@ struct Statements {
     release: Statement,
     hand_over: Statement,
     force_release: Statement,
+    inspect: Statement,
 }
 
 impl Shared {
@@ -521,6 +522,13 @@ impl Table {
                      RETURNING pg_notify($2, encode(id, 'hex')) IS NULL"
                 ))
                 .await?,
+            // $1 id: the live holder's token, fencing and remaining time.
+            inspect: client
+                .prepare(&format!(
+                    "SELECT token, fencing, {remaining} FROM {t}
+                     WHERE id = $1 AND expires_at > clock_timestamp()"
+                ))
+                .await?,
         })
     }
 }
@@ -669,6 +677,26 @@ impl Backend for PostgresBackend {
                 .execute(&id, |s| &s.force_release, &[&id, &CHANNEL])
                 .await?;
             Ok(changed == 1)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let id = row_id(key);
+            let row = self.shared.query_opt(&id, |s| &s.inspect, &[&id]).await?;
+            Ok(row.map(|row| {
+                let token: &str = row.get(0);
+                let fencing: i64 = row.get(1);
+                let ms: i64 = row.get(2);
+                LeaseInfo::new(
+                    token.parse().ok(),
+                    u64::try_from(fencing).unwrap_or(0),
+                    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+                )
+            }))
         })
     }
 }

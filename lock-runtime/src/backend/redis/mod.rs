@@ -62,8 +62,8 @@ use connection::Source;
 use subscriber::Subscriber;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
@@ -167,6 +167,14 @@ redis.call('PUBLISH', ARGV[1], '')
 return 1
 ";
 
+/// `KEYS`: lock, counter. Returns `{token, pttl, last fencing token}`;
+/// an empty token when the lock is free. Reads only.
+const INSPECT: &str = r"
+local token = redis.call('GET', KEYS[1])
+if not token then return {'', -2, '0'} end
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
+";
+
 /// `KEYS`: counter. `ARGV`: floor, life ms. Raises the counter to at least
 /// the floor, for at least `life` (Redlock: every node learns the token just
 /// handed out).
@@ -183,6 +191,7 @@ static HAND_OVER_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(HAND_OVER));
 static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
 static FORCE_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FORCE_RELEASE));
+static INSPECT_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(INSPECT));
 
 /// How fencing tokens are made. See the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -754,6 +763,31 @@ where
             let deleted: i64 =
                 invoke(&self.commands.conn, script, Retry::IfConnectionFailed).await?;
             Ok(deleted == 1)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let lock = lock_name(key);
+            let mut script = INSPECT_SCRIPT.key(&lock);
+            script.key(suffixed(&lock, b":fence"));
+            let (token, pttl, fencing): (String, i64, String) =
+                invoke(&self.commands.conn, script, Retry::IfConnectionFailed).await?;
+            if token.is_empty() {
+                return Ok(None);
+            }
+            // A value this store did not write (not a token) is still a holder.
+            let token = token.parse().ok();
+            // -1: no expiry (set by hand); -2: gone between the two reads.
+            let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            Ok(Some(LeaseInfo::new(
+                token,
+                fencing.parse().unwrap_or(0),
+                remaining,
+            )))
         })
     }
 }

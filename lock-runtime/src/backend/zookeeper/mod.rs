@@ -46,8 +46,8 @@ use zookeeper_client::{
 };
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LockToken,
-    LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
@@ -1108,6 +1108,39 @@ impl Backend for ZooKeeperBackend {
                 return Ok(false);
             };
             self.shared.delete(&format!("{parent}/{holder}")).await
+        })
+    }
+
+    /// The head of the key's queue: its name starts with the holder's
+    /// token, its czxid is the fencing token. The remaining time is not
+    /// known outside the holder (the lock lasts while its session does and
+    /// its holder renews it).
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let parent = self.shared.parent(key);
+            // The head may leave between the listing and its stat: look again.
+            for _ in 0..3 {
+                let queue = self.shared.queue(&parent).await?;
+                let Some(head) = queue.first() else {
+                    return Ok(None);
+                };
+                let path = format!("{parent}/{head}");
+                let stat = self
+                    .shared
+                    .call(self.shared.client().check_stat(&path))
+                    .await?;
+                if let Some(stat) = stat {
+                    let token = head
+                        .split_once('-')
+                        .and_then(|(token, _)| token.parse().ok());
+                    let fencing = stat.czxid.max(0).unsigned_abs();
+                    return Ok(Some(LeaseInfo::new(token, fencing, None)));
+                }
+            }
+            Err("ZooKeeper: the head of the lock's queue kept changing while it was read".into())
         })
     }
 }
