@@ -347,7 +347,7 @@ fn finish(
     }
 }
 
-/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold)`:
+/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name)`:
 /// a literal becomes `Duration::from_millis(N)`, an expression is used as
 /// it is, typed `Duration` at its own span (so a wrong type is reported
 /// there).
@@ -380,8 +380,9 @@ fn options(config: &Config) -> TokenStream {
     let wait_timeout = optional(&config.wait_timeout);
     let hold_at_least = optional(&config.hold_at_least);
     let max_hold = optional(&config.max_hold);
+    let name = &config.name;
     quote! {
-        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold)
+        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name)
     }
 }
 

@@ -26,6 +26,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "max_hold",
     "registry",
     "errors",
+    "name",
     "crate",
 ];
 
@@ -47,6 +48,7 @@ mod kw {
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(registry);
     syn::custom_keyword!(errors);
+    syn::custom_keyword!(name);
 }
 
 /// What to do when the lock is held elsewhere.
@@ -116,6 +118,9 @@ pub(crate) struct LockArgs {
     /// `errors = "into"` (its span) or `"nested"`: whether a body's
     /// `Result<T, E>` keeps its error type, `LockError` converted into `E`.
     pub(crate) errors: Option<(bool, Span)>,
+    /// `name = ".."`: the lock's name in metrics (default: the key
+    /// template).
+    pub(crate) name: Option<LitStr>,
     pub(crate) krate: Option<syn::Path>,
 }
 
@@ -232,6 +237,17 @@ impl Parse for LockArgs {
                     )),
                 };
                 into.and_then(|into| set_once(&mut args.errors, (into, lit.span()), span, "errors"))
+            } else if lookahead.peek(kw::name) {
+                let span = input.parse::<kw::name>()?.span;
+                let lit = parse_value::<LitStr>(input)?;
+                if lit.value().is_empty() {
+                    Err(syn::Error::new(
+                        lit.span(),
+                        "a lock name must not be empty; it labels the lock's metrics, e.g. `name = \"stock\"`",
+                    ))
+                } else {
+                    set_once(&mut args.name, lit, span, "name")
+                }
             } else if lookahead.peek(kw::registry) {
                 let span = input.parse::<kw::registry>()?.span;
                 let expr = parse_value::<syn::Expr>(input)?;
@@ -431,6 +447,14 @@ mod tests {
         assert_eq!(args.ttl_millis(), Some(DEFAULT_TTL_MILLIS));
         assert!(args.watchdog());
         assert!(args.wait_timeout.is_none());
+    }
+
+    #[test]
+    fn a_name_labels_the_lock_and_must_not_be_empty() {
+        let args = parse(r#"key = "stock:{id}", name = "stock""#).unwrap();
+        assert_eq!(args.name.unwrap().value(), "stock");
+        assert!(error(r#"key = "k", name = """#).contains("must not be empty"));
+        assert!(error(r#"key = "k", name = "a", name = "b""#).contains("duplicate `name`"));
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub(crate) struct Config {
     pub(crate) registry: Option<syn::Expr>,
     /// `errors = "into"`: keep the body's `Result<T, E>`.
     pub(crate) errors_into: bool,
+    /// The lock's name in metrics: `name = ".."`, or the key template(s).
+    pub(crate) name: String,
 }
 
 /// Checks the arguments against each other and against the function, joining
@@ -39,6 +41,14 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let multi = args.keys.is_some();
     let watchdog = args.watchdog();
     let errors_into = args.errors_into();
+    let name = match &args.name {
+        Some(name) => name.value(),
+        None => keys
+            .iter()
+            .map(|template| template.lit.value())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     Ok(Config {
         keys,
         multi,
@@ -54,6 +64,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
         max_hold: args.max_hold,
         registry: args.registry,
         errors_into,
+        name,
     })
 }
 

@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::Instrument;
 
 use crate::backend::{Acquire, AcquireRequest, Backend, LockToken, LossSignal, ReleaseWatch};
 use crate::error::LockError;
 use crate::guard::{Context, Grant, LockGuard};
 use crate::local_queue::{LocalPermit, LocalQueues};
 use crate::options::{LockOptions, Mode};
+use crate::telemetry::{self, Outcome};
 
 /// The longest a waiter sleeps between attempts when no release arrives.
 pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
@@ -35,6 +37,8 @@ pub(crate) struct Parts<'a> {
 
 /// Queues locally, then contends in the store; `None` only in skip mode.
 /// `key` is the user's key (for messages), `full_key` the namespaced one.
+/// The wait runs in a `lock_wait` span; how it ended is recorded on the
+/// lock's span and in the metrics.
 pub(crate) async fn acquire(
     parts: &Parts<'_>,
     key: &str,
@@ -42,28 +46,62 @@ pub(crate) async fn acquire(
     opts: &LockOptions,
     mode: Mode,
 ) -> Result<Option<LockGuard>, LockError> {
+    let context = &parts.context;
+    let started = Instant::now();
+    let mut contended = false;
+    let result = contend(parts, key, full_key, opts, mode, started, &mut contended)
+        .instrument(telemetry::wait_span(context.span))
+        .await;
+    let (outcome, fencing) = match &result {
+        Ok(Some(guard)) => (Outcome::Acquired, Some(guard.fencing_token())),
+        Ok(None) => (Outcome::Skipped, None),
+        Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
+        Err(_) => (Outcome::Error, None),
+    };
+    let waited = started.elapsed();
+    telemetry::acquire_ended(
+        context.span,
+        context.labels,
+        outcome,
+        fencing,
+        contended,
+        waited,
+    );
+    result
+}
+
+/// The wait itself; sets `contended` when the key was found held.
+async fn contend(
+    parts: &Parts<'_>,
+    key: &str,
+    full_key: &str,
+    opts: &LockOptions,
+    mode: Mode,
+    started: Instant,
+    contended: &mut bool,
+) -> Result<Option<LockGuard>, LockError> {
     opts.validate(key, mode)?;
     parts
         .context
         .capabilities
         .check(opts.ttl, opts.hold_at_least)
         .map_err(|reason| LockError::invalid_options(key, reason))?;
-    let started = Instant::now();
     let deadline = opts.wait_timeout.map(|timeout| started + timeout);
     let timed_out = || LockError::Timeout {
         key: LockError::shown_key(key),
         waited: started.elapsed(),
     };
     let slot = parts.local.slot(full_key);
-    let permit = match mode {
-        Mode::Skip => match slot.try_lock() {
-            Some(permit) => permit,
-            None => {
+    let permit = match slot.try_lock() {
+        Ok(permit) => permit,
+        Err(slot) => {
+            *contended = true;
+            if mode == Mode::Skip {
                 tracing::debug!(key, "lock held by another task of this process; skipping");
                 return Ok(None);
             }
-        },
-        Mode::Wait => within(deadline, slot.lock()).await.ok_or_else(timed_out)?,
+            within(deadline, slot.lock()).await.ok_or_else(timed_out)?
+        }
     };
     if let Some(baton) = permit.take_baton() {
         if baton.ttl == opts.ttl && !baton.loss.is_raised() {
@@ -125,6 +163,7 @@ pub(crate) async fn acquire(
             }
             Acquire::Held { remaining } => remaining,
         };
+        *contended = true;
         if mode == Mode::Skip {
             tracing::debug!(key, "lock held elsewhere; skipping");
             return Ok(None);

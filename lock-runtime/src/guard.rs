@@ -9,12 +9,14 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use crate::backend::{BoxFuture, Capabilities, Lease, LossListener, LossSignal};
 use crate::error::{BackendError, LockError};
 use crate::local_queue::{LocalPermit, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::renewal::{Renewable, Renewal, Schedule};
+use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
 /// until it is released.
@@ -53,6 +55,10 @@ pub(crate) struct Context<'a> {
     pub(crate) capabilities: &'a Capabilities,
     /// The namespace's length in the full key.
     pub(crate) prefix_len: usize,
+    /// The lock's `distributed_lock` span.
+    pub(crate) span: &'a Span,
+    /// The lock's metric labels.
+    pub(crate) labels: Labels,
 }
 
 struct Held {
@@ -82,6 +88,11 @@ struct State {
     /// known lost, so the process's other tasks are not held up by a guard
     /// that no longer holds anything; otherwise at release.
     permit: Mutex<Option<LocalPermit>>,
+    /// The lock's span, until the release.
+    span: Span,
+    labels: Labels,
+    /// When the lease was granted, for the hold time.
+    acquired_at: Instant,
 }
 
 impl State {
@@ -94,6 +105,12 @@ impl State {
         self.permit
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// A loss found by the release itself (no signal came before it).
+    fn lost_at_release(&self) {
+        telemetry::lost(&self.span, self.labels, "release");
+        telemetry::hold_ended(self.labels, self.acquired_at.elapsed());
     }
 
     /// Takes the permit out if `wanted` says so.
@@ -125,11 +142,21 @@ impl Renewable for State {
     fn lose(&self, reason: &'static str) {
         self.loss.raise(reason);
     }
+
+    fn span(&self) -> &Span {
+        &self.span
+    }
+
+    fn renewal_failed(&self) {
+        telemetry::renewal_failed(self.labels);
+    }
 }
 
 impl LossListener for State {
     fn lease_lost(&self, reason: &'static str) {
-        tracing::warn!(key = self.key(), reason, "lease lost");
+        tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
+        telemetry::lost(&self.span, self.labels, reason);
+        telemetry::hold_ended(self.labels, self.acquired_at.elapsed());
         drop(self.take_permit_if(|_| true));
     }
 }
@@ -148,6 +175,9 @@ impl LockGuard {
             lease: AsyncMutex::new(Some(grant.lease)),
             loss: grant.loss,
             permit: Mutex::new(Some(permit)),
+            span: context.span.clone(),
+            labels: context.labels,
+            acquired_at: Instant::now(),
         });
         let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
         state.loss.listen(listener);
@@ -245,9 +275,19 @@ impl LockGuard {
     /// case the lease ends when its TTL passes.
     pub async fn release(mut self) -> Result<(), LockError> {
         match self.held.take() {
-            Some(held) => held.release().await,
+            Some(held) => {
+                let span = held.state.span.clone();
+                held.release().instrument(span).await
+            }
             None => Ok(()),
         }
+    }
+
+    /// The lock's `distributed_lock` span (from the wait to the release;
+    /// see the crate's docs on observability): instrument work done under
+    /// the lock with it to see that work inside the lock in traces.
+    pub fn span(&self) -> &Span {
+        &self.held().state.span
     }
 }
 
@@ -268,12 +308,19 @@ impl Held {
             && self.chain < MAX_HAND_OVERS
             && let Some(permit) = state.take_permit_if(LocalPermit::has_waiters)
         {
-            return match permit
+            let handed = permit
                 .hand_over(lease, state.loss.clone(), self.ttl, self.chain)
-                .await
-            {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(LockError::lost(key)),
+                .await;
+            return match handed {
+                Ok(true) => {
+                    telemetry::handed_over(state.labels);
+                    telemetry::hold_ended(state.labels, state.acquired_at.elapsed());
+                    Ok(())
+                }
+                Ok(false) => {
+                    state.lost_at_release();
+                    Err(LockError::lost(key))
+                }
                 Err(source) => Err(LockError::backend(key, "release", source)),
             };
         }
@@ -283,9 +330,13 @@ impl Held {
         match released {
             Ok(true) if was_held => {
                 tracing::debug!(key, linger_ms = linger.as_millis() as u64, "lock released");
+                telemetry::hold_ended(state.labels, state.acquired_at.elapsed());
                 Ok(())
             }
             Ok(_) => {
+                if was_held {
+                    state.lost_at_release();
+                }
                 tracing::warn!(
                     key,
                     "release found the lease lost; the current holder's lock was left alone"
@@ -316,11 +367,15 @@ impl Drop for LockGuard {
         held.renewal.stop();
         match Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(error) = held.release().await {
-                        tracing::debug!(%error, "release on drop failed");
+                let span = held.state.span.clone();
+                runtime.spawn(
+                    async move {
+                        if let Err(error) = held.release().await {
+                            tracing::debug!(%error, "release on drop failed");
+                        }
                     }
-                });
+                    .instrument(span),
+                );
             }
             Err(_) => {
                 tracing::debug!(

@@ -75,6 +75,7 @@ mod options;
 mod private;
 mod registry;
 mod renewal;
+mod telemetry;
 
 #[cfg(feature = "etcd")]
 pub use backend::etcd::EtcdBackend;

@@ -117,10 +117,12 @@ impl LocalSlot {
         LocalPermit { guard, slot: self }
     }
 
-    /// The front of the queue if nobody is ahead.
-    pub(crate) fn try_lock(self) -> Option<LocalPermit> {
-        let guard = self.slot.queue.clone().try_lock_owned().ok()?;
-        Some(LocalPermit { guard, slot: self })
+    /// The front of the queue if nobody is ahead; else the place back.
+    pub(crate) fn try_lock(self) -> Result<LocalPermit, LocalSlot> {
+        match self.slot.queue.clone().try_lock_owned() {
+            Ok(guard) => Ok(LocalPermit { guard, slot: self }),
+            Err(_) => Err(self),
+        }
     }
 }
 

@@ -33,6 +33,7 @@ pub struct LockOptions {
     pub(crate) hold_at_least: Option<Duration>,
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) name: Option<&'static str>,
 }
 
 impl Default for LockOptions {
@@ -43,6 +44,7 @@ impl Default for LockOptions {
             hold_at_least: None,
             watchdog: true,
             max_hold: None,
+            name: None,
         }
     }
 }
@@ -52,6 +54,16 @@ impl Default for LockOptions {
 pub(crate) enum Mode {
     Wait,
     Skip,
+}
+
+impl Mode {
+    /// As spans show it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Wait => "wait",
+            Mode::Skip => "skip",
+        }
+    }
 }
 
 impl LockOptions {
@@ -88,6 +100,15 @@ impl LockOptions {
     /// hung but living holder cannot keep the lock forever.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Names the lock in metrics (the `lock` label): a fixed name such as
+    /// `"stock"` for every `stock:{id}` key, so the label set stays
+    /// bounded. Without one the label is `unnamed`; the attribute uses its
+    /// key template.
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
         self
     }
 

@@ -14,6 +14,8 @@ use crate::multi::LockGuards;
 use crate::options::LockOptions;
 use crate::options::Mode;
 use crate::registry::LockRegistry;
+use crate::telemetry;
+use tracing::Instrument;
 
 /// Renders a key template's arguments (no allocation beyond the result).
 #[doc(hidden)]
@@ -23,7 +25,7 @@ pub fn render_key(args: fmt::Arguments<'_>) -> String {
 
 /// Builds the options the attribute's arguments describe (literals made
 /// `Duration::from_millis(..)` at compile time, or the user's `Duration`
-/// expressions, checked when the call runs).
+/// expressions, checked when the call runs); `name` labels its metrics.
 #[doc(hidden)]
 pub const fn options(
     ttl: Duration,
@@ -31,6 +33,7 @@ pub const fn options(
     hold_at_least: Option<Duration>,
     watchdog: bool,
     max_hold: Option<Duration>,
+    name: &'static str,
 ) -> LockOptions {
     LockOptions {
         ttl,
@@ -38,6 +41,7 @@ pub const fn options(
         hold_at_least,
         watchdog,
         max_hold,
+        name: Some(name),
     }
 }
 
@@ -197,6 +201,28 @@ async fn run_all<F: Future>(
         Some(registry) => registry,
         None => crate::registry()?,
     };
+    let span = telemetry::locks_span(&keys, mode);
+    let result = run_all_in(registry, keys, opts, mode, body)
+        .instrument(span.clone())
+        .await;
+    let outcome = match &result {
+        Ok(Some(_)) => "acquired",
+        Ok(None) => "skipped",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(LockError::Lost { .. }) => "lost",
+        Err(_) => "error",
+    };
+    span.record("outcome", outcome);
+    result
+}
+
+async fn run_all_in<F: Future>(
+    registry: &LockRegistry,
+    keys: Vec<String>,
+    opts: LockOptions,
+    mode: Mode,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
     let mut wanted = Vec::new();
     for (key, full_key) in registry.canonical(keys)? {
         // A key this task holds already is re-entered, not taken again.
@@ -232,7 +258,9 @@ async fn run_all<F: Future>(
 /// Runs `body` while the lease is held; cancels it when the lease is lost;
 /// then releases (see [`settle`]).
 async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
-    let outcome = until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body).await;
+    let outcome = until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body)
+        .instrument(guard.span().clone())
+        .await;
     let key = guard.key().to_owned();
     match outcome {
         Some(output) => settle(output, guard.release().await),

@@ -16,6 +16,7 @@ use crate::error::{BackendError, LockError};
 use crate::guard::{Context, LockGuard};
 use crate::local_queue::LocalQueues;
 use crate::options::{LockOptions, Mode};
+use crate::telemetry::{self, Labels};
 
 /// The longest key accepted, in bytes (namespace not included).
 pub const MAX_KEY_LEN: usize = 64 * 1024;
@@ -308,14 +309,21 @@ impl LockRegistry {
         mode: Mode,
     ) -> Result<Option<LockGuard>, LockError> {
         let inner = &*self.inner;
+        let capabilities = inner.backend.capabilities();
+        let span = telemetry::lock_span(key, mode, capabilities.store);
         let parts = Parts {
             backend: &inner.backend,
             local: &inner.local,
             context: Context {
                 registry: self.id(),
                 renewal_owner: &inner.renewal_owner,
-                capabilities: inner.backend.capabilities(),
+                capabilities,
                 prefix_len: inner.prefix.len(),
+                span: &span,
+                labels: Labels {
+                    store: capabilities.store,
+                    name: opts.name.unwrap_or(telemetry::UNNAMED),
+                },
             },
         };
         acquire::acquire(&parts, key, full_key, opts, mode).await

@@ -27,6 +27,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::BoxFuture;
 use crate::error::BackendError;
+use crate::telemetry::reason;
 
 /// How long the renewer task keeps waking on its own while idle, so that
 /// locks taken meanwhile need not wake it.
@@ -40,6 +41,10 @@ pub(crate) trait Renewable: Send + Sync {
     fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>>;
     /// The lease is lost, for `reason`.
     fn lose(&self, reason: &'static str);
+    /// The lock's span, the parent of the renewal's events.
+    fn span(&self) -> &tracing::Span;
+    /// A renewal did not extend the lease (counted).
+    fn renewal_failed(&self);
 }
 
 /// When and how one lease is renewed.
@@ -247,13 +252,13 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
     }
     let now = Instant::now();
     if !entry.schedule.renew {
-        return entry.lose("ttl passed with the watchdog off");
+        return entry.lose(reason::TTL);
     }
     if entry.stop_at().is_some_and(|stop_at| now >= stop_at) {
-        return entry.lose("max_hold reached");
+        return entry.lose(reason::MAX_HOLD);
     }
     if now >= entry.valid_until() {
-        return entry.lose("no renewal got through before the lease ran out");
+        return entry.lose(reason::LATE);
     }
     let renewer = renewer.clone();
     tokio::spawn(async move {
@@ -265,18 +270,25 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
         }
         match outcome {
             Ok(Ok(true)) => {
-                tracing::trace!(key = entry.lease.key(), "lease renewed");
+                tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
                 *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
                 let due = entry.next_due(sent_at);
                 renewer.schedule(id, entry, due);
             }
-            Ok(Ok(false)) => entry.lose("the store no longer has it (expired or taken over)"),
+            Ok(Ok(false)) => {
+                entry.lease.renewal_failed();
+                entry.lose(reason::REFUSED);
+            }
             Ok(Err(error)) => {
-                tracing::warn!(key = entry.lease.key(), %error, "lease renewal failed; retrying");
+                entry.lease.renewal_failed();
+                tracing::warn!(parent: entry.lease.span(), key = entry.lease.key(), %error, "lease renewal failed; retrying");
                 let retry = (Instant::now() + entry.interval() / 4).min(entry.valid_until());
                 renewer.schedule(id, entry, retry);
             }
-            Err(_) => entry.lose("no renewal got through before the lease ran out"),
+            Err(_) => {
+                entry.lease.renewal_failed();
+                entry.lose(reason::LATE);
+            }
         }
     });
 }
