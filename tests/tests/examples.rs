@@ -227,3 +227,217 @@ fn quick_start_in_memory_and_on_every_store() {
         assert_eq!(out.matches("ran the report").count(), 1, "{out}");
     });
 }
+
+/// A running `web_shop`, stopped by its pid when dropped.
+struct WebShop {
+    child: std::process::Child,
+    base: String,
+    http: ureq::Agent,
+}
+
+impl WebShop {
+    /// Starts `web_shop` on a free loopback port with `args`.
+    fn start(args: &[&str]) -> WebShop {
+        use std::io::BufRead;
+        let mut child = Command::new(example("web_shop"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start web_shop");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("web_shop's first line");
+        let base = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        let http = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(std::time::Duration::from_secs(20)))
+            .build()
+            .into();
+        WebShop { child, base, http }
+    }
+
+    /// Sends `method path`; the status, the `Retry-After` header and the body.
+    fn call(&self, method: &str, path: &str) -> (u16, Option<String>, String) {
+        let url = format!("{}{path}", self.base);
+        let response = match method {
+            "POST" => self.http.post(&url).send_empty(),
+            "DELETE" => self.http.delete(&url).call(),
+            _ => self.http.get(&url).call(),
+        };
+        let mut response = response.unwrap_or_else(|err| panic!("{method} {url}: {err}"));
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .map(|value| value.to_str().unwrap().to_owned());
+        let body = response.body_mut().read_to_string().unwrap();
+        (response.status().as_u16(), retry_after, body)
+    }
+
+    /// `n` concurrent purchases of `item`; their statuses and bodies.
+    fn buy_concurrently(&self, item: &str, n: usize) -> Vec<(u16, String)> {
+        std::thread::scope(|scope| {
+            let buyers: Vec<_> = (0..n)
+                .map(|_| scope.spawn(|| self.call("POST", &format!("/buy/{item}"))))
+                .collect();
+            buyers
+                .into_iter()
+                .map(|buyer| {
+                    let (status, _, body) = buyer.join().unwrap();
+                    (status, body)
+                })
+                .collect()
+        })
+    }
+}
+
+impl Drop for WebShop {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// 20 concurrent HTTP buyers for a stock of 5: exactly 5 receipts (each
+/// stock level once), 15 "sold out"; `/metrics` counts every purchase's
+/// lock, labelled with the handler's name, and its waits.
+#[test]
+fn web_shop_sells_the_stock_once_and_exports_metrics() {
+    let shop = WebShop::start(&["--stock", "5", "--pause-ms", "5", "--wait-ms", "5000"]);
+    let answers = shop.buy_concurrently("sku-a", 20);
+    let mut left: Vec<String> = answers
+        .iter()
+        .filter(|(status, _)| *status == 200)
+        .map(|(_, body)| {
+            body.split("\"left\":")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    left.sort();
+    assert_eq!(left, ["0", "1", "2", "3", "4"], "{answers:?}");
+    let sold_out = answers
+        .iter()
+        .filter(|(status, body)| *status == 409 && body.contains("sold out"));
+    assert_eq!(sold_out.count(), 15, "{answers:?}");
+    let (status, _, metrics) = shop.call("GET", "/metrics");
+    assert_eq!(status, 200);
+    eprintln!("/metrics:\n{metrics}");
+    let line = |prefix: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let labels = r#"{store="memory",lock="stock"}"#;
+    assert_eq!(
+        line(&format!("distributed_lock_acquired_total{labels}")),
+        "20"
+    );
+    assert_eq!(
+        line(&format!("distributed_lock_wait_seconds_count{labels}")),
+        "20"
+    );
+    assert_eq!(
+        line(&format!("distributed_lock_hold_seconds_count{labels}")),
+        "20"
+    );
+    // Most buyers found the item's lock held by another request.
+    let contended: u64 = line(&format!("distributed_lock_contended_total{labels}"))
+        .parse()
+        .unwrap();
+    assert!(contended > 0 && contended < 20, "{contended}");
+}
+
+/// A slow purchase holds the item: a second buyer's wait runs out (503 with
+/// `Retry-After`); the operator sees the lock held by this process and
+/// frees it, which cancels the slow purchase (409, nothing written); the
+/// item is then free and its stock intact.
+#[test]
+fn web_shop_maps_lock_errors_to_statuses_and_frees_a_stuck_lock() {
+    let shop = WebShop::start(&["--stock", "3", "--pause-ms", "3000", "--wait-ms", "100"]);
+    std::thread::scope(|scope| {
+        let slow = scope.spawn(|| shop.call("POST", "/buy/sku-b"));
+        let held = |shop: &WebShop| {
+            let (_, _, body) = shop.call("GET", "/locks/sku-b");
+            body.contains(r#""held":true"#)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !held(&shop) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the slow purchase never held the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let (status, retry_after, body) = shop.call("POST", "/buy/sku-b");
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert!(body.contains("timed out"), "{body}");
+        let (status, _, body) = shop.call("GET", "/locks/sku-b");
+        assert_eq!(status, 200);
+        assert!(body.contains(r#""held_by_this_process":true"#), "{body}");
+        assert!(body.contains(r#""fencing_token":1"#), "{body}");
+        let (status, _, body) = shop.call("DELETE", "/locks/sku-b");
+        assert_eq!((status, body.as_str()), (200, r#"{"freed":true}"#));
+        let (status, _, body) = slow.join().unwrap();
+        assert_eq!(status, 409, "{body}");
+        assert!(body.contains("was lost"), "{body}");
+    });
+    let (_, _, body) = shop.call("GET", "/locks/sku-b");
+    assert!(body.contains(r#""held":false"#), "{body}");
+    let (_, _, metrics) = shop.call("GET", "/metrics");
+    for expected in [
+        r#"distributed_lock_timeouts_total{store="memory",lock="stock"} 1"#,
+        r#"distributed_lock_lost_total{store="memory",lock="stock",reason="store"} 1"#,
+    ] {
+        assert!(metrics.contains(expected), "no {expected} in\n{metrics}");
+    }
+}
+
+/// Two instances share one Redis for their locks and stock: 2 x 10
+/// concurrent HTTP buyers for a stock of 6 get exactly 6 receipts.
+#[test]
+fn two_web_shops_on_redis_sell_the_stock_once() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--stock",
+        "6",
+        "--pause-ms",
+        "5",
+        "--wait-ms",
+        "5000",
+    ];
+    let shops = [WebShop::start(&args), WebShop::start(&args)];
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let runs: Vec<_> = shops
+            .iter()
+            .map(|shop| scope.spawn(|| shop.buy_concurrently("sku-c", 10)))
+            .collect();
+        runs.into_iter()
+            .flat_map(|run| run.join().unwrap())
+            .collect()
+    });
+    let receipts = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert_eq!(receipts, 6, "{answers:?}");
+    assert_eq!(
+        answers.iter().filter(|(status, _)| *status == 409).count(),
+        14
+    );
+}
