@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tracing::Instrument;
+use tracing::Span;
 
 use crate::backend::{Acquire, AcquireRequest, Backend, LockToken, LossSignal, ReleaseWatch};
 use crate::error::LockError;
@@ -49,28 +49,42 @@ pub(crate) async fn acquire(
     let context = &parts.context;
     let started = Instant::now();
     let mut contended = false;
-    let result = contend(parts, key, full_key, opts, mode, started, &mut contended)
-        .instrument(telemetry::wait_span(context.span))
-        .await;
+    // Not `instrument`ed: moving the large wait future into a wrapper
+    // cost more than everything else the spans add. Its events name the
+    // span as their parent instead.
+    let wait = telemetry::wait_span(context.span);
+    let result = contend(
+        parts,
+        key,
+        full_key,
+        opts,
+        mode,
+        started,
+        &mut contended,
+        &wait,
+    )
+    .await;
+    drop(wait);
     let (outcome, fencing) = match &result {
         Ok(Some(guard)) => (Outcome::Acquired, Some(guard.fencing_token())),
         Ok(None) => (Outcome::Skipped, None),
         Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
         Err(_) => (Outcome::Error, None),
     };
-    let waited = started.elapsed();
     telemetry::acquire_ended(
         context.span,
         context.labels,
         outcome,
         fencing,
         contended,
-        waited,
+        started,
     );
     result
 }
 
-/// The wait itself; sets `contended` when the key was found held.
+/// The wait itself, its events in `wait`; sets `contended` when the key
+/// was found held.
+#[allow(clippy::too_many_arguments)]
 async fn contend(
     parts: &Parts<'_>,
     key: &str,
@@ -79,6 +93,7 @@ async fn contend(
     mode: Mode,
     started: Instant,
     contended: &mut bool,
+    wait: &Span,
 ) -> Result<Option<LockGuard>, LockError> {
     opts.validate(key, mode)?;
     parts
@@ -97,7 +112,7 @@ async fn contend(
         Err(slot) => {
             *contended = true;
             if mode == Mode::Skip {
-                tracing::debug!(key, "lock held by another task of this process; skipping");
+                tracing::debug!(parent: wait, key, "lock held by another task of this process; skipping");
                 return Ok(None);
             }
             within(deadline, slot.lock()).await.ok_or_else(timed_out)?
@@ -106,6 +121,7 @@ async fn contend(
     if let Some(baton) = permit.take_baton() {
         if baton.ttl == opts.ttl && !baton.loss.is_raised() {
             tracing::debug!(
+                parent: wait,
                 key,
                 fencing = baton.fencing,
                 waited_ms = started.elapsed().as_millis() as u64,
@@ -145,6 +161,7 @@ async fn contend(
         let remaining = match answer {
             Acquire::Acquired { fencing, lease } => {
                 tracing::debug!(
+                    parent: wait,
                     key,
                     fencing,
                     waited_ms = started.elapsed().as_millis() as u64,
@@ -165,7 +182,7 @@ async fn contend(
         };
         *contended = true;
         if mode == Mode::Skip {
-            tracing::debug!(key, "lock held elsewhere; skipping");
+            tracing::debug!(parent: wait, key, "lock held elsewhere; skipping");
             return Ok(None);
         }
         let Some(watch) = watch.as_mut() else {
@@ -177,6 +194,7 @@ async fn contend(
                 .map_err(|source| LockError::backend(key, "watch", source))?;
             watch = Some(subscribed);
             tracing::debug!(
+                parent: wait,
                 key,
                 remaining_ms = remaining.map(|r| r.as_millis() as u64),
                 "lock contended; waiting"

@@ -3,6 +3,7 @@
 //! drop.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -93,6 +94,9 @@ struct State {
     labels: Labels,
     /// When the lease was granted, for the hold time.
     acquired_at: Instant,
+    /// Whether the hold's end (a release, a hand-over, a loss) was
+    /// recorded: once, whichever comes first.
+    ended: AtomicBool,
 }
 
 impl State {
@@ -107,9 +111,15 @@ impl State {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// A loss found by the release itself (no signal came before it).
-    fn lost_at_release(&self) {
-        telemetry::lost(&self.span, self.labels, "release");
+    /// Records the end of the hold, lost for `lost` if it was; only the
+    /// first end counts (a release can race a loss).
+    fn ended(&self, lost: Option<&str>) {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(reason) = lost {
+            telemetry::lost(&self.span, self.labels, reason);
+        }
         telemetry::hold_ended(self.labels, self.acquired_at.elapsed());
     }
 
@@ -155,8 +165,7 @@ impl Renewable for State {
 impl LossListener for State {
     fn lease_lost(&self, reason: &'static str) {
         tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
-        telemetry::lost(&self.span, self.labels, reason);
-        telemetry::hold_ended(self.labels, self.acquired_at.elapsed());
+        self.ended(Some(reason));
         drop(self.take_permit_if(|_| true));
     }
 }
@@ -177,7 +186,8 @@ impl LockGuard {
             permit: Mutex::new(Some(permit)),
             span: context.span.clone(),
             labels: context.labels,
-            acquired_at: Instant::now(),
+            acquired_at: grant.sent_at,
+            ended: AtomicBool::new(false),
         });
         let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
         state.loss.listen(listener);
@@ -275,10 +285,7 @@ impl LockGuard {
     /// case the lease ends when its TTL passes.
     pub async fn release(mut self) -> Result<(), LockError> {
         match self.held.take() {
-            Some(held) => {
-                let span = held.state.span.clone();
-                held.release().instrument(span).await
-            }
+            Some(held) => held.release().await,
             None => Ok(()),
         }
     }
@@ -314,11 +321,11 @@ impl Held {
             return match handed {
                 Ok(true) => {
                     telemetry::handed_over(state.labels);
-                    telemetry::hold_ended(state.labels, state.acquired_at.elapsed());
+                    state.ended(None);
                     Ok(())
                 }
                 Ok(false) => {
-                    state.lost_at_release();
+                    state.ended(Some(telemetry::reason::RELEASE));
                     Err(LockError::lost(key))
                 }
                 Err(source) => Err(LockError::backend(key, "release", source)),
@@ -329,15 +336,17 @@ impl Held {
         drop(state.take_permit_if(|_| true));
         match released {
             Ok(true) if was_held => {
-                tracing::debug!(key, linger_ms = linger.as_millis() as u64, "lock released");
-                telemetry::hold_ended(state.labels, state.acquired_at.elapsed());
+                let linger_ms = linger.as_millis() as u64;
+                tracing::debug!(parent: &state.span, key, linger_ms, "lock released");
+                state.ended(None);
                 Ok(())
             }
             Ok(_) => {
                 if was_held {
-                    state.lost_at_release();
+                    state.ended(Some(telemetry::reason::RELEASE));
                 }
                 tracing::warn!(
+                    parent: &state.span,
                     key,
                     "release found the lease lost; the current holder's lock was left alone"
                 );

@@ -151,10 +151,12 @@ impl Drop for LocalSlot {
 /// The front of one key's queue: held from there until the lease is
 /// released (or handed over).
 pub(crate) struct LocalPermit {
-    // Dropped first, so the next local waiter goes ahead before the slot
-    // checks whether it is still needed.
-    guard: OwnedMutexGuard<()>,
+    // Dropped first: once the next local waiter goes ahead, this permit no
+    // longer counts as one of the key's users, so the new holder's
+    // `has_waiters` sees only real waiters (it once saw this permit, and
+    // handed its lease over to nobody).
     slot: LocalSlot,
+    guard: OwnedMutexGuard<()>,
 }
 
 impl LocalPermit {

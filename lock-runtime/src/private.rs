@@ -15,7 +15,6 @@ use crate::options::LockOptions;
 use crate::options::Mode;
 use crate::registry::LockRegistry;
 use crate::telemetry;
-use tracing::Instrument;
 
 /// Renders a key template's arguments (no allocation beyond the result).
 #[doc(hidden)]
@@ -202,9 +201,7 @@ async fn run_all<F: Future>(
         None => crate::registry()?,
     };
     let span = telemetry::locks_span(&keys, mode);
-    let result = run_all_in(registry, keys, opts, mode, body)
-        .instrument(span.clone())
-        .await;
+    let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, body));
     let outcome = match &result {
         Ok(Some(_)) => "acquired",
         Ok(None) => "skipped",
@@ -258,9 +255,11 @@ async fn run_all_in<F: Future>(
 /// Runs `body` while the lease is held; cancels it when the lease is lost;
 /// then releases (see [`settle`]).
 async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
-    let outcome = until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body)
-        .instrument(guard.span().clone())
-        .await;
+    let span = guard.span();
+    let outcome = telemetry::in_span!(
+        span,
+        until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body)
+    );
     let key = guard.key().to_owned();
     match outcome {
         Some(output) => settle(output, guard.release().await),

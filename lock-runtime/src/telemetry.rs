@@ -44,6 +44,20 @@ use tracing::Span;
 
 use crate::options::Mode;
 
+/// Awaits a future inside a span when a subscriber listens to it, and as
+/// it is otherwise: wrapping a large future (a body) moves it, which costs
+/// more than the span itself.
+macro_rules! in_span {
+    ($span:expr, $future:expr) => {
+        if $span.is_disabled() {
+            $future.await
+        } else {
+            ::tracing::Instrument::instrument($future, $span.clone()).await
+        }
+    };
+}
+pub(crate) use in_span;
+
 /// The label of a lock without a name.
 pub(crate) const UNNAMED: &str = "unnamed";
 
@@ -54,6 +68,7 @@ pub(crate) mod reason {
     pub(crate) const LATE: &str = "no renewal got through before the lease ran out";
     pub(crate) const MAX_HOLD: &str = "max_hold reached";
     pub(crate) const TTL: &str = "ttl passed with the watchdog off";
+    pub(crate) const RELEASE: &str = "the release found it gone";
 }
 
 /// The `reason` label of a loss.
@@ -63,6 +78,7 @@ fn reason_label(reason: &str) -> &'static str {
         reason::LATE => "late",
         reason::MAX_HOLD => "max_hold",
         reason::TTL => "ttl",
+        reason::RELEASE => "release",
         _ => "store",
     }
 }
@@ -129,7 +145,7 @@ pub(crate) fn acquire_ended(
     outcome: Outcome,
     fencing: Option<u64>,
     contended: bool,
-    waited: Duration,
+    started: tokio::time::Instant,
 ) {
     if let Some(fencing) = fencing {
         span.record("fencing", fencing);
@@ -148,7 +164,7 @@ pub(crate) fn acquire_ended(
             Outcome::Acquired => {
                 counter("distributed_lock_acquired_total");
                 metrics::histogram!("distributed_lock_wait_seconds", "store" => store, "lock" => name)
-                    .record(waited.as_secs_f64());
+                    .record(started.elapsed().as_secs_f64());
             }
             Outcome::Skipped => counter("distributed_lock_skipped_total"),
             Outcome::Timeout => counter("distributed_lock_timeouts_total"),
@@ -156,7 +172,7 @@ pub(crate) fn acquire_ended(
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (labels, contended, waited);
+    let _ = (labels, contended, started);
 }
 
 /// Records a lease lost while held, for `reason`.

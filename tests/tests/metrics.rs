@@ -213,7 +213,11 @@ async fn a_scripted_scenario_is_counted_exactly() {
         "{figures:#?}"
     );
     assert_eq!(samples("distributed_lock_wait_seconds", &memory), 8);
-    assert_eq!(samples("distributed_lock_hold_seconds", &memory), 8);
+    assert_eq!(
+        samples("distributed_lock_hold_seconds", &memory),
+        8,
+        "{figures:#?}"
+    );
     // The skip, the timeout and the hand-over's waiter found their key held.
     assert_eq!(counter("distributed_lock_contended_total", &memory), 3);
     assert_eq!(counter("distributed_lock_skipped_total", &memory), 1);

@@ -562,11 +562,13 @@ impl LossSignal {
         if self.shared.raised.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.shared.notify.notify_waiters();
+        // The holder first: once woken, a body's task may end and drop it
+        // before the listener would be told.
         let listener = self.listener().take();
         if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
             listener.lease_lost(reason);
         }
+        self.shared.notify.notify_waiters();
     }
 
     /// Whether the signal was raised.
