@@ -55,6 +55,20 @@
 //!   cluster with its revisions as fencing tokens (its build needs `protoc`).
 //! - `zookeeper`: `ZooKeeperBackend` and `LockRegistry::zookeeper`, a FIFO
 //!   queue of ephemeral sequential nodes per key, czxid fencing.
+//! - `metrics`: counters and histograms of every lock through the
+//!   [`metrics`](https://docs.rs/metrics) facade (`distributed_lock_acquired_total`,
+//!   `distributed_lock_wait_seconds`, ...; the README lists them all),
+//!   labelled by store and lock name ([`LockOptions::name`], the
+//!   attribute's `name` or key template).
+//!
+//! # Observability
+//!
+//! Every lock is a `tracing` span named `distributed_lock` (fields `key`,
+//! `mode`, `store`, `fencing`, `outcome`), with its wait as a child span
+//! `lock_wait`; the attribute runs its body inside it, and
+//! [`LockGuard::span`] gives it to manual-API users. With no subscriber a
+//! span's fields are never evaluated. [`LockRegistry::inspect`] says who
+//! holds a key, and [`LockRegistry::force_release`] frees a stuck one.
 
 #![warn(
     missing_docs,
