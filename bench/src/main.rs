@@ -775,6 +775,22 @@ fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Mea
     })
 }
 
+/// This process's CPU time so far (user and system), from /proc (10 ms
+/// ticks: meaningful over runs of a second or more).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // The fields after the command's closing parenthesis; utime and
+            // stime are the 12th and 13th of them.
+            let after = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -1026,10 +1042,16 @@ async fn store_rows(
         ),
     ] {
         // A store's disk makes single runs noisy: four interleaved rounds
-        // of each, keeping each contender's best.
+        // of each, keeping each contender's best. The order alternates
+        // between rounds, so a server that slows down (or warms up) over
+        // the run favours no contender.
         let mut best: HashMap<&str, Measured> = HashMap::new();
-        for _ in 0..4 {
-            for (lib_name, lib) in &contenders {
+        for round in 0..4 {
+            let mut order: Vec<&(&str, Lib)> = contenders.iter().collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for (lib_name, lib) in order {
                 let lib_name = *lib_name;
                 let m = run_tasks(lib, &scenario, lib_name, tasks, ops, false).await?;
                 if best
@@ -1099,11 +1121,17 @@ async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
 
 /// One row as printed while the benchmark runs.
 fn row_line(m: &Measured) -> String {
+    // A hand-off row counts hand-offs, not a rate.
+    let rate = if m.elapsed.is_zero() {
+        "-".to_owned()
+    } else {
+        format!("{:.0}/s", m.throughput())
+    };
     format!(
-        "{:<48} {:<14} {:>10.0}/s  p50 {:>9}  p99 {:>9}  max {:>9} {}",
+        "{:<48} {:<14} {:>12}  p50 {:>9}  p99 {:>9}  max {:>9} {}",
         m.scenario,
         m.lib,
-        m.throughput(),
+        rate,
         fmt_d(m.pct(50.0)),
         fmt_d(m.pct(99.0)),
         fmt_d(m.waits.last().copied().unwrap_or_default()),
@@ -1181,8 +1209,17 @@ async fn main() -> Result<(), Error> {
             let tasks: usize = args.get(3).map_or(Ok(1), |t| t.parse())?;
             for _ in 0..args.get(4).map_or(Ok(1), |r| r.parse::<usize>())? {
                 for (name, lib) in &libs {
+                    let cpu = cpu_time();
                     let m = run_tasks(lib, "profile", name, tasks, ops, false).await?;
-                    println!("{name}: {:.0}/s", m.throughput());
+                    // This process's CPU (the client's: the server is a
+                    // process of its own) per lock, whatever the server's
+                    // noise did to the throughput.
+                    let per_op = (cpu_time() - cpu) / ops as u32;
+                    println!(
+                        "{name}: {:.0}/s, client CPU {:.1} µs per lock",
+                        m.throughput(),
+                        per_op.as_secs_f64() * 1e6
+                    );
                 }
             }
             drop((etcd, zookeeper));

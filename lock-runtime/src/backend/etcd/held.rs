@@ -1,10 +1,11 @@
 //! Pushed losses: the keys a store holds, watched for their deletion.
 //!
 //! A key held for [`WATCH_AFTER`] gets a watch from the revision after its
-//! grant, all on one multiplexed watch stream per store: an acquire only
-//! queues a message and pays no round trip, and the short holds that are
-//! most locks cost etcd nothing (a watch created later still reports
-//! every deletion since the grant). A deletion the holder did not make (its
+//! grant, all on one multiplexed watch stream per store. The store's task
+//! looks for such keys on a tick of its own: an acquire only notes its key
+//! in a map, and pays no round trip and no wake-up of the task; the short
+//! holds that are most locks cost etcd nothing (a watch created later still
+//! reports every deletion since the grant). A deletion the holder did not make (its
 //! lease expired or was revoked, an operator deleted the key or forced a
 //! release) raises the holder's [`LossSignal`] then, rather than at its
 //! next renewal. A release forgets its key before it deletes it. A broken
@@ -12,7 +13,7 @@
 //! start, so nothing in between is missed; a key whose start was compacted
 //! away is left to the renewal, which checks ownership anyway.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -28,8 +29,12 @@ use crate::backend::LossSignal;
 const OPENER_ID: i64 = i64::MAX;
 
 /// How long a key is held before it is watched: a loss is pushed within
-/// this (plus the event's way), and shorter holds are never watched.
+/// this and a tick (plus the event's way), and shorter holds are never
+/// watched.
 pub(super) const WATCH_AFTER: Duration = Duration::from_millis(100);
+
+/// How often the task looks for keys held long enough to watch.
+const TICK: Duration = Duration::from_millis(50);
 
 /// The keys one store holds, and the task that watches them.
 #[derive(Default)]
@@ -46,13 +51,15 @@ struct Held {
     key: Vec<u8>,
     from: i64,
     loss: LossSignal,
+    /// When it was taken: watched from `WATCH_AFTER` later.
+    since: Instant,
     /// The stream its watch was created on (0: none yet).
     stream: u64,
 }
 
+/// What a release asks of the task.
 enum Request {
-    /// Watch the key of this id from `due` on.
-    Watch(i64, Instant),
+    /// Stop watching the key of this id.
     Cancel(i64),
 }
 
@@ -74,16 +81,16 @@ impl HeldKeys {
                 key: key.to_vec(),
                 from: granted + 1,
                 loss: loss.clone(),
+                since: Instant::now(),
                 stream: 0,
             },
         );
-        let requests = self.requests.get_or_init(|| {
+        self.requests.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             let task = watch_held(watches.clone(), opener.to_vec(), Arc::downgrade(self), rx);
             tokio::spawn(task);
             tx
         });
-        let _ = requests.send(Request::Watch(id, Instant::now() + WATCH_AFTER));
         id
     }
 
@@ -99,17 +106,22 @@ impl HeldKeys {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What to send to watch `id` on stream `stream`, unless it is gone or
-    /// already watched there.
-    fn to_watch(&self, id: i64, stream: u64) -> Option<(Vec<u8>, WatchOptions)> {
+    /// What to send to watch, on stream `stream`, every key held since
+    /// `before` or earlier and not watched there yet; they count as watched
+    /// there from now.
+    fn to_watch(&self, stream: u64, before: Instant) -> Vec<(Vec<u8>, WatchOptions)> {
         let mut keys = self.lock();
-        let held = keys.get_mut(&id).filter(|held| held.stream != stream)?;
-        held.stream = stream;
-        let options = WatchOptions::new()
-            .with_watch_id(id)
-            .with_start_revision(held.from)
-            .with_filters([WatchFilterType::NoPut]);
-        Some((held.key.clone(), options))
+        keys.iter_mut()
+            .filter(|(_, held)| held.stream != stream && held.since <= before)
+            .map(|(&id, held)| {
+                held.stream = stream;
+                let options = WatchOptions::new()
+                    .with_watch_id(id)
+                    .with_start_revision(held.from)
+                    .with_filters([WatchFilterType::NoPut]);
+                (held.key.clone(), options)
+            })
+            .collect()
     }
 
     /// The key of `id` was deleted, or its watch cancelled by etcd.
@@ -136,8 +148,8 @@ async fn watch_held(
     let opening = WatchOptions::new()
         .with_watch_id(OPENER_ID)
         .with_filters([WatchFilterType::NoPut, WatchFilterType::NoDelete]);
-    // Keys to watch once held long enough, in the order they are due.
-    let mut due: VecDeque<(Instant, i64)> = VecDeque::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let Ok(mut stream) = watches.watch(opener.clone(), Some(opening.clone())).await else {
             tokio::time::sleep(WATCH_RETRY).await;
@@ -145,35 +157,32 @@ async fn watch_held(
         };
         let Some(held) = keys.upgrade() else { return };
         let generation = held.stream.fetch_add(1, Ordering::Relaxed) + 1;
-        let ids: Vec<i64> = held.lock().keys().copied().collect();
-        let mut broken = false;
-        for id in ids {
-            if let Some((key, options)) = held.to_watch(id, generation) {
-                broken |= stream.watch(key, Some(options)).await.is_err();
-            }
-        }
+        // Every key held now, each from its own start: nothing deleted
+        // while the stream was down is missed.
+        let all = held.to_watch(generation, Instant::now());
         drop(held);
+        let mut broken = false;
+        for (key, options) in all {
+            broken |= stream.watch(key, Some(options)).await.is_err();
+        }
         while !broken {
-            let next_due = due.front().map(|(at, _)| *at);
             tokio::select! {
                 request = requests.recv() => {
                     match request {
                         None => return,
-                        Some(Request::Watch(id, at)) => due.push_back((at, id)),
                         Some(Request::Cancel(id)) => broken = stream.cancel(id).await.is_err(),
                     }
                 }
-                () = sleep_until(next_due) => {
+                _ = tick.tick() => {
                     let Some(held) = keys.upgrade() else { return };
-                    let now = Instant::now();
-                    while let Some(&(at, id)) = due.front() {
-                        if at > now || broken {
+                    let before = Instant::now().checked_sub(WATCH_AFTER).unwrap_or_else(Instant::now);
+                    let due = held.to_watch(generation, before);
+                    drop(held);
+                    for (key, options) in due {
+                        if broken {
                             break;
                         }
-                        due.pop_front();
-                        if let Some((key, options)) = held.to_watch(id, generation) {
-                            broken = stream.watch(key, Some(options)).await.is_err();
-                        }
+                        broken = stream.watch(key, Some(options)).await.is_err();
                     }
                 }
                 answer = stream.message() => {
@@ -197,13 +206,5 @@ async fn watch_held(
             }
         }
         tokio::time::sleep(WATCH_RETRY).await;
-    }
-}
-
-/// Sleeps until `at`, or forever without one.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
