@@ -54,27 +54,18 @@ fn parse_args() -> Result<Args, Error> {
         locked: true,
         worker: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        if args.store.parse(&flag, &mut value)? {
-            continue;
-        }
-        match flag.as_str() {
+    args.store = examples::parse_flags("flash_sale", |flag, value| {
+        match flag {
             "--stock" => args.stock = value()?.parse()?,
             "--buyers" => args.buyers = value()?.parse()?,
             "--pause-ms" => args.pause = Duration::from_millis(value()?.parse()?),
             "--processes" => args.processes = value()?.parse()?,
             "--no-lock" => args.locked = false,
             "--worker" => args.worker = Some(value()?),
-            other => {
-                return Err(format!(
-                    "unknown option {other}; see the top of examples/flash_sale.rs"
-                )
-                .into());
-            }
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if args.processes > 1 && !args.store.is_shared() {
         return Err(format!(
             "--processes needs {STORE_FLAGS}: processes share a lock through a store"

@@ -57,13 +57,8 @@ fn parse_args() -> Result<Args, Error> {
         hold: true,
         instance: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        if args.store.parse(&flag, &mut value)? {
-            continue;
-        }
-        match flag.as_str() {
+    args.store = examples::parse_flags("scheduled_job", |flag, value| {
+        match flag {
             "--instances" => args.instances = value()?.parse()?,
             "--ticks" => args.ticks = value()?.parse()?,
             "--no-hold" => args.hold = false,
@@ -71,14 +66,10 @@ fn parse_args() -> Result<Args, Error> {
                 let (i, run, start) = (value()?.parse()?, value()?, value()?.parse()?);
                 args.instance = Some((i, run, start));
             }
-            other => {
-                return Err(format!(
-                    "unknown option {other}; see the top of examples/scheduled_job.rs"
-                )
-                .into());
-            }
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if args.instances < 2 {
         return Err("--instances must be at least 2 for the job to be contended".into());
     }

@@ -59,24 +59,16 @@ fn parse_args() -> Result<Args, Error> {
         wait: Duration::from_millis(1000),
         store: StoreFlag::Memory,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        if args.store.parse(&flag, &mut value)? {
-            continue;
-        }
-        match flag.as_str() {
+    args.store = examples::parse_flags("web_shop", |flag, value| {
+        match flag {
             "--listen" => args.listen = value()?,
             "--stock" => args.stock = value()?.parse()?,
             "--pause-ms" => args.pause = Duration::from_millis(value()?.parse()?),
             "--wait-ms" => args.wait = Duration::from_millis(value()?.parse()?),
-            other => {
-                return Err(
-                    format!("unknown option {other}; see the top of examples/web_shop.rs").into(),
-                );
-            }
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if matches!(args.store, StoreFlag::Memory | StoreFlag::Redis(_)) {
         Ok(args)
     } else {

@@ -26,6 +26,30 @@ pub enum StoreFlag {
     ZooKeeper(String),
 }
 
+/// Reads an example's command line: the store flags into the returned
+/// [`StoreFlag`], every other flag to `other` with a way to read its value;
+/// `other` says whether it knew the flag, and an unknown one is an error
+/// naming `example`.
+pub fn parse_flags(
+    example: &str,
+    mut other: impl FnMut(&str, &mut dyn FnMut() -> Result<String, Error>) -> Result<bool, Error>,
+) -> Result<StoreFlag, Error> {
+    let mut store = StoreFlag::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || -> Result<String, Error> {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value").into())
+        };
+        if !store.parse(&flag, &mut value)? && !other(&flag, &mut value)? {
+            return Err(
+                format!("unknown option {flag}; see the top of examples/{example}.rs").into(),
+            );
+        }
+    }
+    Ok(store)
+}
+
 /// Why `--etcd` fails in a build without the `etcd` feature.
 pub const WITHOUT_ETCD: &str = "these examples were built without etcd: run them with \
      `cargo run -p examples --features etcd --example ...` \
@@ -67,17 +91,7 @@ impl StoreFlag {
     /// The store flag of an example that takes no other option: from the
     /// command line, an error naming `example` for anything else.
     pub fn from_args(example: &str) -> Result<StoreFlag, Error> {
-        let mut store = StoreFlag::default();
-        let mut args = std::env::args().skip(1);
-        while let Some(flag) = args.next() {
-            let value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-            if !store.parse(&flag, value)? {
-                return Err(
-                    format!("unknown option {flag}; see the top of examples/{example}.rs").into(),
-                );
-            }
-        }
-        Ok(store)
+        parse_flags(example, |_, _| Ok(false))
     }
 
     /// Whether processes can share locks through this store.

@@ -218,21 +218,7 @@ impl Processes {
         let mut holder = self.worker("hold-1s", &key, &["5000"]);
         holder.expect("acquired", STARTUP);
         undo(&key);
-        let undone_at = Instant::now();
-        let lost = holder.expect("error", STARTUP);
-        assert!(lost.contains("was lost"), "{lost}");
-        // Noticed at the next renewal.
-        assert!(
-            undone_at.elapsed() < Duration::from_millis(900),
-            "{:?}",
-            undone_at.elapsed()
-        );
-        let (status, lines) = holder.finish(STARTUP);
-        assert!(status.success(), "{lines:?}");
-        assert!(
-            !lines.iter().any(|l| l.starts_with("releasing")),
-            "body cancelled: {lines:?}"
-        );
+        expect_cancelled_with_lost(holder, Instant::now());
     }
 
     /// A worker holds a key (a 1 s lease renewed every 333 ms, for a 30 s
@@ -270,19 +256,7 @@ impl Processes {
             runtime.block_on(registry.inspect(&key)).expect("inspect"),
             None
         );
-        let lost = holder.expect("error", STARTUP);
-        assert!(lost.contains("was lost"), "{lost}");
-        assert!(
-            freed_at.elapsed() < Duration::from_millis(900),
-            "the holder learned of the loss after {:?}",
-            freed_at.elapsed()
-        );
-        let (status, lines) = holder.finish(STARTUP);
-        assert!(status.success(), "{lines:?}");
-        assert!(
-            !lines.iter().any(|l| l.starts_with("releasing")),
-            "body cancelled: {lines:?}"
-        );
+        expect_cancelled_with_lost(holder, freed_at);
     }
 
     /// Two processes of two tasks contend on one key for 6 s (1 s ttl);
@@ -331,4 +305,23 @@ impl Processes {
         assert!(resumed < Duration::from_secs(5), "{resumed:?}");
         resumed
     }
+}
+
+/// A `hold-1s` worker whose lease was undone at `undone_at`: its body is
+/// cancelled with `Lost` at its next renewal (within 900 ms) and never
+/// finishes.
+fn expect_cancelled_with_lost(mut holder: Worker, undone_at: Instant) {
+    let lost = holder.expect("error", STARTUP);
+    assert!(lost.contains("was lost"), "{lost}");
+    assert!(
+        undone_at.elapsed() < Duration::from_millis(900),
+        "the holder learned of the loss after {:?}",
+        undone_at.elapsed()
+    );
+    let (status, lines) = holder.finish(STARTUP);
+    assert!(status.success(), "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("releasing")),
+        "body cancelled: {lines:?}"
+    );
 }
