@@ -59,7 +59,9 @@
 //!   [`metrics`](https://docs.rs/metrics) facade (`distributed_lock_acquired_total`,
 //!   `distributed_lock_wait_seconds`, ...; the README lists them all),
 //!   labelled by store and lock name ([`LockOptions::name`], the
-//!   attribute's `name` or key template).
+//!   attribute's `name` or key template). Install the recorder before the
+//!   first lock: each lock name's metrics are registered once, at its first
+//!   lock, and reused.
 //!
 //! # Observability
 //!

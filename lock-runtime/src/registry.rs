@@ -320,10 +320,7 @@ impl LockRegistry {
                 capabilities,
                 prefix_len: inner.prefix.len(),
                 span: &span,
-                labels: Labels {
-                    store: capabilities.store,
-                    name: opts.name.unwrap_or(telemetry::UNNAMED),
-                },
+                labels: Labels::new(capabilities.store, opts.name.unwrap_or(telemetry::UNNAMED)),
             },
         };
         acquire::acquire(&parts, key, full_key, opts, mode).await
