@@ -22,9 +22,10 @@
 //!
 //! # Metrics
 //!
-//! Labels: `store` and `lock`, the lock's name (the attribute's key
-//! template, or [`LockOptions::name`](crate::LockOptions::name); `unnamed`
-//! otherwise); never the rendered key, whose values are unbounded.
+//! Labels: `store` and `lock`, the lock's name (the attribute's `name` or
+//! else its key template, or [`LockOptions::name`](crate::LockOptions::name);
+//! `unnamed` otherwise); never the rendered key, whose values are
+//! unbounded.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
