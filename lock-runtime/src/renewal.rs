@@ -119,6 +119,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Renewer {
     state: Mutex<Queue>,
     wake: Arc<Notify>,
+    /// How many times a lock woke the task.
+    #[cfg(test)]
+    wakes: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -160,6 +163,8 @@ impl Renewer {
             let renewer = Arc::new(Renewer {
                 state: Mutex::default(),
                 wake: Arc::new(Notify::new()),
+                #[cfg(test)]
+                wakes: Default::default(),
             });
             renewers.push((Arc::downgrade(owner), renewer.clone()));
             renewer
@@ -183,6 +188,8 @@ impl Renewer {
             queue.task = Some(tokio::spawn(serve(Arc::downgrade(self), self.wake.clone())));
         } else if queue.planned.is_none_or(|planned| due < planned) {
             queue.planned = Some(due);
+            #[cfg(test)]
+            self.wakes.fetch_add(1, Ordering::SeqCst);
             self.wake.notify_one();
         }
     }
@@ -198,6 +205,8 @@ impl Renewer {
 /// The renewer's task: acts on due entries, then sleeps until the next one.
 async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
     let mut idle_since: Option<Instant> = None;
+    // Whether a lock woke the task (rather than its own timer).
+    let mut woken = false;
     loop {
         let Some(strong) = renewer.upgrade() else {
             return;
@@ -220,6 +229,13 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
                     Some(*due)
                 }
                 None => {
+                    // A lock that woke the task counts as activity, even if
+                    // it was released before the task looked: otherwise,
+                    // once idle, every short lock would wake the task (two
+                    // thread wake-ups per lock on a multi-thread runtime).
+                    if woken {
+                        idle_since = None;
+                    }
                     let since = *idle_since.get_or_insert(now);
                     // Keep waking for a while, so locks taken meanwhile need
                     // not wake the task; then sleep until woken.
@@ -233,15 +249,18 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
             act(&strong, id, entry);
         }
         drop(strong);
-        match next {
+        woken = match next {
             Some(next) => {
                 tokio::select! {
-                    () = sleep_until(next) => {}
-                    () = wake.notified() => {}
+                    () = sleep_until(next) => false,
+                    () = wake.notified() => true,
                 }
             }
-            None => wake.notified().await,
-        }
+            None => {
+                wake.notified().await;
+                true
+            }
+        };
     }
 }
 
@@ -332,5 +351,67 @@ impl Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Held(tracing::Span);
+
+    impl Renewable for Held {
+        fn key(&self) -> &str {
+            "k"
+        }
+
+        fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>> {
+            Box::pin(async { Ok(true) })
+        }
+
+        fn lose(&self, _: &'static str) {}
+
+        fn span(&self) -> &tracing::Span {
+            &self.0
+        }
+
+        fn renewal_failed(&self) {}
+    }
+
+    fn hold(owner: &Arc<()>) -> Renewal {
+        let schedule = Schedule {
+            ttl: Duration::from_secs(30),
+            valid_for: Duration::from_secs(29),
+            renew: true,
+            max_hold: None,
+            acquired_at: Instant::now(),
+        };
+        Renewal::start(owner, schedule, Arc::new(Held(tracing::Span::none())))
+    }
+
+    /// Short locks taken after the renewer went idle wake its task once,
+    /// not once each (each wake-up costs thread wake-ups on a multi-thread
+    /// runtime: two futex calls per lock, before this was fixed).
+    #[tokio::test(start_paused = true)]
+    async fn short_locks_after_an_idle_spell_wake_the_task_once() {
+        let owner = Arc::new(());
+        let first = hold(&owner);
+        let renewer = first.renewer.clone();
+        first.stop();
+        drop(first);
+        // Idle for longer than the task lingers.
+        tokio::time::sleep(IDLE_LINGER * 3).await;
+        let before = renewer.wakes.load(Ordering::SeqCst);
+        for _ in 0..100 {
+            let lock = hold(&owner);
+            lock.stop();
+            drop(lock);
+            // The task runs after the release (on a multi-thread runtime,
+            // on another thread meanwhile), and finds the queue empty.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let wakes = renewer.wakes.load(Ordering::SeqCst) - before;
+        assert!(wakes <= 1, "{wakes} wake-ups for 100 short locks");
     }
 }
