@@ -538,6 +538,15 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .await?,
         ),
         "lock-runtime" => Lib::Ours(LockRegistry::redis(url).await?),
+        "raw" => Lib::Raw(Arc::new(
+            lock_runtime::RedisBackend::builder(url).connect().await?,
+        )),
+        "raw-nofence" => Lib::Raw(Arc::new(
+            lock_runtime::RedisBackend::builder(url)
+                .fencing(lock_runtime::backend::redis::Fencing::Off)
+                .connect()
+                .await?,
+        )),
         "rslock" => Lib::Rslock(rslock::LockManager::new(vec![url.to_owned()])),
         "memory" => Lib::Ours(LockRegistry::memory()),
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
@@ -1171,6 +1180,75 @@ async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
     Ok(())
 }
 
+/// `--profile LIBS OPS [TASKS [ROUNDS]]`: scenario 1 (or 2 with TASKS = 64)
+/// for perf, callgrind or strace; the contenders (comma-separated) in turn
+/// on one server, each round printing its throughput and this process's
+/// CPU per lock (the client's: the server is a process of its own), then
+/// the server's time per command. Redis: floor, lock-runtime, raw (the
+/// store through the `Backend` trait alone), rslock; PostgreSQL:
+/// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
+/// pg_stat_statements); etcd: etcd-floor, etcd-lock-runtime, etcd-raw
+/// (13 or 14); ZooKeeper: zk-floor, zk-lock-runtime, zk-raw (17 or 18).
+async fn profile(args: &[String]) -> Result<(), Error> {
+    let [names, ops, rest @ ..] = args else {
+        return Err("--profile LIBS OPS [TASKS [ROUNDS]]".into());
+    };
+    let (mut redis, mut postgres, mut etcd, mut zookeeper) = (None, None, None, None);
+    let url = if names.starts_with("pg-") {
+        postgres.insert(lock_tests::PostgresServer::new()).url()
+    } else if names.starts_with("zk-") {
+        zookeeper
+            .insert(lock_tests::ZooKeeperEnsemble::single())
+            .connect_string()
+    } else if names.starts_with("etcd-") {
+        etcd.insert(lock_tests::EtcdCluster::single())
+            .endpoints()
+            .join(",")
+    } else {
+        redis.insert(RedisServer::new()).url()
+    };
+    let ops: u64 = ops.parse()?;
+    let tasks: usize = rest.first().map_or(Ok(1), |t| t.parse())?;
+    let rounds: usize = rest.get(1).map_or(Ok(1), |r| r.parse())?;
+    let mut libs = Vec::new();
+    for name in names.split(',') {
+        let lib = make_lib(name, &url).await?;
+        run_tasks(&lib, "warm-up", name, 1, 100, false).await?;
+        libs.push((name, lib));
+    }
+    for _ in 0..rounds {
+        for (name, lib) in &libs {
+            let cpu = cpu_time();
+            let m = run_tasks(lib, "profile", name, tasks, ops, false).await?;
+            let per_op = (cpu_time() - cpu) / (ops * tasks as u64) as u32;
+            println!(
+                "{name}: {:.0}/s, client CPU {:.1} µs per lock",
+                m.throughput(),
+                per_op.as_secs_f64() * 1e6
+            );
+        }
+    }
+    drop((etcd, zookeeper));
+    if let Some(server) = redis {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut server.connection())?;
+        for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+            println!("  {line}");
+        }
+    }
+    if let Some(postgres) = postgres {
+        postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        println!(
+            "{}",
+            postgres.psql(
+                "SELECT calls, round(mean_exec_time::numeric * 1000, 1) AS us, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_statements WHERE calls > 1000 ORDER BY calls DESC"
+            )
+        );
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -1178,75 +1256,7 @@ async fn main() -> Result<(), Error> {
         return worker(&args[1..]).await;
     }
     if args.first().map(String::as_str) == Some("--profile") {
-        // `--profile LIB OPS`: scenario 1 alone, for perf or callgrind.
-        // `--profile pg-floor,pg-lock-runtime,pg-raw OPS [TASKS [ROUNDS]]`:
-        // scenario 9 (or 10), the contenders in turn on one server, then the
-        // server's time per statement (pg_stat_statements). The same with
-        // etcd-floor,etcd-lock-runtime,etcd-raw: scenario 13 (or 14), and
-        // zk-floor,zk-lock-runtime,zk-raw: scenario 17 (or 18).
-        let stores = ["pg-", "etcd-", "zk-"];
-        if stores.iter().any(|store| args[1].starts_with(store)) {
-            let (mut postgres, mut etcd, mut zookeeper) = (None, None, None);
-            let url = if args[1].starts_with("pg-") {
-                postgres.insert(lock_tests::PostgresServer::new()).url()
-            } else if args[1].starts_with("zk-") {
-                zookeeper
-                    .insert(lock_tests::ZooKeeperEnsemble::single())
-                    .connect_string()
-            } else {
-                etcd.insert(lock_tests::EtcdCluster::single())
-                    .endpoints()
-                    .join(",")
-            };
-            let ops: u64 = args[2].parse()?;
-            let names: Vec<&str> = args[1].split(',').collect();
-            let mut libs = Vec::new();
-            for name in &names {
-                let lib = make_lib(name, &url).await?;
-                run_tasks(&lib, "warm-up", name, 1, 100, false).await?;
-                libs.push((name, lib));
-            }
-            let tasks: usize = args.get(3).map_or(Ok(1), |t| t.parse())?;
-            for _ in 0..args.get(4).map_or(Ok(1), |r| r.parse::<usize>())? {
-                for (name, lib) in &libs {
-                    let cpu = cpu_time();
-                    let m = run_tasks(lib, "profile", name, tasks, ops, false).await?;
-                    // This process's CPU (the client's: the server is a
-                    // process of its own) per lock, whatever the server's
-                    // noise did to the throughput.
-                    let per_op = (cpu_time() - cpu) / ops as u32;
-                    println!(
-                        "{name}: {:.0}/s, client CPU {:.1} µs per lock",
-                        m.throughput(),
-                        per_op.as_secs_f64() * 1e6
-                    );
-                }
-            }
-            drop((etcd, zookeeper));
-            let Some(postgres) = postgres else {
-                return Ok(());
-            };
-            postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-            println!(
-                "{}",
-                postgres.psql(
-                    "SELECT calls, round(mean_exec_time::numeric * 1000, 1) AS us, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_statements WHERE calls > 1000 ORDER BY calls DESC"
-                )
-            );
-            return Ok(());
-        }
-        let server = RedisServer::new();
-        let lib = make_lib(&args[1], &server.url()).await?;
-        let ops: u64 = args[2].parse()?;
-        let m = run_tasks(&lib, "profile", &args[1], 1, ops, false).await?;
-        println!("{}: {:.0}/s", args[1], m.throughput());
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut server.connection())?;
-        for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
-            println!("  {line}");
-        }
-        return Ok(());
+        return profile(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {

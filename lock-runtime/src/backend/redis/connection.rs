@@ -28,8 +28,9 @@ const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct RedisConnection {
     /// The plain server's connection, used directly: no lock, no second
-    /// future on the path of every command.
-    direct: Option<(ConnectionManager, Client)>,
+    /// future on the path of every command. Without its client, whose
+    /// strings a clone would copy: every command clones the connection.
+    direct: Option<ConnectionManager>,
     shared: Arc<Shared>,
 }
 
@@ -102,7 +103,7 @@ impl RedisConnection {
         let mut conn = client.get_connection_manager_with_config(config).await?;
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        let direct = sentinel.is_none().then(|| (conn.clone(), client.clone()));
+        let direct = sentinel.is_none().then(|| conn.clone());
         Ok(RedisConnection {
             direct,
             shared: Arc::new(Shared {
@@ -113,10 +114,7 @@ impl RedisConnection {
     }
 
     fn current(&self) -> (ConnectionManager, Client) {
-        match &self.direct {
-            Some(direct) => direct.clone(),
-            None => lock(&self.shared.current).clone(),
-        }
+        lock(&self.shared.current).clone()
     }
 
     /// After an error a failover explains, asks the Sentinels for the master
@@ -184,7 +182,7 @@ impl ConnectionLike for RedisConnection {
         // limit with conditional returns of borrows).
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
-            let (conn, _) = self.direct.as_mut().expect("checked above");
+            let conn = self.direct.as_mut().expect("checked above");
             return conn.req_packed_command(cmd);
         }
         Box::pin(async move {
@@ -206,7 +204,7 @@ impl ConnectionLike for RedisConnection {
         // As in `req_packed_command`.
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
-            let (conn, _) = self.direct.as_mut().expect("checked above");
+            let conn = self.direct.as_mut().expect("checked above");
             return conn.req_packed_commands(pipeline, offset, count);
         }
         Box::pin(async move {
@@ -220,7 +218,10 @@ impl ConnectionLike for RedisConnection {
     }
 
     fn get_db(&self) -> i64 {
-        self.current().0.get_db()
+        match &self.direct {
+            Some(conn) => conn.get_db(),
+            None => self.current().0.get_db(),
+        }
     }
 }
 
