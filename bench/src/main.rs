@@ -55,6 +55,11 @@ enum Lib {
     Floor(MultiplexedConnection),
     Ours(LockRegistry),
     Rslock(rslock::LockManager),
+    /// The `distributed-lock` crate (0.2) on Redis: `RedisLockProvider`,
+    /// a lock made per key, acquired and released.
+    PeerRedis(Arc<distributed_lock_redis::RedisLockProvider>),
+    /// The `distributed-lock` crate (0.2) on PostgreSQL: advisory locks.
+    PeerPostgres(Arc<distributed_lock_postgres::PostgresLockProvider>),
     /// A store driven through the `Backend` trait alone, without the
     /// runtime (profiling only).
     Raw(Arc<dyn lock_runtime::Backend>),
@@ -380,6 +385,22 @@ impl Lib {
                 manager.unlock(&lock).await;
                 Ok(waited)
             }
+            Lib::PeerRedis(provider) => {
+                use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+                let handle = provider.create_lock(key).acquire(None).await?;
+                let waited = called.elapsed();
+                work();
+                handle.release().await?;
+                Ok(waited)
+            }
+            Lib::PeerPostgres(provider) => {
+                use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+                let handle = provider.create_lock(key).acquire(None).await?;
+                let waited = called.elapsed();
+                work();
+                handle.release().await?;
+                Ok(waited)
+            }
             Lib::TokioMutex(map) => {
                 let mutex = map
                     .lock()
@@ -548,6 +569,19 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .await?,
         )),
         "rslock" => Lib::Rslock(rslock::LockManager::new(vec![url.to_owned()])),
+        "distributed-lock" => Lib::PeerRedis(Arc::new(
+            distributed_lock_redis::RedisLockProvider::builder()
+                .url(url)
+                .expiry(TTL)
+                .build()
+                .await?,
+        )),
+        "pg-distributed-lock" => Lib::PeerPostgres(Arc::new(
+            distributed_lock_postgres::PostgresLockProvider::builder()
+                .connection_string(url)
+                .build()
+                .await?,
+        )),
         "memory" => Lib::Ours(LockRegistry::memory()),
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
@@ -980,6 +1014,9 @@ struct StoreRows {
     /// Another floor for the uncontended and distinct-key rows: its name in
     /// the table and for [`make_lib`].
     second_floor: Option<(&'static str, &'static str)>,
+    /// Other libraries on this store, in every row: the name in the table
+    /// and for [`make_lib`].
+    peers: &'static [(&'static str, &'static str)],
 }
 
 const POSTGRES: StoreRows = StoreRows {
@@ -991,6 +1028,7 @@ const POSTGRES: StoreRows = StoreRows {
     distinct_ops: 100,
     process_ops: 200,
     second_floor: None,
+    peers: &[("distributed-lock", "pg-distributed-lock")],
 };
 
 const ETCD: StoreRows = StoreRows {
@@ -1002,6 +1040,7 @@ const ETCD: StoreRows = StoreRows {
     distinct_ops: 50,
     process_ops: 100,
     second_floor: None,
+    peers: &[],
 };
 
 const ZOOKEEPER: StoreRows = StoreRows {
@@ -1015,6 +1054,7 @@ const ZOOKEEPER: StoreRows = StoreRows {
     // The queue recipe (sequential child + listing) without a library: the
     // read that a FIFO queue needs and a single node does not.
     second_floor: Some(("queue floor", "zk-queue-floor")),
+    peers: &[],
 };
 
 /// One store's four rows, the library beside the store's floor on one
@@ -1033,6 +1073,9 @@ async fn store_rows(
     let mut contenders = vec![("floor", floor.clone()), ("lock-runtime", ours)];
     if let Some((name, lib)) = store.second_floor {
         contenders.insert(1, (name, make_lib(lib, url).await?));
+    }
+    for (name, lib) in store.peers {
+        contenders.push((name, make_lib(lib, url).await?));
     }
     for (_, lib) in &contenders {
         run_tasks(lib, "warm-up", "", 1, 100, false).await?;
@@ -1075,8 +1118,9 @@ async fn store_rows(
             rows.extend(best.remove(lib_name));
         }
     }
-    let workers = [("floor", store.floor), ("lock-runtime", store.ours)];
-    for (lib_name, worker_lib) in workers {
+    let mut workers = vec![("floor", store.floor), ("lock-runtime", store.ours)];
+    workers.extend(store.peers);
+    for &(lib_name, worker_lib) in &workers {
         let (ops, url) = (store.process_ops / scale, url.to_owned());
         let scenario = format!("{}. {name}: 4 processes x 4 tasks, one hot key", first + 2);
         let mut m =
@@ -1274,12 +1318,14 @@ async fn main() -> Result<(), Error> {
     let floor = Lib::Floor(conn.clone());
     let ours = Lib::Ours(LockRegistry::redis(&url).await?);
     let rslock = Lib::Rslock(rslock::LockManager::new(vec![url.clone()]));
+    let peer = make_lib("distributed-lock", &url).await?;
     let memory = LockRegistry::memory();
     lock_runtime::init(memory.clone())?;
     let contenders = [
         ("floor", &floor),
         ("lock-runtime", &ours),
         ("rslock", &rslock),
+        ("distributed-lock", &peer),
     ];
 
     let rtt = round_trip(&conn).await?;
@@ -1331,7 +1377,7 @@ async fn main() -> Result<(), Error> {
         .await??;
         push(m);
     }
-    for name in ["floor", "lock-runtime", "rslock"] {
+    for name in ["floor", "lock-runtime", "rslock", "distributed-lock"] {
         let rounds = if quick { 30 } else { 200 };
         let m = tokio::task::spawn_blocking({
             let url = url.clone();
