@@ -1,6 +1,7 @@
-//! Lock throughput and latency: lock-runtime beside the raw Redis floor and
-//! rslock, interleaved in one run against one `redis-server` this program
-//! starts on a free loopback port.
+//! Lock throughput and latency: lock-runtime beside the raw Redis floor,
+//! rslock and distributed-lock, interleaved in one run against one
+//! `redis-server` this program starts on a free loopback port (and the
+//! PostgreSQL, etcd and ZooKeeper rows against servers it starts too).
 //!
 //! ```sh
 //! cargo run --release --manifest-path bench/Cargo.toml            # full run: BENCHMARKS.md + BENCHMARKS.svg
@@ -14,6 +15,9 @@
 //!   attribute in scenario 7);
 //! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
 //!   settings, on the same server;
+//! - `distributed-lock` (0.2): a lock made by its provider per key,
+//!   `acquire(None)` + `release`, on Redis (rows 1-5) and on PostgreSQL
+//!   (its advisory locks, rows 9-12);
 //! - for PostgreSQL (rows 9-12), etcd (rows 13-16, one member) and
 //!   ZooKeeper (rows 17-20, one server), each store's floor beside
 //!   `lock-runtime` on it: the library's own acquire statement or
@@ -1533,7 +1537,9 @@ async fn main() -> Result<(), Error> {
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
          and an owner-checked delete, no library; for ZooKeeper an ephemeral node created and deleted, no \
-         library); for hand-offs it is the median in round trips ({}).\n",
+         library); for hand-offs it is the median in round trips ({}). Other libraries: rslock 0.10 (Redis), \
+         distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx), each with its \
+         defaults, locking and releasing the same keys.\n",
         if quick {
             "--quick (figures are rough)"
         } else {
