@@ -16,8 +16,9 @@
 //! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
 //!   settings, on the same server;
 //! - `distributed-lock` (0.2): a lock made by its provider per key,
-//!   `acquire(None)` + `release`, on Redis (rows 1-5) and on PostgreSQL
-//!   (its advisory locks, rows 9-12);
+//!   `acquire(None)` + `release`, on Redis (rows 1-5; its acquire there is
+//!   one attempt, so it is retried at once while held, as the floor is)
+//!   and on PostgreSQL (its advisory locks, rows 9-12);
 //! - for PostgreSQL (rows 9-12), etcd (rows 13-16, one member) and
 //!   ZooKeeper (rows 17-20, one server), each store's floor beside
 //!   `lock-runtime` on it: the library's own acquire statement or
@@ -81,6 +82,23 @@ enum Lib {
     /// The ZooKeeper floor: create an ephemeral node named after the key,
     /// retried at once while it exists, then delete it; no library.
     ZkFloor(Arc<ZkFloor>),
+}
+
+/// A lock held through distributed-lock.
+enum PeerHandle {
+    Redis(distributed_lock_redis::RedisLockHandle),
+    Postgres(distributed_lock_postgres::handle::PostgresLockHandle),
+}
+
+impl PeerHandle {
+    async fn release(self) -> Result<(), Error> {
+        use distributed_lock_core::traits::LockHandle;
+        match self {
+            PeerHandle::Redis(handle) => handle.release().await?,
+            PeerHandle::Postgres(handle) => handle.release().await?,
+        }
+        Ok(())
+    }
 }
 
 /// A ZooKeeper session and the persistent node the floor's locks live
@@ -389,17 +407,8 @@ impl Lib {
                 manager.unlock(&lock).await;
                 Ok(waited)
             }
-            Lib::PeerRedis(provider) => {
-                use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
-                let handle = provider.create_lock(key).acquire(None).await?;
-                let waited = called.elapsed();
-                work();
-                handle.release().await?;
-                Ok(waited)
-            }
-            Lib::PeerPostgres(provider) => {
-                use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
-                let handle = provider.create_lock(key).acquire(None).await?;
+            Lib::PeerRedis(_) | Lib::PeerPostgres(_) => {
+                let handle = self.peer_acquire(key).await?;
                 let waited = called.elapsed();
                 work();
                 handle.release().await?;
@@ -444,6 +453,28 @@ impl Lib {
                 self.store_floor_release(key, &token).await?;
                 Ok(waited)
             }
+        }
+    }
+
+    /// distributed-lock's acquire. Its Redis acquire is one attempt (a
+    /// held key is `Timeout`), so like the floor it is retried at once.
+    async fn peer_acquire(&self, key: &str) -> Result<PeerHandle, Error> {
+        use distributed_lock_core::error::LockError;
+        use distributed_lock_core::traits::{DistributedLock, LockProvider};
+        match self {
+            Lib::PeerRedis(provider) => {
+                let lock = provider.create_lock(key);
+                loop {
+                    match lock.acquire(None).await {
+                        Err(LockError::Timeout(_)) => continue,
+                        other => return Ok(PeerHandle::Redis(other?)),
+                    }
+                }
+            }
+            Lib::PeerPostgres(provider) => Ok(PeerHandle::Postgres(
+                provider.create_lock(key).acquire(None).await?,
+            )),
+            _ => Err("not distributed-lock".into()),
         }
     }
 
@@ -701,6 +732,14 @@ async fn worker(args: &[String]) -> Result<(), Error> {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         let released = now_ns();
                         lib.store_floor_release(key, &token).await?;
+                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                    }
+                    Lib::PeerRedis(_) | Lib::PeerPostgres(_) => {
+                        let handle = lib.peer_acquire(key).await?;
+                        let acquired = now_ns();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let released = now_ns();
+                        handle.release().await?;
                         println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                     }
                     _ => return Err("no hand-off for this contender".into()),
