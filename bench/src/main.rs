@@ -380,22 +380,36 @@ async fn attribute_section(key: &str, called: Instant) -> Duration {
 impl Lib {
     /// One critical section on `key`; returns how long acquiring took.
     async fn section(&self, key: &str) -> Result<Duration, Error> {
+        if let Lib::Attribute = self {
+            return Ok(attribute_section(key, Instant::now()).await?);
+        }
+        let (waited, ()) = self.with_lock(key, async { work() }).await?;
+        Ok(waited)
+    }
+
+    /// Runs `body` holding `key`'s lock; returns how long acquiring took
+    /// and what `body` returned.
+    async fn with_lock<T>(
+        &self,
+        key: &str,
+        body: impl Future<Output = T>,
+    ) -> Result<(Duration, T), Error> {
         let called = Instant::now();
         match self {
             Lib::Floor(conn) => {
                 let mut conn = conn.clone();
                 let token = floor_acquire(&mut conn, key).await?;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 floor_release(&mut conn, key, &token).await?;
-                Ok(waited)
+                Ok((waited, out))
             }
             Lib::Ours(registry) => {
                 let guard = registry.lock(key, LockOptions::default().ttl(TTL)).await?;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 guard.release().await?;
-                Ok(waited)
+                Ok((waited, out))
             }
             Lib::Rslock(manager) => {
                 let lock = manager
@@ -403,16 +417,16 @@ impl Lib {
                     .await
                     .map_err(|e| format!("rslock: {e:?}"))?;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 manager.unlock(&lock).await;
-                Ok(waited)
+                Ok((waited, out))
             }
             Lib::PeerRedis(_) | Lib::PeerPostgres(_) => {
                 let handle = self.peer_acquire(key).await?;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 handle.release().await?;
-                Ok(waited)
+                Ok((waited, out))
             }
             Lib::TokioMutex(map) => {
                 let mutex = map
@@ -423,11 +437,11 @@ impl Lib {
                     .clone();
                 let guard = mutex.lock().await;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 drop(guard);
-                Ok(waited)
+                Ok((waited, out))
             }
-            Lib::Attribute => Ok(attribute_section(key, called).await?),
+            Lib::Attribute => Err("the attribute runs its own body".into()),
             Lib::Raw(backend) => {
                 let loss = lock_runtime::LossSignal::new();
                 let request = lock_runtime::AcquireRequest::new(
@@ -442,16 +456,16 @@ impl Lib {
                     return Err("held".into());
                 };
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 lease.release(Duration::ZERO).await?;
-                Ok(waited)
+                Ok((waited, out))
             }
             Lib::PgFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
                 let token = self.store_floor_acquire(key).await?;
                 let waited = called.elapsed();
-                work();
+                let out = body.await;
                 self.store_floor_release(key, &token).await?;
-                Ok(waited)
+                Ok((waited, out))
             }
         }
     }
@@ -697,53 +711,13 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             // waiting) takes over, then queue again behind it.
             for _ in 0..count {
                 let called = Instant::now();
-                match &lib {
-                    Lib::Ours(registry) => {
-                        let guard = registry.lock(key, LockOptions::default().ttl(TTL)).await?;
-                        let acquired = now_ns();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        let released = now_ns();
-                        guard.release().await?;
-                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
-                    }
-                    Lib::Rslock(manager) => {
-                        let lock = manager
-                            .acquire_no_guard(key.as_str(), TTL)
-                            .await
-                            .map_err(|e| format!("{e:?}"))?;
-                        let acquired = now_ns();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        let released = now_ns();
-                        manager.unlock(&lock).await;
-                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
-                    }
-                    Lib::Floor(conn) => {
-                        let mut conn = conn.clone();
-                        let token = floor_acquire(&mut conn, key).await?;
-                        let acquired = now_ns();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        let released = now_ns();
-                        floor_release(&mut conn, key, &token).await?;
-                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
-                    }
-                    Lib::PgFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
-                        let token = lib.store_floor_acquire(key).await?;
-                        let acquired = now_ns();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        let released = now_ns();
-                        lib.store_floor_release(key, &token).await?;
-                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
-                    }
-                    Lib::PeerRedis(_) | Lib::PeerPostgres(_) => {
-                        let handle = lib.peer_acquire(key).await?;
-                        let acquired = now_ns();
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        let released = now_ns();
-                        handle.release().await?;
-                        println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
-                    }
-                    _ => return Err("no hand-off for this contender".into()),
-                }
+                let hold = async {
+                    let acquired = now_ns();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    (acquired, now_ns())
+                };
+                let (_, (acquired, released)) = lib.with_lock(key, hold).await?;
+                println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
@@ -1359,8 +1333,8 @@ async fn main() -> Result<(), Error> {
         .get_multiplexed_async_connection()
         .await?;
     let floor = Lib::Floor(conn.clone());
-    let ours = Lib::Ours(LockRegistry::redis(&url).await?);
-    let rslock = Lib::Rslock(rslock::LockManager::new(vec![url.clone()]));
+    let ours = make_lib("lock-runtime", &url).await?;
+    let rslock = make_lib("rslock", &url).await?;
     let peer = make_lib("distributed-lock", &url).await?;
     let memory = LockRegistry::memory();
     lock_runtime::init(memory.clone())?;
