@@ -72,17 +72,15 @@ pub(crate) mod reason {
     pub(crate) const RELEASE: &str = "the release found it gone";
 }
 
-/// The index of a loss's `reason` label (see `handles::REASONS`).
+/// The index of a loss's reason in `handles::REASON_LABELS`.
 #[cfg(feature = "metrics")]
 fn reason_index(reason: &str) -> usize {
-    match reason {
-        reason::REFUSED => 0,
-        reason::LATE => 1,
-        reason::MAX_HOLD => 2,
-        reason::TTL => 3,
-        reason::RELEASE => 4,
-        _ => 5,
-    }
+    let labels = &handles::REASON_LABELS;
+    let runtime = &labels[..labels.len() - 1];
+    runtime
+        .iter()
+        .position(|(declared, _)| *declared == reason)
+        .unwrap_or(runtime.len())
 }
 
 /// Which lock a figure is about: its bounded labels, and (feature
@@ -116,9 +114,18 @@ mod handles {
     use metrics::{Counter, Histogram};
     use once_cell::sync::Lazy;
 
-    /// The `reason` labels of `distributed_lock_lost_total`.
-    pub(super) const REASONS: [&str; 6] =
-        ["refused", "late", "max_hold", "ttl", "release", "store"];
+    use crate::telemetry::reason;
+
+    /// Each reason the runtime declares and its `reason` label; any other
+    /// reason (the last entry's) is the store's.
+    pub(super) const REASON_LABELS: [(&str, &str); 6] = [
+        (reason::REFUSED, "refused"),
+        (reason::LATE, "late"),
+        (reason::MAX_HOLD, "max_hold"),
+        (reason::TTL, "ttl"),
+        (reason::RELEASE, "release"),
+        ("", "store"),
+    ];
 
     #[derive(Debug)]
     pub(super) struct Handles {
@@ -158,7 +165,7 @@ mod handles {
                 timeouts: counter("distributed_lock_timeouts_total"),
                 renewals_failed: counter("distributed_lock_renewals_failed_total"),
                 hand_overs: counter("distributed_lock_hand_overs_total"),
-                lost: REASONS.map(|reason| {
+                lost: REASON_LABELS.map(|(_, reason)| {
                     metrics::counter!(
                         "distributed_lock_lost_total",
                         "store" => store,
