@@ -555,13 +555,16 @@ fn etcd_error(err: etcd_client::Error) -> BackendError {
 
 /// A call that may not have reached a member that could serve it: gRPC's
 /// `UNAVAILABLE` (no member, no leader), or a connection that broke under
-/// it (reset by a member's restart or a proxy: "transport error").
+/// it (reset by a member's restart or a proxy: "transport error", or
+/// `CANCELLED`, which the channel reports for a call queued on a
+/// connection that closed; this client cancels none of its own calls).
 fn undelivered(err: &etcd_client::Error) -> bool {
+    const CANCELLED: i32 = 1;
     const UNKNOWN: i32 = 2;
     const UNAVAILABLE: i32 = 14;
     match err {
         etcd_client::Error::GRpcStatus(status) => match i32::from(status.code()) {
-            UNAVAILABLE => true,
+            CANCELLED | UNAVAILABLE => true,
             UNKNOWN => status.message().starts_with("transport error"),
             _ => false,
         },
