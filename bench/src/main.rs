@@ -632,6 +632,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .await?,
         )),
         "memory" => Lib::Ours(LockRegistry::memory()),
+        "tokio-mutex" => Lib::TokioMutex(Arc::default()),
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         "pg-raw" => Lib::Raw(Arc::new(
@@ -1241,18 +1242,20 @@ async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--profile LIBS OPS [TASKS [ROUNDS]]`: scenario 1 (or 2 with TASKS = 64)
+/// `--profile LIBS OPS [TASKS [ROUNDS [hot]]]`: scenario 1 (or 2 with
+/// TASKS = 64; with `hot`, all tasks on one key, as in 3 and 6b)
 /// for perf, callgrind or strace; the contenders (comma-separated) in turn
 /// on one server, each round printing its throughput and this process's
 /// CPU per lock (the client's: the server is a process of its own), then
 /// the server's time per command. Redis: floor, lock-runtime, raw (the
-/// store through the `Backend` trait alone), rslock; PostgreSQL:
+/// store through the `Backend` trait alone), rslock; memory (scenario
+/// 6a or 6b): memory, tokio-mutex; PostgreSQL:
 /// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
 /// pg_stat_statements); etcd: etcd-floor, etcd-lock-runtime, etcd-raw
 /// (13 or 14); ZooKeeper: zk-floor, zk-lock-runtime, zk-raw (17 or 18).
 async fn profile(args: &[String]) -> Result<(), Error> {
     let [names, ops, rest @ ..] = args else {
-        return Err("--profile LIBS OPS [TASKS [ROUNDS]]".into());
+        return Err("--profile LIBS OPS [TASKS [ROUNDS [hot]]]".into());
     };
     let (mut redis, mut postgres, mut etcd, mut zookeeper) = (None, None, None, None);
     let url = if names.starts_with("pg-") {
@@ -1271,6 +1274,7 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     let ops: u64 = ops.parse()?;
     let tasks: usize = rest.first().map_or(Ok(1), |t| t.parse())?;
     let rounds: usize = rest.get(1).map_or(Ok(1), |r| r.parse())?;
+    let hot = rest.get(2).is_some_and(|h| h == "hot");
     let mut libs = Vec::new();
     for name in names.split(',') {
         let lib = make_lib(name, &url).await?;
@@ -1280,7 +1284,7 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     for _ in 0..rounds {
         for (name, lib) in &libs {
             let cpu = cpu_time();
-            let m = run_tasks(lib, "profile", name, tasks, ops, false).await?;
+            let m = run_tasks(lib, "profile", name, tasks, ops, hot).await?;
             let per_op = (cpu_time() - cpu) / (ops * tasks as u64) as u32;
             println!(
                 "{name}: {:.0}/s, client CPU {:.1} µs per lock",

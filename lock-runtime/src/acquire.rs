@@ -42,7 +42,7 @@ pub(crate) struct Parts<'a> {
 pub(crate) async fn acquire(
     parts: &Parts<'_>,
     key: &str,
-    full_key: &str,
+    full_key: &Arc<str>,
     opts: &LockOptions,
     mode: Mode,
 ) -> Result<Option<LockGuard>, LockError> {
@@ -88,7 +88,7 @@ pub(crate) async fn acquire(
 async fn contend(
     parts: &Parts<'_>,
     key: &str,
-    full_key: &str,
+    full_key: &Arc<str>,
     opts: &LockOptions,
     mode: Mode,
     started: Instant,
@@ -148,8 +148,11 @@ async fn contend(
     let token = LockToken::random();
     let loss = LossSignal::new();
     let mut watch: Option<ReleaseWatch> = None;
+    // Not queued behind anyone: the first request goes out now, as good as
+    // when the call began (a clock read saved on the common path).
+    let mut first_sent_at = (!*contended).then_some(started);
     loop {
-        let sent_at = Instant::now();
+        let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
         let attempt = Attempt::start(parts.backend, &permit, token);
         let request =
             AcquireRequest::new(permit.key(), token, opts.ttl, &loss).waiting(mode == Mode::Wait);

@@ -120,7 +120,7 @@ impl State {
         if let Some(reason) = lost {
             telemetry::lost(&self.span, self.labels, reason);
         }
-        telemetry::hold_ended(self.labels, self.acquired_at.elapsed());
+        telemetry::hold_ended(self.labels, self.acquired_at);
     }
 
     /// Takes the permit out if `wanted` says so.

@@ -11,10 +11,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::backend::{Lease, LossSignal};
@@ -32,22 +33,20 @@ pub(crate) struct LocalQueues {
 }
 
 impl LocalQueues {
-    /// Gets or creates the queue for `full_key`.
-    pub(crate) fn slot(&self, full_key: &str) -> LocalSlot {
+    /// Gets or creates the queue for `full_key`, and joins it.
+    pub(crate) fn slot(&self, full_key: &Arc<str>) -> LocalSlot {
         let mut map = self.map();
-        let (key, slot) = match map.get_key_value(full_key) {
-            Some((key, slot)) => (key.clone(), slot.clone()),
-            None => {
-                let key: Arc<str> = full_key.into();
-                let slot = Arc::new(Slot::default());
-                map.insert(key.clone(), slot.clone());
-                (key, slot)
-            }
-        };
+        let slot = map
+            .entry(full_key.clone())
+            .or_insert_with(|| Arc::new(Slot::new(full_key.clone())))
+            .clone();
+        // Counted under the map's lock, as leaving is.
+        slot.users.fetch_add(1, Ordering::Relaxed);
+        drop(map);
         LocalSlot {
             queues: self.clone(),
-            key,
             slot,
+            left: false,
         }
     }
 
@@ -58,10 +57,29 @@ impl LocalQueues {
 
     /// How many tasks hold or wait for `full_key` in this registry.
     pub(crate) fn queued(&self, full_key: &str) -> usize {
-        // The map's reference aside, each holder or waiter has one.
         self.map()
             .get(full_key)
-            .map_or(0, |slot| Arc::strong_count(slot) - 1)
+            .map_or(0, |slot| slot.users.load(Ordering::Relaxed))
+    }
+
+    /// `slot`'s user leaves it; the last one removes it from the map and
+    /// releases a lease handed over to a waiter that went away.
+    fn leave(&self, slot: &Slot) {
+        let mut map = self.map();
+        if slot.users.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return;
+        }
+        map.remove(&slot.key);
+        drop(map);
+        // Rather than let it block other processes until its ttl.
+        let Some(mut baton) = slot.baton().take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = baton.lease.release(Duration::ZERO).await;
+            });
+        }
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Slot>>> {
@@ -87,13 +105,27 @@ pub(crate) struct Baton {
 }
 
 /// One key's queue, and the lease handed along it.
-#[derive(Default)]
 struct Slot {
-    queue: Arc<AsyncMutex<()>>,
+    /// The full key, as the map holds it.
+    key: Arc<str>,
+    /// The tasks that hold or wait for the key; changed under the map's
+    /// lock, so the last one out removes the slot.
+    users: AtomicUsize,
+    /// The turn: one permit, taken by the front of the queue.
+    queue: Semaphore,
     baton: Mutex<Option<Baton>>,
 }
 
 impl Slot {
+    fn new(key: Arc<str>) -> Self {
+        Slot {
+            key,
+            users: AtomicUsize::new(0),
+            queue: Semaphore::new(1),
+            baton: Mutex::new(None),
+        }
+    }
+
     fn baton(&self) -> MutexGuard<'_, Option<Baton>> {
         // Only `take` and `replace`: consistent after a panic.
         self.baton
@@ -102,74 +134,72 @@ impl Slot {
     }
 }
 
-/// A place in one key's queue; removes the queue from the map when the last
-/// user goes away.
+/// A place in one key's queue; leaves it when dropped.
 pub(crate) struct LocalSlot {
     queues: LocalQueues,
-    key: Arc<str>,
     slot: Arc<Slot>,
+    /// Whether this place has left the queue (a permit's, on its drop).
+    left: bool,
 }
 
 impl LocalSlot {
     /// Waits for the front of the queue.
     pub(crate) async fn lock(self) -> LocalPermit {
-        let guard = self.slot.queue.clone().lock_owned().await;
-        LocalPermit { guard, slot: self }
+        // Dropped while waiting, `self` leaves the queue; the semaphore is
+        // never closed.
+        if let Ok(turn) = self.slot.queue.acquire().await {
+            turn.forget();
+        }
+        LocalPermit { slot: self }
     }
 
     /// The front of the queue if nobody is ahead; else the place back.
     pub(crate) fn try_lock(self) -> Result<LocalPermit, LocalSlot> {
-        match self.slot.queue.clone().try_lock_owned() {
-            Ok(guard) => Ok(LocalPermit { guard, slot: self }),
-            Err(_) => Err(self),
+        let Ok(turn) = self.slot.queue.try_acquire() else {
+            return Err(self);
+        };
+        turn.forget();
+        Ok(LocalPermit { slot: self })
+    }
+
+    fn leave(&mut self) {
+        if !std::mem::replace(&mut self.left, true) {
+            self.queues.leave(&self.slot);
         }
     }
 }
 
 impl Drop for LocalSlot {
     fn drop(&mut self) {
-        let mut map = self.queues.map();
-        // The map's reference and ours: nobody else holds or waits.
-        if Arc::strong_count(&self.slot) != 2 {
-            return;
-        }
-        map.remove(&self.key);
-        drop(map);
-        // A lease handed over to a waiter that then went away: release it
-        // now rather than let it block other processes until its ttl.
-        let Some(mut baton) = self.slot.baton().take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = baton.lease.release(Duration::ZERO).await;
-            });
-        }
+        self.leave();
     }
 }
 
 /// The front of one key's queue: held from there until the lease is
 /// released (or handed over).
 pub(crate) struct LocalPermit {
-    // Dropped first: once the next local waiter goes ahead, this permit no
-    // longer counts as one of the key's users, so the new holder's
-    // `has_waiters` sees only real waiters (it once saw this permit, and
-    // handed its lease over to nobody).
     slot: LocalSlot,
-    guard: OwnedMutexGuard<()>,
+}
+
+impl Drop for LocalPermit {
+    fn drop(&mut self) {
+        // Leaves before the next local waiter goes ahead, so the new
+        // holder's `has_waiters` sees only real waiters (it once saw this
+        // permit, and handed its lease over to nobody).
+        self.slot.leave();
+        self.slot.slot.queue.add_permits(1);
+    }
 }
 
 impl LocalPermit {
     /// The full key, shared.
     pub(crate) fn key(&self) -> &Arc<str> {
-        &self.slot.key
+        &self.slot.slot.key
     }
 
     /// Whether other tasks of this process wait behind this permit.
     pub(crate) fn has_waiters(&self) -> bool {
-        // The map and this permit's slot hold one reference each; every
-        // waiter holds one more (its own slot).
-        Arc::strong_count(&self.slot.slot) > 2
+        self.slot.slot.users.load(Ordering::Relaxed) > 1
     }
 
     /// Takes up the lease the previous holder handed over, if any.
@@ -196,7 +226,7 @@ impl LocalPermit {
         let Some(fencing) = lease.hand_over().await? else {
             return Ok(false);
         };
-        tracing::debug!(key = %self.slot.key, fencing, "lock handed over within this process");
+        tracing::debug!(key = %self.key(), fencing, "lock handed over within this process");
         *self.slot.slot.baton() = Some(Baton {
             lease,
             loss,
@@ -211,7 +241,6 @@ impl LocalPermit {
 
 impl fmt::Debug for LocalPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let _ = &self.guard;
         f.debug_struct("LocalPermit")
             .field("key", &self.key())
             .finish()

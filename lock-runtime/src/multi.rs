@@ -6,6 +6,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use tokio::time::Instant;
@@ -165,7 +166,7 @@ impl LockRegistry {
     pub(crate) fn canonical(
         &self,
         keys: impl IntoIterator<Item = String>,
-    ) -> Result<Vec<(String, String)>, LockError> {
+    ) -> Result<Vec<(String, Arc<str>)>, LockError> {
         let mut pairs = Vec::new();
         for key in keys {
             let full_key = self.full_key(&key)?;
@@ -186,7 +187,7 @@ impl LockRegistry {
     /// Whatever was taken is released on a failure or a refusal.
     pub(crate) async fn acquire_all(
         &self,
-        keys: &[(String, String)],
+        keys: &[(String, Arc<str>)],
         opts: &LockOptions,
         mode: Mode,
     ) -> Result<Option<Vec<LockGuard>>, LockError> {

@@ -207,7 +207,7 @@ impl LockRegistry {
     pub(crate) async fn wait_for(
         &self,
         key: &str,
-        full_key: &str,
+        full_key: &Arc<str>,
         opts: &LockOptions,
     ) -> Result<LockGuard, LockError> {
         match self.acquire(key, full_key, opts, Mode::Wait).await? {
@@ -304,7 +304,7 @@ impl LockRegistry {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        full_key: &str,
+        full_key: &Arc<str>,
         opts: &LockOptions,
         mode: Mode,
     ) -> Result<Option<LockGuard>, LockError> {
@@ -332,7 +332,7 @@ impl LockRegistry {
     }
 
     /// Validates `key` and puts the namespace in front of it.
-    pub(crate) fn full_key(&self, key: &str) -> Result<String, LockError> {
+    pub(crate) fn full_key(&self, key: &str) -> Result<Arc<str>, LockError> {
         let reason = if key.is_empty() {
             "a key must not be empty".to_owned()
         } else if key.len() > MAX_KEY_LEN {
@@ -341,7 +341,16 @@ impl LockRegistry {
                 key.len()
             )
         } else {
-            return Ok(format!("{}{key}", self.inner.prefix));
+            // Shared from here on by the local queue, the guard and the
+            // store's calls. Not `format!`: its machinery cost more than the
+            // rest of building the key.
+            if self.inner.prefix.is_empty() {
+                return Ok(key.into());
+            }
+            let mut full = String::with_capacity(self.inner.prefix.len() + key.len());
+            full.push_str(&self.inner.prefix);
+            full.push_str(key);
+            return Ok(full.into());
         };
         Err(LockError::InvalidKey {
             key: LockError::shown_key(key),

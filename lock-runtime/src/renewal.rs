@@ -11,12 +11,14 @@
 //! lock must not pay for a task of its own. Each worker thread keeps one
 //! [`Renewer`] per registry: a timer queue served by one task on that
 //! thread's runtime (so a paused test clock is the clock it uses). Taking a
-//! lock inserts an entry, releasing removes it; neither wakes the task
-//! unless the entry is due before the task's next planned wake-up. Only a
-//! renewal that is actually due spawns a task, for its round trip.
+//! lock puts an entry in a free place of the queue's slab, releasing frees
+//! the place: no ordered map, no hashing, and neither wakes the task unless
+//! the entry is due before the task's next planned wake-up. The task, when
+//! it wakes, looks at every entry (as many as locks held on this thread)
+//! and plans its next wake-up at the earliest due. Only a renewal that is
+//! actually due spawns a task, for its round trip.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -126,13 +128,51 @@ pub(crate) struct Renewer {
 
 #[derive(Default)]
 struct Queue {
-    due: BTreeMap<(Instant, u64), Arc<Entry>>,
-    when: HashMap<u64, Instant>,
-    next_id: u64,
+    /// The leases looked after, by id (the place); `None` where free.
+    places: Vec<Option<Queued>>,
+    /// The free places.
+    free: Vec<usize>,
     /// When the task will look at the queue next on its own; `None` while it
     /// sleeps until woken.
     planned: Option<Instant>,
     task: Option<JoinHandle<()>>,
+}
+
+/// A lease in its place.
+struct Queued {
+    entry: Arc<Entry>,
+    /// When to act on it; `None` while its renewal is in flight.
+    due: Option<Instant>,
+}
+
+impl Queue {
+    /// Takes the entries due at `now` (their renewals will be in flight);
+    /// the earliest due of the rest.
+    fn take_due(&mut self, now: Instant) -> (Vec<(usize, Arc<Entry>)>, Option<Instant>) {
+        let mut ready = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (id, place) in self.places.iter_mut().enumerate() {
+            let Some(queued) = place else { continue };
+            match queued.due {
+                Some(due) if due <= now => {
+                    queued.due = None;
+                    ready.push((id, queued.entry.clone()));
+                }
+                Some(due) => next = Some(next.map_or(due, |next| next.min(due))),
+                None => {}
+            }
+        }
+        // Give back what a burst of locks left free at the end.
+        let len = self.places.len();
+        while self.places.last().is_some_and(Option::is_none) {
+            self.places.pop();
+        }
+        if self.places.len() < len {
+            let len = self.places.len();
+            self.free.retain(|&id| id < len);
+        }
+        (ready, next)
+    }
 }
 
 impl Drop for Renewer {
@@ -171,16 +211,43 @@ impl Renewer {
         })
     }
 
-    /// Queues `entry` at `due`; wakes the task only if it would look later.
-    fn schedule(self: &Arc<Self>, id: u64, entry: Arc<Entry>, due: Instant) {
+    /// Gives `entry` a place, due at `due`; its id.
+    fn add(self: &Arc<Self>, entry: Arc<Entry>, due: Instant) -> usize {
         let mut queue = lock(&self.state);
+        let queued = Some(Queued {
+            entry,
+            due: Some(due),
+        });
+        let id = match queue.free.pop() {
+            Some(id) => {
+                queue.places[id] = queued;
+                id
+            }
+            None => {
+                queue.places.push(queued);
+                queue.places.len() - 1
+            }
+        };
+        self.plan(&mut queue, due);
+        id
+    }
+
+    /// Makes the entry in place `id` due at `due` (after a renewal).
+    fn schedule(self: &Arc<Self>, id: usize, entry: &Entry, due: Instant) {
+        let mut queue = lock(&self.state);
+        // Stopped (its place freed) under this lock: then the place may be
+        // another lease's.
         if entry.is_stopped() {
             return;
         }
-        if let Some(old) = queue.when.insert(id, due) {
-            queue.due.remove(&(old, id));
+        if let Some(Some(queued)) = queue.places.get_mut(id) {
+            queued.due = Some(due);
         }
-        queue.due.insert((due, id), entry);
+        self.plan(&mut queue, due);
+    }
+
+    /// Wakes the task if it would look later than `due`.
+    fn plan(self: &Arc<Self>, queue: &mut Queue, due: Instant) {
         // A task from a runtime that has shut down is gone: start another.
         let alive = queue.task.as_ref().is_some_and(|task| !task.is_finished());
         if !alive {
@@ -194,10 +261,13 @@ impl Renewer {
         }
     }
 
-    fn unschedule(&self, id: u64) {
+    /// Frees place `id`.
+    fn remove(&self, id: usize) {
         let mut queue = lock(&self.state);
-        if let Some(due) = queue.when.remove(&id) {
-            queue.due.remove(&(due, id));
+        if let Some(place) = queue.places.get_mut(id)
+            && place.take().is_some()
+        {
+            queue.free.push(id);
         }
     }
 }
@@ -214,19 +284,11 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
         let now = Instant::now();
         let (ready, next) = {
             let mut queue = lock(&strong.state);
-            let mut ready = Vec::new();
-            while let Some(entry) = queue.due.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                let ((_, id), entry) = entry.remove_entry();
-                queue.when.remove(&id);
-                ready.push((id, entry));
-            }
-            let next = match queue.due.first_key_value() {
-                Some(((due, _), _)) => {
+            let (ready, next) = queue.take_due(now);
+            let next = match next {
+                Some(due) => {
                     idle_since = None;
-                    Some(*due)
+                    Some(due)
                 }
                 None => {
                     // A lock that woke the task counts as activity, even if
@@ -265,7 +327,7 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
 }
 
 /// An entry is due: lose it, or renew it in a task of its own.
-fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
+fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
     if entry.is_stopped() {
         return;
     }
@@ -292,7 +354,7 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
                 tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
                 *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
                 let due = entry.next_due(sent_at);
-                renewer.schedule(id, entry, due);
+                renewer.schedule(id, &entry, due);
             }
             Ok(Ok(false)) => {
                 entry.lease.renewal_failed();
@@ -302,7 +364,7 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
                 entry.lease.renewal_failed();
                 tracing::warn!(parent: entry.lease.span(), key = entry.lease.key(), %error, "lease renewal failed; retrying");
                 let retry = (Instant::now() + entry.interval() / 4).min(entry.valid_until());
-                renewer.schedule(id, entry, retry);
+                renewer.schedule(id, &entry, retry);
             }
             Err(_) => {
                 entry.lease.renewal_failed();
@@ -315,7 +377,7 @@ fn act(renewer: &Arc<Renewer>, id: u64, entry: Arc<Entry>) {
 /// The renewal of one held lease; stopping it (or dropping it) ends it.
 pub(crate) struct Renewal {
     renewer: Arc<Renewer>,
-    id: u64,
+    id: usize,
     entry: Arc<Entry>,
 }
 
@@ -331,20 +393,16 @@ impl Renewal {
             lease,
             stopped: AtomicBool::new(false),
         });
-        let id = {
-            let mut queue = lock(&renewer.state);
-            queue.next_id += 1;
-            queue.next_id
-        };
         let due = entry.next_due(acquired_at);
-        renewer.schedule(id, entry.clone(), due);
+        let id = renewer.add(entry.clone(), due);
         Renewal { renewer, id, entry }
     }
 
     /// Stops renewing; no verdict is given after this.
     pub(crate) fn stop(&self) {
-        self.entry.stopped.store(true, Ordering::SeqCst);
-        self.renewer.unschedule(self.id);
+        if !self.entry.stopped.swap(true, Ordering::SeqCst) {
+            self.renewer.remove(self.id);
+        }
     }
 }
 

@@ -39,8 +39,6 @@
 //! | `distributed_lock_wait_seconds` | histogram | time from the call to the acquisition |
 //! | `distributed_lock_hold_seconds` | histogram | time from the acquisition to the release or the loss |
 
-use std::time::Duration;
-
 use tracing::Span;
 
 use crate::options::Mode;
@@ -269,12 +267,16 @@ pub(crate) fn lost(span: &Span, labels: Labels, reason: &str) {
     let _ = (labels, reason);
 }
 
-/// Records the end of a hold that lasted `held`.
-pub(crate) fn hold_ended(labels: Labels, held: Duration) {
+/// Records the end of a hold that began at `acquired_at` (the clock is read
+/// only when the hold time is recorded).
+pub(crate) fn hold_ended(labels: Labels, acquired_at: tokio::time::Instant) {
     #[cfg(feature = "metrics")]
-    labels.handles.hold.record(held.as_secs_f64());
+    labels
+        .handles
+        .hold
+        .record(acquired_at.elapsed().as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (labels, held);
+    let _ = (labels, acquired_at);
 }
 
 /// Records a renewal that did not extend the lease.

@@ -71,14 +71,18 @@ struct Holder {
 }
 
 struct Slot {
+    /// The key, shared with the leases on it: found with the slot in one
+    /// lookup.
+    name: Arc<str>,
     holder: Option<Holder>,
     /// Created by the first watcher: most locks are never waited for.
     released: Option<watch::Sender<()>>,
 }
 
 impl Slot {
-    fn new() -> Self {
+    fn new(name: Arc<str>) -> Self {
         Slot {
+            name,
             holder: None,
             released: None,
         }
@@ -134,42 +138,54 @@ impl MemoryBackend {
 
     fn try_acquire(&self, request: &AcquireRequest<'_>) -> Acquire {
         let now = Instant::now();
-        let mut table = self.table();
+        let mut guard = self.table();
+        let table = &mut *guard;
         let expires = now + request.ttl;
-        let lease = |key: &Arc<str>| -> Box<dyn Lease> {
+        let lease = |key: Arc<str>| -> Box<dyn Lease> {
             Box::new(MemoryLease {
                 shared: self.shared.clone(),
-                key: key.clone(),
+                key,
                 token: request.token,
                 ttl: request.ttl,
             })
         };
-        if let Some((key, slot)) = table.slot(request.key)
-            && let Some(holder) = slot.live_holder(now)
-        {
-            if holder.token != request.token {
-                return Acquire::Held {
-                    remaining: Some(holder.expires - now),
-                };
-            }
-            // The same token again (a retried request): the same answer.
-            holder.expires = expires;
-            let fencing = holder.fencing;
-            return Acquire::Acquired {
-                fencing,
-                lease: lease(&key),
-            };
-        }
-        table.sweep(now);
-        let fencing = table.next_fencing();
-        let (key, slot) = table.slot_or_insert(request.key);
-        let previous = slot.holder.replace(Holder {
+        let holder = Holder {
             token: request.token,
             expires,
-            fencing,
+            fencing: table.fencing + 1,
             loss: request.loss.clone(),
-        });
-        drop(table);
+        };
+        // One lookup when the key has a slot, two when it has none.
+        let (key, previous) = match table.slots.get_mut(request.key) {
+            Some(slot) => {
+                if let Some(live) = slot.live_holder(now) {
+                    if live.token != request.token {
+                        return Acquire::Held {
+                            remaining: Some(live.expires - now),
+                        };
+                    }
+                    // The same token again (a retried request): the same
+                    // answer.
+                    live.expires = expires;
+                    let fencing = live.fencing;
+                    return Acquire::Acquired {
+                        fencing,
+                        lease: lease(slot.name.clone()),
+                    };
+                }
+                (slot.name.clone(), slot.holder.replace(holder))
+            }
+            None => {
+                table.sweep(now);
+                let name: Arc<str> = request.key.into();
+                let mut slot = Slot::new(name.clone());
+                slot.holder = Some(holder);
+                table.slots.insert(name.clone(), slot);
+                (name, None)
+            }
+        };
+        let fencing = table.next_fencing();
+        drop(guard);
         if let Some(previous) = previous {
             previous
                 .loss
@@ -177,13 +193,13 @@ impl MemoryBackend {
         }
         Acquire::Acquired {
             fencing,
-            lease: lease(&key),
+            lease: lease(key),
         }
     }
 
     fn subscribe(&self, key: &str) -> ReleaseWatch {
         let mut table = self.table();
-        let (_, slot) = table.slot_or_insert(key);
+        let slot = table.slot_or_insert(key);
         let rx = slot
             .released
             .get_or_insert_with(|| watch::Sender::new(()))
@@ -203,24 +219,13 @@ fn lock_table(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
 }
 
 impl Table {
-    /// The slot of `key` and its shared name, if there is one.
-    fn slot(&mut self, key: &str) -> Option<(Arc<str>, &mut Slot)> {
-        let name = self.slots.get_key_value(key)?.0.clone();
-        Some((name, self.slots.get_mut(key)?))
-    }
-
     /// The slot of `key`, made if there is none.
-    fn slot_or_insert(&mut self, key: &str) -> (Arc<str>, &mut Slot) {
-        let name = match self.slots.get_key_value(key) {
-            Some((name, _)) => name.clone(),
-            None => {
-                let name: Arc<str> = key.into();
-                self.slots.insert(name.clone(), Slot::new());
-                name
-            }
-        };
-        let slot = self.slots.get_mut(&name).expect("inserted above");
-        (name, slot)
+    fn slot_or_insert(&mut self, key: &str) -> &mut Slot {
+        if !self.slots.contains_key(key) {
+            let name: Arc<str> = key.into();
+            self.slots.insert(name.clone(), Slot::new(name));
+        }
+        self.slots.get_mut(key).expect("inserted above")
     }
 
     fn next_fencing(&mut self) -> u64 {
@@ -231,16 +236,21 @@ impl Table {
     /// Removes the lease on `key` (only `token`'s, when given) and wakes
     /// watchers; the loss signal of the holder it removed.
     fn remove(&mut self, key: &str, token: Option<LockToken>, now: Instant) -> Option<LossSignal> {
-        let slot = self.slots.get_mut(key)?;
-        let holder = slot.live_holder(now)?;
-        if token.is_some_and(|token| token != holder.token) {
-            return None;
+        // Taken out and put back when it stays: one lookup for the common
+        // release, of a key nobody waits for.
+        let mut slot = self.slots.remove(key)?;
+        let loss = slot
+            .live_holder(now)
+            .filter(|holder| token.is_none_or(|token| token == holder.token))
+            .map(|holder| holder.loss.clone());
+        let stays = match loss {
+            Some(_) => !slot.clear(),
+            None => !slot.unused(now),
+        };
+        if stays {
+            self.slots.insert(slot.name.clone(), slot);
         }
-        let loss = holder.loss.clone();
-        if slot.clear() {
-            self.slots.remove(key);
-        }
-        Some(loss)
+        loss
     }
 
     /// Drops expired, unwatched slots once the table has doubled in size.
@@ -402,8 +412,9 @@ impl Backend for MemoryBackend {
             let now = Instant::now();
             let mut table = self.table();
             let info = table
-                .slot(key)
-                .and_then(|(_, slot)| slot.live_holder(now))
+                .slots
+                .get_mut(key)
+                .and_then(|slot| slot.live_holder(now))
                 .map(|holder| {
                     LeaseInfo::new(
                         Some(holder.token),
