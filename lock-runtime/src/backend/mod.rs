@@ -98,10 +98,26 @@ impl std::str::FromStr for LockToken {
     }
 }
 
+impl LockToken {
+    /// The 32 lowercase hex digits stores keep, without formatting
+    /// machinery or an allocation (they are sent with every call).
+    pub(crate) fn hex(self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, digit) in out.iter_mut().enumerate() {
+            let nibble = (self.0 >> (124 - 4 * i)) & 0xf;
+            *digit = DIGITS[nibble as usize];
+        }
+        out
+    }
+}
+
 impl fmt::Display for LockToken {
     /// Formats as 32 lowercase hex digits, the form stores keep.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        let hex = self.hex();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -622,5 +638,23 @@ impl fmt::Debug for LossSignal {
         f.debug_struct("LossSignal")
             .field("raised", &self.is_raised())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LockToken;
+
+    /// The hand-written digits are `{:032x}`'s, and parse back.
+    #[test]
+    fn tokens_are_32_hex_digits_that_parse_back() {
+        for value in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
+            let token = LockToken(value);
+            let shown = token.to_string();
+            assert_eq!(shown, format!("{value:032x}"));
+            assert_eq!(shown.parse::<LockToken>().unwrap(), token);
+        }
+        let drawn = LockToken::random();
+        assert_eq!(drawn.to_string().parse::<LockToken>().unwrap(), drawn);
     }
 }
