@@ -1287,9 +1287,10 @@ async fn profile(args: &[String]) -> Result<(), Error> {
             let m = run_tasks(lib, "profile", name, tasks, ops, hot).await?;
             let per_op = (cpu_time() - cpu) / (ops * tasks as u64) as u32;
             println!(
-                "{name}: {:.0}/s, client CPU {:.1} µs per lock",
+                "{name}: {:.0}/s, client CPU {:.1} µs per lock, wait p50 {}",
                 m.throughput(),
-                per_op.as_secs_f64() * 1e6
+                per_op.as_secs_f64() * 1e6,
+                fmt_d(m.pct(50.0))
             );
         }
     }
