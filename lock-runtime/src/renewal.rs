@@ -472,4 +472,36 @@ mod tests {
         let wakes = renewer.wakes.load(Ordering::SeqCst) - before;
         assert!(wakes <= 1, "{wakes} wake-ups for 100 short locks");
     }
+
+    /// Places freed by releases are taken again, the task renews what is
+    /// still held (and only that), and the places a burst left free at the
+    /// end of the slab are given back when the task next looks.
+    #[tokio::test(start_paused = true)]
+    async fn freed_places_are_taken_again_and_a_burst_gives_them_back() {
+        let owner = Arc::new(());
+        let burst: Vec<Renewal> = (0..64).map(|_| hold(&owner)).collect();
+        let renewer = burst[0].renewer.clone();
+        let places = || lock(&renewer.state).places.len();
+        assert_eq!(places(), 64);
+        for renewal in &burst[1..] {
+            renewal.stop();
+        }
+        // Freed places are taken again before the slab grows.
+        let again = hold(&owner);
+        assert_eq!(places(), 64, "a freed place was taken");
+        again.stop();
+        drop(again);
+        // The first lock is still held: the task renews it at ttl / 3,
+        // and gives back the free places past it.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(places(), 1, "the burst's places were given back");
+        let held = lock(&renewer.state).places[0]
+            .as_ref()
+            .and_then(|queued| queued.due)
+            .expect("the held lock is queued again after its renewal");
+        assert!(held > Instant::now(), "its next renewal is ahead");
+        drop(burst);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(places(), 0);
+    }
 }

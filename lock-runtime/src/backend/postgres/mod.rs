@@ -480,14 +480,26 @@ impl Table {
             // $1 id, $2 mark: after a refusal (or to subscribe), the
             // holder's remaining time, no row if there is no live holder
             // any more; marks the row when asked, so that its release
-            // notifies.
+            // notifies. A marking caller is told of a holder only if the
+            // row is marked: by this update (which waits for a release in
+            // progress and then finds the row gone), or already (a release
+            // then notifies). Reading the row from the statement's snapshot
+            // instead once told a waiter of a holder whose release, not yet
+            // committed, had read `waiting` as false: no notification came,
+            // and the waiter slept until its timed retry (5 s in the
+            // benchmark's row 11).
             refused: client
                 .prepare(&format!(
                     "WITH marked AS (
                          UPDATE {t} SET waiting = true
                          WHERE $2 AND id = $1 AND NOT waiting AND expires_at > clock_timestamp()
+                         RETURNING {remaining}
                      )
-                     SELECT {remaining} FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()"
+                     (SELECT * FROM marked)
+                     UNION ALL
+                     (SELECT {remaining} FROM {t}
+                      WHERE id = $1 AND expires_at > clock_timestamp() AND (waiting OR NOT $2))
+                     LIMIT 1"
                 ))
                 .await?,
             // $1 id, $2 token, $3 ms: our lease ends that long from now (a
