@@ -6,6 +6,9 @@
 //! ```sh
 //! cargo run --release --manifest-path bench/Cargo.toml            # full run: BENCHMARKS.md + BENCHMARKS.svg
 //! cargo run --release --manifest-path bench/Cargo.toml -- --quick # under a minute, written to bench/target/
+//! cargo run --release --manifest-path bench/Cargo.toml -- --store etcd   # one store's rows, printed
+//! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
+//! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! ```
 //!
 //! Contenders:
@@ -681,6 +684,24 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     let lib = make_lib(lib, url).await?;
     let count: u64 = count.parse()?;
     let start: u128 = start.parse()?;
+    let raw_messages = if kind == "wake-raw" {
+        let mut pubsub = redis::Client::open(url.as_str())?
+            .get_async_pubsub()
+            .await?;
+        pubsub.subscribe(format!("lock:{{{key}}}:released")).await?;
+        Some(pubsub.into_on_message())
+    } else {
+        None
+    };
+    let wake_watch = if kind == "wake" {
+        use lock_runtime::backend::Backend;
+        let store = lock_runtime::RedisBackend::builder(url).connect().await?;
+        let watch = store.watch(key).await?;
+        Some((store, watch))
+    } else {
+        None
+    };
+
     // Start together with the other processes.
     let wait = start.saturating_sub(now_ns());
     tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
@@ -706,6 +727,47 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             let list: Vec<String> = waits.iter().map(u128::to_string).collect();
             println!("span {began} {ended}");
             println!("waits {}", list.join(","));
+        }
+        "wake" => {
+            // Already subscribed (before the start): each release message
+            // wakes this parked process; then one round trip from the woken
+            // task, as a waiter's acquire would make.
+            // The store lives as long as the watch (its subscriber task).
+            let Some((_store, mut watch)) = wake_watch else {
+                return Err("no watch".into());
+            };
+            let Lib::Floor(conn) = &lib else {
+                return Err("the wake probe pings through the floor's connection".into());
+            };
+            for _ in 0..count {
+                watch.released().await;
+                let woke = now_ns();
+                let () = redis::cmd("PING")
+                    .query_async(&mut conn.clone())
+                    .await
+                    .map(|_: String| ())?;
+                println!("woke {woke} {}", now_ns());
+            }
+        }
+        "wake-raw" => {
+            // The same, through redis-rs's pubsub stream alone.
+            let Some(mut messages) = raw_messages else {
+                return Err("no subscription".into());
+            };
+            let Lib::Floor(conn) = &lib else {
+                return Err("the wake probe pings through the floor's connection".into());
+            };
+            for _ in 0..count {
+                futures_util::StreamExt::next(&mut messages)
+                    .await
+                    .ok_or("the subscription ended")?;
+                let woke = now_ns();
+                let () = redis::cmd("PING")
+                    .query_async(&mut conn.clone())
+                    .await
+                    .map(|_: String| ())?;
+                println!("woke {woke} {}", now_ns());
+            }
         }
         "handoff" => {
             // Hold 5 ms, release, pause 1 ms so the other process (already
@@ -788,6 +850,103 @@ fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Meas
         note: None,
         round_trip: None,
     })
+}
+
+/// `--probe-wake [ROUNDS]`: what a release notification costs a parked
+/// process. A worker subscribes to a key's release channel through the
+/// Redis store and waits; every 6 ms this process publishes on it. Prints
+/// the time from the publish to the worker's watch firing, and from there
+/// to the end of one round trip made by the woken task (a waiter's
+/// acquire), beside this process's own round trip.
+async fn probe_wake(args: &[String]) -> Result<(), Error> {
+    for kind in ["wake", "wake-raw"] {
+        println!("{kind}:");
+        probe_wake_once(kind, args).await?;
+    }
+    Ok(())
+}
+
+async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
+    let rounds: u64 = args.first().map_or(Ok(400), |r| r.parse())?;
+    let server = RedisServer::new();
+    let url = server.url();
+    let key = format!("bench:{}:wake", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    let worker_args: Vec<String> = [
+        kind,
+        "floor",
+        &url,
+        &key,
+        &rounds.to_string(),
+        &start.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let worker = tokio::task::spawn_blocking(move || spawn_workers(1, &worker_args));
+    let mut conn = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut pings = Vec::new();
+    for _ in 0..200 {
+        let sent = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        pings.push(sent.elapsed());
+    }
+    pings.sort_unstable();
+    let wait = (start + 200_000_000).saturating_sub(now_ns());
+    tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+    let channel = format!("lock:{{{key}}}:released");
+    let mut published = Vec::new();
+    for _ in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(6)).await;
+        published.push(now_ns());
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg("")
+            .query_async(&mut conn)
+            .await?;
+    }
+    let outputs = worker.await??;
+    let woke: Vec<(u128, u128)> = outputs
+        .iter()
+        .flatten()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("woke ")?;
+            let mut parts = rest.split(' ').filter_map(|p| p.parse::<u128>().ok());
+            Some((parts.next()?, parts.next()?))
+        })
+        .collect();
+    let mut delivery: Vec<Duration> = Vec::new();
+    let mut round_trip: Vec<Duration> = Vec::new();
+    for (sent, (fired, answered)) in published.iter().zip(&woke) {
+        delivery.push(Duration::from_nanos(fired.saturating_sub(*sent) as u64));
+        round_trip.push(Duration::from_nanos(answered.saturating_sub(*fired) as u64));
+    }
+    delivery.sort_unstable();
+    round_trip.sort_unstable();
+    let pct = |v: &[Duration], p: f64| {
+        v.get(((v.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    println!("{} wakes of {rounds} publishes", woke.len());
+    println!(
+        "round trip of this (busy) process: p50 {} p90 {}",
+        fmt_d(pct(&pings, 0.5)),
+        fmt_d(pct(&pings, 0.9))
+    );
+    println!(
+        "publish -> the parked worker's watch fires: p50 {} p90 {}",
+        fmt_d(pct(&delivery, 0.5)),
+        fmt_d(pct(&delivery, 0.9))
+    );
+    println!(
+        "watch fired -> one round trip from the woken task done: p50 {} p90 {}",
+        fmt_d(pct(&round_trip, 0.5)),
+        fmt_d(pct(&round_trip, 0.9))
+    );
+    Ok(())
 }
 
 /// Scenario 5: release in one process to acquire in the other.
@@ -1323,6 +1482,9 @@ async fn main() -> Result<(), Error> {
     }
     if args.first().map(String::as_str) == Some("--profile") {
         return profile(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("--probe-wake") {
+        return probe_wake(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {
