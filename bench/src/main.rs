@@ -693,13 +693,24 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     } else {
         None
     };
-    let wake_watch = if kind == "wake" {
-        use lock_runtime::backend::Backend;
-        let store = lock_runtime::RedisBackend::builder(url).connect().await?;
-        let watch = store.watch(key).await?;
-        Some((store, watch))
-    } else {
-        None
+    let wake_watch: Option<(Arc<dyn lock_runtime::backend::Backend>, _)> = match kind.as_str() {
+        "wake" => {
+            let store: Arc<dyn lock_runtime::backend::Backend> =
+                Arc::new(lock_runtime::RedisBackend::builder(url).connect().await?);
+            let watch = store.watch(key).await?;
+            Some((store, watch))
+        }
+        "wake-etcd" => {
+            let endpoints: Vec<&str> = url.split(',').collect();
+            let store: Arc<dyn lock_runtime::backend::Backend> = Arc::new(
+                lock_runtime::EtcdBackend::builder(&endpoints)
+                    .connect()
+                    .await?,
+            );
+            let watch = store.watch(key).await?;
+            Some((store, watch))
+        }
+        _ => None,
     };
 
     // Start together with the other processes.
@@ -728,24 +739,26 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             println!("span {began} {ended}");
             println!("waits {}", list.join(","));
         }
-        "wake" => {
-            // Already subscribed (before the start): each release message
-            // wakes this parked process; then one round trip from the woken
-            // task, as a waiter's acquire would make.
+        "wake" | "wake-etcd" => {
+            // Already subscribed (before the start): each release wakes
+            // this parked process; then one round trip from the woken task,
+            // as a waiter's acquire would make.
             // The store lives as long as the watch (its subscriber task).
             let Some((_store, mut watch)) = wake_watch else {
                 return Err("no watch".into());
             };
-            let Lib::Floor(conn) = &lib else {
-                return Err("the wake probe pings through the floor's connection".into());
-            };
             for _ in 0..count {
                 watch.released().await;
                 let woke = now_ns();
-                let () = redis::cmd("PING")
-                    .query_async(&mut conn.clone())
-                    .await
-                    .map(|_: String| ())?;
+                match &lib {
+                    Lib::Floor(conn) => {
+                        let _: String = redis::cmd("PING").query_async(&mut conn.clone()).await?;
+                    }
+                    Lib::EtcdFloor(floor) => {
+                        floor.kv.clone().get(key.as_str(), None).await?;
+                    }
+                    _ => return Err("the wake probe's round trip needs a floor".into()),
+                }
                 println!("woke {woke} {}", now_ns());
             }
         }
@@ -859,22 +872,79 @@ fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Meas
 /// to the end of one round trip made by the woken task (a waiter's
 /// acquire), beside this process's own round trip.
 async fn probe_wake(args: &[String]) -> Result<(), Error> {
-    for kind in ["wake", "wake-raw"] {
+    for kind in ["wake", "wake-raw", "wake-etcd"] {
         println!("{kind}:");
         probe_wake_once(kind, args).await?;
     }
     Ok(())
 }
 
+/// What the probe releases on: a Redis channel, or an etcd key deleted.
+enum Releaser {
+    Redis(MultiplexedConnection, String),
+    Etcd(Box<etcd_client::KvClient>, String),
+}
+
+impl Releaser {
+    /// Makes the key held again (etcd: put it), without a release.
+    async fn hold(&mut self) -> Result<(), Error> {
+        if let Releaser::Etcd(kv, key) = self {
+            kv.put(key.as_str(), "held", None).await?;
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        match self {
+            Releaser::Redis(conn, channel) => {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(channel.as_str())
+                    .arg("")
+                    .query_async(conn)
+                    .await?;
+            }
+            Releaser::Etcd(kv, key) => {
+                kv.delete(key.as_str(), None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn round_trip(&mut self) -> Result<(), Error> {
+        match self {
+            Releaser::Redis(conn, _) => {
+                let _: String = redis::cmd("PING").query_async(conn).await?;
+            }
+            Releaser::Etcd(kv, key) => {
+                kv.get(key.as_str(), None).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
     let rounds: u64 = args.first().map_or(Ok(400), |r| r.parse())?;
-    let server = RedisServer::new();
-    let url = server.url();
     let key = format!("bench:{}:wake", rand_u128() as u32);
+    let (mut redis_server, mut etcd) = (None, None);
+    let (url, floor, mut releaser) = if kind == "wake-etcd" {
+        let cluster = etcd.insert(lock_tests::EtcdCluster::single());
+        let url = cluster.endpoints().join(",");
+        let client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
+        let releaser = Releaser::Etcd(Box::new(client.kv_client()), format!("locks/{key}"));
+        (url, "etcd-floor", releaser)
+    } else {
+        let url = redis_server.insert(RedisServer::new()).url();
+        let conn = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let releaser = Releaser::Redis(conn, format!("lock:{{{key}}}:released"));
+        (url, "floor", releaser)
+    };
     let start = now_ns() + 300_000_000;
     let worker_args: Vec<String> = [
         kind,
-        "floor",
+        floor,
         &url,
         &key,
         &rounds.to_string(),
@@ -884,29 +954,25 @@ async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
     .map(|s| s.to_string())
     .collect();
     let worker = tokio::task::spawn_blocking(move || spawn_workers(1, &worker_args));
-    let mut conn = redis::Client::open(url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
     let mut pings = Vec::new();
     for _ in 0..200 {
         let sent = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        releaser.round_trip().await?;
         pings.push(sent.elapsed());
     }
     pings.sort_unstable();
     let wait = (start + 200_000_000).saturating_sub(now_ns());
     tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
-    let channel = format!("lock:{{{key}}}:released");
-    let mut published = Vec::new();
+    let (mut published, mut answered) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
+        releaser.hold().await?;
         tokio::time::sleep(Duration::from_millis(6)).await;
         published.push(now_ns());
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&channel)
-            .arg("")
-            .query_async(&mut conn)
-            .await?;
+        let sent = Instant::now();
+        releaser.release().await?;
+        answered.push(sent.elapsed());
     }
+    answered.sort_unstable();
     let outputs = worker.await??;
     let woke: Vec<(u128, u128)> = outputs
         .iter()
@@ -930,14 +996,20 @@ async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
             .copied()
             .unwrap_or_default()
     };
-    println!("{} wakes of {rounds} publishes", woke.len());
+    drop((redis_server, etcd));
+    println!("{} wakes of {rounds} releases", woke.len());
     println!(
         "round trip of this (busy) process: p50 {} p90 {}",
         fmt_d(pct(&pings, 0.5)),
         fmt_d(pct(&pings, 0.9))
     );
     println!(
-        "publish -> the parked worker's watch fires: p50 {} p90 {}",
+        "the release's own round trip (this process): p50 {} p90 {}",
+        fmt_d(pct(&answered, 0.5)),
+        fmt_d(pct(&answered, 0.9))
+    );
+    println!(
+        "release sent -> the parked worker's watch fires: p50 {} p90 {}",
         fmt_d(pct(&delivery, 0.5)),
         fmt_d(pct(&delivery, 0.9))
     );
