@@ -681,37 +681,12 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     let [kind, lib, url, key, count, start] = args else {
         return Err("worker arguments: KIND LIB URL KEY COUNT START_NS".into());
     };
-    let lib = make_lib(lib, url).await?;
     let count: u64 = count.parse()?;
     let start: u128 = start.parse()?;
-    let raw_messages = if kind == "wake-raw" {
-        let mut pubsub = redis::Client::open(url.as_str())?
-            .get_async_pubsub()
-            .await?;
-        pubsub.subscribe(format!("lock:{{{key}}}:released")).await?;
-        Some(pubsub.into_on_message())
-    } else {
-        None
-    };
-    let wake_watch: Option<(Arc<dyn lock_runtime::backend::Backend>, _)> = match kind.as_str() {
-        "wake" => {
-            let store: Arc<dyn lock_runtime::backend::Backend> =
-                Arc::new(lock_runtime::RedisBackend::builder(url).connect().await?);
-            let watch = store.watch(key).await?;
-            Some((store, watch))
-        }
-        "wake-etcd" => {
-            let endpoints: Vec<&str> = url.split(',').collect();
-            let store: Arc<dyn lock_runtime::backend::Backend> = Arc::new(
-                lock_runtime::EtcdBackend::builder(&endpoints)
-                    .connect()
-                    .await?,
-            );
-            let watch = store.watch(key).await?;
-            Some((store, watch))
-        }
-        _ => None,
-    };
+    if kind.starts_with("wake") {
+        return wake_worker(kind, url, key, count, start).await;
+    }
+    let lib = make_lib(lib, url).await?;
 
     // Start together with the other processes.
     let wait = start.saturating_sub(now_ns());
@@ -738,49 +713,6 @@ async fn worker(args: &[String]) -> Result<(), Error> {
             let list: Vec<String> = waits.iter().map(u128::to_string).collect();
             println!("span {began} {ended}");
             println!("waits {}", list.join(","));
-        }
-        "wake" | "wake-etcd" => {
-            // Already subscribed (before the start): each release wakes
-            // this parked process; then one round trip from the woken task,
-            // as a waiter's acquire would make.
-            // The store lives as long as the watch (its subscriber task).
-            let Some((_store, mut watch)) = wake_watch else {
-                return Err("no watch".into());
-            };
-            for _ in 0..count {
-                watch.released().await;
-                let woke = now_ns();
-                match &lib {
-                    Lib::Floor(conn) => {
-                        let _: String = redis::cmd("PING").query_async(&mut conn.clone()).await?;
-                    }
-                    Lib::EtcdFloor(floor) => {
-                        floor.kv.clone().get(key.as_str(), None).await?;
-                    }
-                    _ => return Err("the wake probe's round trip needs a floor".into()),
-                }
-                println!("woke {woke} {}", now_ns());
-            }
-        }
-        "wake-raw" => {
-            // The same, through redis-rs's pubsub stream alone.
-            let Some(mut messages) = raw_messages else {
-                return Err("no subscription".into());
-            };
-            let Lib::Floor(conn) = &lib else {
-                return Err("the wake probe pings through the floor's connection".into());
-            };
-            for _ in 0..count {
-                futures_util::StreamExt::next(&mut messages)
-                    .await
-                    .ok_or("the subscription ended")?;
-                let woke = now_ns();
-                let () = redis::cmd("PING")
-                    .query_async(&mut conn.clone())
-                    .await
-                    .map(|_: String| ())?;
-                println!("woke {woke} {}", now_ns());
-            }
         }
         "handoff" => {
             // Hold 5 ms, release, pause 1 ms so the other process (already
@@ -886,6 +818,21 @@ enum Releaser {
 }
 
 impl Releaser {
+    /// Connects to the probe's store (etcd for `wake-etcd`, else Redis)
+    /// for `key`.
+    async fn connect(kind: &str, url: &str, key: &str) -> Result<Releaser, Error> {
+        Ok(if kind == "wake-etcd" {
+            let endpoints: Vec<&str> = url.split(',').collect();
+            let client = etcd_client::Client::connect(endpoints, None).await?;
+            Releaser::Etcd(Box::new(client.kv_client()), format!("locks/{key}"))
+        } else {
+            let conn = redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            Releaser::Redis(conn, format!("lock:{{{key}}}:released"))
+        })
+    }
+
     /// Makes the key held again (etcd: put it), without a release.
     async fn hold(&mut self) -> Result<(), Error> {
         if let Releaser::Etcd(kv, key) = self {
@@ -923,28 +870,96 @@ impl Releaser {
     }
 }
 
+/// How the probe's worker waits for a release: a store's watch, or
+/// redis-rs's pubsub stream alone (`wake-raw`).
+enum Waiter {
+    Store {
+        watch: lock_runtime::backend::ReleaseWatch,
+        /// Kept as long as its watch (its subscriber task).
+        _store: Arc<dyn lock_runtime::backend::Backend>,
+    },
+    Stream(futures_util::stream::BoxStream<'static, redis::Msg>),
+}
+
+impl Waiter {
+    async fn subscribe(kind: &str, url: &str, key: &str) -> Result<Waiter, Error> {
+        let store: Arc<dyn lock_runtime::backend::Backend> = match kind {
+            "wake-raw" => {
+                let mut pubsub = redis::Client::open(url)?.get_async_pubsub().await?;
+                pubsub.subscribe(format!("lock:{{{key}}}:released")).await?;
+                let stream = futures_util::StreamExt::boxed(pubsub.into_on_message());
+                return Ok(Waiter::Stream(stream));
+            }
+            "wake-etcd" => {
+                let endpoints: Vec<&str> = url.split(',').collect();
+                Arc::new(
+                    lock_runtime::EtcdBackend::builder(&endpoints)
+                        .connect()
+                        .await?,
+                )
+            }
+            _ => Arc::new(lock_runtime::RedisBackend::builder(url).connect().await?),
+        };
+        let watch = store.watch(key).await?;
+        Ok(Waiter::Store {
+            watch,
+            _store: store,
+        })
+    }
+
+    async fn released(&mut self) -> Result<(), Error> {
+        match self {
+            Waiter::Store { watch, .. } => watch.released().await,
+            Waiter::Stream(stream) => {
+                futures_util::StreamExt::next(stream)
+                    .await
+                    .ok_or("the subscription ended")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The probe's worker (`--worker wake|wake-raw|wake-etcd _ URL KEY COUNT
+/// START_NS`): subscribed before the start, it prints when each release
+/// woke it and when one round trip from the woken task (as a waiter's
+/// acquire would make) was answered.
+async fn wake_worker(
+    kind: &str,
+    url: &str,
+    key: &str,
+    count: u64,
+    start: u128,
+) -> Result<(), Error> {
+    let mut waiter = Waiter::subscribe(kind, url, key).await?;
+    let mut store = Releaser::connect(kind, url, key).await?;
+    let wait = start.saturating_sub(now_ns());
+    tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+    for _ in 0..count {
+        waiter.released().await?;
+        let woke = now_ns();
+        store.round_trip().await?;
+        println!("woke {woke} {}", now_ns());
+    }
+    Ok(())
+}
+
 async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
     let rounds: u64 = args.first().map_or(Ok(400), |r| r.parse())?;
     let key = format!("bench:{}:wake", rand_u128() as u32);
     let (mut redis_server, mut etcd) = (None, None);
-    let (url, floor, mut releaser) = if kind == "wake-etcd" {
-        let cluster = etcd.insert(lock_tests::EtcdCluster::single());
-        let url = cluster.endpoints().join(",");
-        let client = etcd_client::Client::connect(cluster.endpoints(), None).await?;
-        let releaser = Releaser::Etcd(Box::new(client.kv_client()), format!("locks/{key}"));
-        (url, "etcd-floor", releaser)
+    let url = if kind == "wake-etcd" {
+        etcd.insert(lock_tests::EtcdCluster::single())
+            .endpoints()
+            .join(",")
     } else {
-        let url = redis_server.insert(RedisServer::new()).url();
-        let conn = redis::Client::open(url.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
-        let releaser = Releaser::Redis(conn, format!("lock:{{{key}}}:released"));
-        (url, "floor", releaser)
+        redis_server.insert(RedisServer::new()).url()
     };
+    let mut releaser = Releaser::connect(kind, &url, &key).await?;
     let start = now_ns() + 300_000_000;
     let worker_args: Vec<String> = [
         kind,
-        floor,
+        "-",
         &url,
         &key,
         &rounds.to_string(),
@@ -991,33 +1006,23 @@ async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
     }
     delivery.sort_unstable();
     round_trip.sort_unstable();
-    let pct = |v: &[Duration], p: f64| {
-        v.get(((v.len() as f64 - 1.0) * p) as usize)
-            .copied()
-            .unwrap_or_default()
-    };
     drop((redis_server, etcd));
     println!("{} wakes of {rounds} releases", woke.len());
-    println!(
-        "round trip of this (busy) process: p50 {} p90 {}",
-        fmt_d(pct(&pings, 0.5)),
-        fmt_d(pct(&pings, 0.9))
-    );
-    println!(
-        "the release's own round trip (this process): p50 {} p90 {}",
-        fmt_d(pct(&answered, 0.5)),
-        fmt_d(pct(&answered, 0.9))
-    );
-    println!(
-        "release sent -> the parked worker's watch fires: p50 {} p90 {}",
-        fmt_d(pct(&delivery, 0.5)),
-        fmt_d(pct(&delivery, 0.9))
-    );
-    println!(
-        "watch fired -> one round trip from the woken task done: p50 {} p90 {}",
-        fmt_d(pct(&round_trip, 0.5)),
-        fmt_d(pct(&round_trip, 0.9))
-    );
+    for (what, durations) in [
+        ("round trip of this (busy) process", &pings),
+        ("the release's own round trip (this process)", &answered),
+        ("release sent -> the parked worker's watch fires", &delivery),
+        (
+            "watch fired -> one round trip from the woken task done",
+            &round_trip,
+        ),
+    ] {
+        println!(
+            "{what}: p50 {} p90 {}",
+            fmt_d(percentile(durations, 50.0)),
+            fmt_d(percentile(durations, 90.0))
+        );
+    }
     Ok(())
 }
 

@@ -488,15 +488,19 @@ mod tests {
         fn renewal_failed(&self) {}
     }
 
-    fn hold(owner: &Arc<()>) -> Renewal {
-        let schedule = Schedule {
+    /// A 30 s lease taken now, renewed every 10 s.
+    fn schedule() -> Schedule {
+        Schedule {
             ttl: Duration::from_secs(30),
             valid_for: Duration::from_secs(29),
             renew: true,
             max_hold: None,
             acquired_at: Instant::now(),
-        };
-        Renewal::start(owner, schedule, Arc::new(Held::default()))
+        }
+    }
+
+    fn hold(owner: &Arc<()>) -> Renewal {
+        Renewal::start(owner, schedule(), Arc::new(Held::default()))
     }
 
     /// Short locks taken after the renewer went idle wake its task once,
@@ -569,14 +573,7 @@ mod tests {
         let held: Arc<dyn Renewable> = Arc::new(held);
         let mut leases = Vec::new();
         for _ in 0..1_000 {
-            let schedule = Schedule {
-                ttl: Duration::from_secs(30),
-                valid_for: Duration::from_secs(29),
-                renew: true,
-                max_hold: None,
-                acquired_at: Instant::now(),
-            };
-            leases.push(Renewal::start(&owner, schedule, held.clone()));
+            leases.push(Renewal::start(&owner, schedule(), held.clone()));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let renewer = leases[0].renewer.clone();

@@ -149,14 +149,14 @@ impl MemoryBackend {
                 ttl: request.ttl,
             })
         };
-        let holder = Holder {
+        let holder = |fencing| Holder {
             token: request.token,
             expires,
-            fencing: table.fencing + 1,
+            fencing,
             loss: request.loss.clone(),
         };
         // One lookup when the key has a slot, two when it has none.
-        let (key, previous) = match table.slots.get_mut(request.key) {
+        let (key, previous, fencing) = match table.slots.get_mut(request.key) {
             Some(slot) => {
                 if let Some(live) = slot.live_holder(now) {
                     if live.token != request.token {
@@ -173,18 +173,25 @@ impl MemoryBackend {
                         lease: lease(slot.name.clone()),
                     };
                 }
-                (slot.name.clone(), slot.holder.replace(holder))
+                // `slot` borrows only `table.slots`.
+                table.fencing += 1;
+                let fencing = table.fencing;
+                (
+                    slot.name.clone(),
+                    slot.holder.replace(holder(fencing)),
+                    fencing,
+                )
             }
             None => {
                 table.sweep(now);
+                let fencing = table.next_fencing();
                 let name: Arc<str> = request.key.into();
                 let mut slot = Slot::new(name.clone());
-                slot.holder = Some(holder);
+                slot.holder = Some(holder(fencing));
                 table.slots.insert(name.clone(), slot);
-                (name, None)
+                (name, None, fencing)
             }
         };
-        let fencing = table.next_fencing();
         drop(guard);
         if let Some(previous) = previous {
             previous
