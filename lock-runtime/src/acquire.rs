@@ -146,6 +146,10 @@ async fn contend(
     }
     let backend = &**parts.backend;
     let token = LockToken::random();
+    // Armed once a store that queues waiters has ours queued.
+    let mut queued = Attempt::start(parts.backend, &permit, token);
+    let queue_poll = parts.context.capabilities.waiter_queue;
+    queued.answered = queue_poll.is_none() || mode == Mode::Skip;
     let loss = LossSignal::new();
     let mut watch: Option<ReleaseWatch> = None;
     // Not queued behind anyone: the first request goes out now, as good as
@@ -163,6 +167,7 @@ async fn contend(
         attempt.answered();
         let remaining = match answer {
             Acquire::Acquired { fencing, lease } => {
+                queued.answered();
                 tracing::debug!(
                     parent: wait,
                     key,
@@ -204,7 +209,7 @@ async fn contend(
             );
             continue;
         };
-        let mut wake = Instant::now() + retry_delay(remaining);
+        let mut wake = Instant::now() + retry_delay(remaining, queue_poll);
         if let Some(deadline) = deadline {
             wake = wake.min(deadline);
         }
@@ -220,7 +225,9 @@ async fn contend(
 
 /// One attempt in flight. Dropped before its answer arrived (a timeout, a
 /// cancellation, an error), it abandons the attempt in the store: the
-/// request may have been granted after the caller stopped listening.
+/// request may have been granted after the caller stopped listening. Also
+/// a waiter's place in a store's queue, given up the same way if the wait
+/// ends without the lock.
 struct Attempt<'a> {
     backend: &'a Arc<dyn Backend>,
     permit: &'a LocalPermit,
@@ -274,9 +281,15 @@ async fn within<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Op
 
 /// When to try again without a release notification: when the holder's
 /// lease says it ends, plus jitter so waiting processes do not all retry in
-/// the same millisecond; never later than `MAX_RETRY_DELAY`.
-fn retry_delay(remaining: Option<Duration>) -> Duration {
-    let base = remaining.unwrap_or(UNKNOWN_HOLD_DELAY).min(MAX_RETRY_DELAY);
+/// the same millisecond; never later than `MAX_RETRY_DELAY`. A waiter
+/// queued in a store that needs it back every `queue_poll` comes back by
+/// then (the jitter aside), and at that pace when the holder is unknown.
+fn retry_delay(remaining: Option<Duration>, queue_poll: Option<Duration>) -> Duration {
+    let base = match queue_poll {
+        None => remaining.unwrap_or(UNKNOWN_HOLD_DELAY),
+        Some(poll) => remaining.map_or(poll, |remaining| remaining.min(poll)),
+    }
+    .min(MAX_RETRY_DELAY);
     let spread = (base / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
     let jitter = rand::random_range(0..=spread.as_micros() as u64);
     base + Duration::from_micros(jitter)

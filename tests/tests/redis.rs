@@ -723,3 +723,112 @@ async fn fencing_counters_end_with_their_leases() {
     };
     wait_until("every counter expired", || left() == 0).await;
 }
+
+/// Fair mode, with a grant timeout of `grant_ms`.
+async fn fair_backend(server: &RedisServer, grant_ms: u64) -> RedisBackend {
+    RedisBackend::builder(&server.url())
+        .fair(Duration::from_millis(grant_ms))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn redis_fair_store() -> Store {
+    let server = RedisServer::new();
+    let (a, b) = (
+        fair_backend(&server, 500).await,
+        fair_backend(&server, 500).await,
+    );
+    Store::new(Arc::new(a), Arc::new(b), server)
+}
+
+backend_contract!(redis_fair_contract, redis_fair_store);
+
+/// The waiters queued in fair mode on `key`.
+fn fair_queue(server: &RedisServer, key: &str) -> Vec<String> {
+    server
+        .connection()
+        .lrange(format!("lock:{{{key}}}:queue"), 0, -1)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fair_mode_refuses_a_grant_timeout_too_short_to_keep_a_place() {
+    let secret = "s3cret-Pa55word";
+    let server = RedisServer::with_password(secret);
+    let url = format!("redis://:{secret}@127.0.0.1:{}", server.port());
+    let err = RedisBackend::builder(&url)
+        .fair(Duration::from_millis(10))
+        .connect()
+        .await
+        .unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(shown.contains("grant timeout (10ms)"), "{shown}");
+    assert!(shown.contains("127.0.0.1"), "names the store: {shown}");
+    assert!(!shown.contains(secret), "password leaked: {shown}");
+}
+
+/// A waiter that gives up (its `wait_timeout`) leaves the queue: the
+/// holder's release then frees the key instead of granting it to nobody.
+#[tokio::test]
+async fn fair_mode_a_waiter_that_times_out_leaves_the_queue() {
+    let server = RedisServer::new();
+    let key = unique_key("fair-timeout");
+    let holder = LockRegistry::builder(fair_backend(&server, 2000).await)
+        .build()
+        .unwrap();
+    let waiter = LockRegistry::builder(fair_backend(&server, 2000).await)
+        .build()
+        .unwrap();
+    let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
+    let opts = LockOptions::default().wait_timeout(Duration::from_millis(300));
+    let err = waiter.lock(&key, opts).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    wait_until("the waiter left the queue", || {
+        fair_queue(&server, &key).is_empty()
+    })
+    .await;
+    guard.release().await.unwrap();
+    let left: bool = server
+        .connection()
+        .exists(format!("lock:{{{key}}}"))
+        .unwrap();
+    assert!(!left, "released, not granted");
+    let again = waiter.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(again.is_some(), "the key is free for anyone");
+}
+
+/// With a waiter queued, a key found free (its holder's lease gone without
+/// a release) is the waiter's: a skip-mode attempt does not take it, and
+/// never queues; the waiter takes it at its next attempt.
+#[tokio::test]
+async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
+    let server = RedisServer::new();
+    let key = unique_key("fair-skip");
+    // A 3 s grant timeout: the waiter asks again once a second.
+    let registry = |_| async {
+        LockRegistry::builder(fair_backend(&server, 3000).await)
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter, skipper) = (registry(1).await, registry(2).await, registry(3).await);
+    let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = waiter.lock(&key, LockOptions::default()).await.unwrap();
+            guard.release().await.unwrap();
+        }
+    });
+    wait_until("the waiter queued", || fair_queue(&server, &key).len() == 1).await;
+    // The lease vanishes as if it had expired: no release, no grant.
+    let () = server.connection().del(format!("lock:{{{key}}}")).unwrap();
+    let skipped = skipper.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(skipped.is_none(), "the skip attempt took a queued waiter's turn");
+    assert_eq!(fair_queue(&server, &key).len(), 1, "only the waiter queued");
+    tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter took the key at its next attempt")
+        .unwrap();
+    drop(guard);
+}

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::LockRegistry;
+use lock_runtime::{LockOptions, LockRegistry};
 use lock_tests::processes::{Processes, STARTUP};
 use lock_tests::{RedisServer, unique_key};
 use redis::Commands;
@@ -95,4 +95,132 @@ fn an_expired_holder_gets_lost_and_leaves_the_next_process_lock_alone() {
     let pttl: i64 = server.connection().pttl(lock_name(&key)).unwrap();
     assert!(pttl > 20_000, "B's 30 s lease is intact (pttl {pttl})");
     second.expect("released", STARTUP);
+}
+
+/// The store in fair mode with a 500 ms grant timeout; the data in the same
+/// server.
+fn fair(server: &RedisServer) -> Processes {
+    let url = server.url();
+    Processes::new(WORKER, &format!("{url}?fair_grant_ms=500"), &url)
+}
+
+/// Every store's scenarios, in fair mode: exclusion, skip, expiry and
+/// fencing hold with the queue as they do without it.
+mod fair_mode {
+    use super::*;
+
+    macro_rules! fair_scenarios {
+        ($($scenario:ident),* $(,)?) => {
+            $(
+                #[test]
+                fn $scenario() {
+                    let server = RedisServer::new();
+                    fair(&server).$scenario();
+                }
+            )*
+        };
+    }
+
+    fair_scenarios!(
+        four_processes_sell_exactly_the_stock,
+        opposite_transfers_across_processes_never_deadlock,
+        skip_mode_skips_while_another_process_runs_the_job,
+        a_sigkilled_holder_blocks_others_for_at_most_its_ttl,
+        fencing_tokens_strictly_increase_across_processes,
+        a_waiter_in_another_process_is_woken_by_the_release,
+    );
+}
+
+/// The number of waiters in the fair queue of `key`.
+fn queued(conn: &mut redis::Connection, key: &str) -> usize {
+    conn.llen(format!("{}:queue", lock_name(key))).unwrap()
+}
+
+/// In fair mode, the holder and three waiting processes: the waiters get
+/// the lock in the order they queued, each from the release before it.
+#[test]
+fn fair_mode_gives_the_lock_to_waiting_processes_in_the_order_they_queued() {
+    let server = RedisServer::new();
+    let processes = fair(&server);
+    let key = unique_key("fifo");
+    let mut conn = server.connection();
+    let mut holder = processes.worker("hold-30s", &key, &["1500"]);
+    holder.expect("acquired", STARTUP);
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        let mut waiter = processes.worker("wait", &key, &[]);
+        waiter.expect("ready", STARTUP);
+        lock_tests::wait_until_blocking("the waiter queued", Duration::from_secs(5), || {
+            queued(&mut conn, &key) == n
+        });
+        waiters.push(waiter);
+    }
+    let acquired: Vec<(u128, u64)> = waiters
+        .iter_mut()
+        .map(|waiter| {
+            let line = waiter.expect("acquired", Duration::from_secs(10));
+            let at = lock_tests::field(&line, "at_ms").parse().unwrap();
+            (at, lock_tests::field(&line, "fencing").parse().unwrap())
+        })
+        .collect();
+    assert!(
+        acquired.windows(2).all(|w| w[0] <= w[1]),
+        "not in queue order (at_ms, fencing): {acquired:?}"
+    );
+    assert_eq!(queued(&mut conn, &key), 0, "the queue is empty");
+}
+
+/// In fair mode, a waiter SIGKILLed while queued ahead of another: the
+/// release (made right after the kill) grants the lock to the dead waiter's
+/// token, which never claims it, and the live waiter gets it once the grant
+/// timeout (500 ms) has passed, at its next attempt: far sooner than any
+/// lease's ttl (30 s).
+#[test]
+fn fair_mode_passes_over_a_dead_waiter_within_the_grant_timeout() {
+    let server = RedisServer::new();
+    let processes = fair(&server);
+    let key = unique_key("dead-waiter");
+    let mut conn = server.connection();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let holder = runtime.block_on(async {
+        let backend = lock_runtime::RedisBackend::builder(&server.url())
+            .fair(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        let registry = LockRegistry::builder(backend).build().unwrap();
+        registry.lock(&key, LockOptions::default()).await.unwrap()
+    });
+    let mut dead = processes.worker("wait", &key, &[]);
+    dead.expect("ready", STARTUP);
+    lock_tests::wait_until_blocking("the first waiter queued", Duration::from_secs(5), || {
+        queued(&mut conn, &key) == 1
+    });
+    let mut live = processes.worker("wait", &key, &[]);
+    live.expect("ready", STARTUP);
+    lock_tests::wait_until_blocking("the second waiter queued", Duration::from_secs(5), || {
+        queued(&mut conn, &key) == 2
+    });
+    dead.kill();
+    let released_at = now_ms();
+    runtime.block_on(holder.release()).unwrap();
+    let line = live.expect("acquired", Duration::from_secs(10));
+    let acquired_at: u128 = lock_tests::field(&line, "at_ms").parse().unwrap();
+    let gap = acquired_at.saturating_sub(released_at);
+    println!("a dead waiter ahead delayed the next by {gap} ms");
+    // Not before the dead waiter's grant ran out: the release did grant to
+    // it (the live waiter would have claimed a grant of its own at once).
+    assert!(gap >= 450, "the live waiter got the lock {gap} ms after the release");
+    // The grant timeout, then at most a third of it until the live
+    // waiter's next attempt (plus its jitter), and slack for a slow machine.
+    assert!(gap < 1500, "the live waiter waited {gap} ms after the release");
+    let (status, lines) = live.finish(STARTUP);
+    assert!(status.success(), "{lines:?}");
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
 }

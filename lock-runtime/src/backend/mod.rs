@@ -157,6 +157,14 @@ pub struct Capabilities {
     /// session expired, a lease revoked, a lock forcibly released), rather
     /// than only answering renewals.
     pub pushes_loss: bool,
+    /// Whether a refused attempt of a waiter (one that
+    /// [waits](AcquireRequest::waits)) keeps a place for its token in a
+    /// queue in the store, and if so how often the waiter must ask again to
+    /// keep it: the runtime's waiters then never sleep longer between
+    /// attempts. A waiter that stops waiting without the lock (a timeout, a
+    /// cancellation) gives its place up through [`Backend::abandon`], so no
+    /// release is granted to it.
+    pub waiter_queue: Option<Duration>,
     /// How long before the store can expire a lease the holder gives up.
     pub margin: SafetyMargin,
     /// What the fencing tokens promise.
@@ -177,6 +185,7 @@ impl Capabilities {
             remaining_time: false,
             hand_over: false,
             pushes_loss: false,
+            waiter_queue: None,
             margin: SafetyMargin::new(Duration::from_millis(2), 0),
             fencing: FencingPromise::NONE,
         }
@@ -207,6 +216,13 @@ impl Capabilities {
         self.remaining_time = remaining_time;
         self.hand_over = hand_over;
         self.pushes_loss = pushes_loss;
+        self
+    }
+
+    /// Says that waiters keep a place in a queue in the store by asking
+    /// again at least every `poll` (see [`waiter_queue`](Self::waiter_queue)).
+    pub const fn with_waiter_queue(mut self, poll: Duration) -> Self {
+        self.waiter_queue = Some(poll);
         self
     }
 
@@ -474,7 +490,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Undoes an acquire whose answer the caller did not wait for (a
     /// timeout, a cancellation, an error after the request may have
     /// reached the store): releases `key` if `token` holds it. `Ok(true)`
-    /// when it did.
+    /// when it did. A store that [queues waiters](Capabilities::waiter_queue)
+    /// also takes `token` out of the queue.
     fn abandon<'a>(
         &'a self,
         key: &'a str,

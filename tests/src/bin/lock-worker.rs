@@ -184,7 +184,8 @@ async fn main() -> Result<(), LockError> {
     // Several comma-separated URLs: Redlock over them; `postgres://`: the
     // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
     // `zookeeper://host:port,...?session_ms=N`: the ZooKeeper store (the
-    // shared data then needs LOCK_WORKER_DATA_URL).
+    // shared data then needs LOCK_WORKER_DATA_URL), `redis://…?fair_grant_ms=N`:
+    // the Redis store in fair mode (the same).
     let registry = if url.starts_with("postgres://") {
         LockRegistry::postgres(&url).await?
     } else if let Some(members) = url.strip_prefix("etcd://") {
@@ -210,6 +211,14 @@ async fn main() -> Result<(), LockError> {
     } else if url.contains(',') {
         let urls: Vec<&str> = url.split(',').collect();
         LockRegistry::redlock(&urls).await?
+    } else if let Some((server, grant_ms)) = url.split_once("?fair_grant_ms=") {
+        // `redis://host:port?fair_grant_ms=N`: the Redis store in fair mode.
+        let grant = Duration::from_millis(grant_ms.parse().expect("fair_grant_ms"));
+        let backend = lock_runtime::RedisBackend::builder(server)
+            .fair(grant)
+            .connect()
+            .await?;
+        LockRegistry::builder(backend).build()?
     } else {
         LockRegistry::redis(&url).await?
     };

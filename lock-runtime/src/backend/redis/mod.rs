@@ -18,10 +18,41 @@
 //! - Scripts run by `EVALSHA`, and are loaded again after `SCRIPT FLUSH` or a
 //!   server restart (`NOSCRIPT`).
 //!
+//! # Fair mode
+//!
+//! By default, whoever asks first after a release gets the lock, and a
+//! process that holds a key hands it to its own next task without a
+//! release. With [`RedisBackendBuilder::fair`], waiters get a key in the
+//! order they first asked for it, across processes (within a process, the
+//! local queue already orders tasks):
+//!
+//! - A refused waiter's token joins the key's queue (a list, with a hash of
+//!   each token's deadline), and every later attempt of the waiter moves its
+//!   deadline to a grant timeout from then. Waiters ask again every third of
+//!   the grant timeout, so a live waiter never misses its deadline, and a
+//!   waiter whose process died is dropped once its deadline passes.
+//! - A release does not free the key: in the same script it gives it to the
+//!   first live waiter's token for the grant timeout, issues that waiter's
+//!   fencing token, and publishes the granted token. The waiter's next
+//!   attempt (on the notification, or on its timer) claims the lease for its
+//!   own ttl. A waiter that died after its last attempt holds the key up
+//!   for at most the grant timeout.
+//! - A key that is free with a live waiter queued (its holder's lease
+//!   expired rather than being released) is taken only by the queue's head.
+//!   A skip-mode attempt takes a key only when it is free and nobody waits;
+//!   it never queues.
+//! - A waiter that stops waiting (a `wait_timeout`, a cancellation) takes
+//!   its token out of the queue, or passes its grant on if it had one.
+//!
+//! It costs two more keys per contended lock (`:queue`, `:waiters`, which
+//! expire three grant timeouts after the last waiter's attempt), and no
+//! hand-over within a process.
+//!
 //! # Keys
 //!
 //! A lock on `stock:7` uses the Redis key `lock:{stock:7}`, its fencing
-//! counter `lock:{stock:7}:fence` and the channel `lock:{stock:7}:released`.
+//! counter `lock:{stock:7}:fence` and the channel `lock:{stock:7}:released`
+//! (in fair mode also `lock:{stock:7}:queue` and `lock:{stock:7}:waiters`).
 //! The part between the braces is a hash tag, so on Redis Cluster all of them
 //! live in one slot and the scripts work. `%`, `{` and `}` in the lock key are
 //! written as `%25`, `%7B` and `%7D`, so a key can neither end the hash tag
@@ -134,6 +165,80 @@ return {0, redis.call('PTTL', KEYS[1])}
 "
 );
 
+/// The Lua functions of the fair mode: the server's clock in ms, and the
+/// first live waiter of a key's queue. The queue is a list of tokens in
+/// arrival order; a hash gives each queued token `"deadline life"` (its
+/// deadline in server ms, and its fencing counter's life). Waiters
+/// whose deadline passed are dropped from the head on the way.
+macro_rules! queue_fn {
+    () => {
+        r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function head(queue, waiters, now)
+  while true do
+    local first = redis.call('LINDEX', queue, 0)
+    if not first then return nil end
+    local entry = redis.call('HGET', waiters, first)
+    if entry then
+      local deadline, life = string.match(entry, '^(%d+) (%d+)$')
+      if deadline and tonumber(deadline) >= now then return first, life end
+      redis.call('HDEL', waiters, first)
+    end
+    redis.call('LPOP', queue)
+  end
+end
+"
+    };
+}
+
+/// Fair mode. `KEYS`: lock, counter, queue, waiters. `ARGV`: token, ttl
+/// ms, the counter's life in ms (0: no fencing), 1 if the caller waits,
+/// the grant timeout in ms.
+/// Returns `{1, fencing}` when acquired: the key was free and nobody live
+/// queued ahead of us, or a release granted it to our token (then this
+/// claims it for the full ttl). Otherwise `{0, pttl}`, or `{0, -3}` when
+/// the key is free but it is another waiter's turn; a caller that waits is
+/// queued (or keeps its place), with its deadline moved to a grant timeout
+/// from now. Idempotent, as [`ACQUIRE`] is.
+const FAIR_ACQUIRE: &str = concat!(
+    fence_fn!(),
+    queue_fn!(),
+    r"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, redis.call('GET', KEYS[2]) or 0}
+end
+local now = now_ms()
+if not holder then
+  local first = head(KEYS[3], KEYS[4], now)
+  if not first or first == ARGV[1] then
+    if first then
+      redis.call('LPOP', KEYS[3])
+      redis.call('HDEL', KEYS[4], first)
+    end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    if ARGV[3] == '0' then return {1, 0} end
+    return {1, fence(KEYS[2], ARGV[3])}
+  end
+end
+if ARGV[4] == '1' then
+  local grant = tonumber(ARGV[5])
+  local entry = string.format('%.0f', now + grant) .. ' ' .. ARGV[3]
+  if redis.call('HSET', KEYS[4], ARGV[1], entry) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  redis.call('PEXPIRE', KEYS[3], 3 * grant)
+  redis.call('PEXPIRE', KEYS[4], 3 * grant)
+end
+if not holder then return {0, -3} end
+return {0, redis.call('PTTL', KEYS[1])}
+"
+);
+
 /// `KEYS`: lock. `ARGV`: token, ttl ms. Returns 1 when renewed.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -154,6 +259,42 @@ redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
+
+/// Fair mode. `KEYS`: lock, counter, queue, waiters. `ARGV`: token, linger
+/// ms, channel, grant timeout ms. Returns 1 when released (or shortened to
+/// the linger). A release grants the lock to the first live waiter: the
+/// key becomes its token's for the grant timeout (the waiter's next attempt
+/// claims it for its ttl), and its fencing token is issued now; the
+/// channel gets the granted token. Called by a token that does not hold the
+/// key (a waiter giving up), it takes the token out of the queue.
+const FAIR_RELEASE: &str = concat!(
+    fence_fn!(),
+    queue_fn!(),
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[3], 1, ARGV[1])
+  end
+  return 0
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+local first, life = head(KEYS[3], KEYS[4], now_ms())
+if not first then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[3], '')
+  return 1
+end
+redis.call('LPOP', KEYS[3])
+redis.call('HDEL', KEYS[4], first)
+redis.call('SET', KEYS[1], first, 'PX', ARGV[4])
+if life ~= '0' then fence(KEYS[2], life) end
+redis.call('PUBLISH', ARGV[3], first)
+return 1
+"
+);
 
 /// `KEYS`: lock, counter. `ARGV`: token, ttl ms, the counter's life in ms
 /// (0: no fencing), next token.
@@ -202,6 +343,8 @@ static RENEW_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RENEW));
 static RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(RELEASE));
 static FORCE_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FORCE_RELEASE));
 static INSPECT_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(INSPECT));
+static FAIR_ACQUIRE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FAIR_ACQUIRE));
+static FAIR_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FAIR_RELEASE));
 
 /// How fencing tokens are made. See the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -249,6 +392,7 @@ pub struct RedisBackendBuilder {
     connection_timeout: Duration,
     connection_retries: usize,
     replica_acks: Option<ReplicaAcks>,
+    fair: Option<Duration>,
 }
 
 /// How many replicas must have a grant before it is handed out (`WAIT`).
@@ -300,6 +444,19 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Fair mode: waiters get the lock in the order they first asked for
+    /// it, across processes (see the [module docs](self#fair-mode)). A
+    /// release grants the lock to the first waiter still alive; a waiter that
+    /// does not claim its grant within `grant_timeout` (its process died or
+    /// stalled) loses its turn, so a dead waiter holds the key up for at most
+    /// that long. Waiters ask again every third of it to keep their place.
+    /// Off by default (whoever asks first after a release gets the lock).
+    /// `grant_timeout` must be at least 50 ms, or `connect` refuses it.
+    pub fn fair(mut self, grant_timeout: Duration) -> Self {
+        self.fair = Some(grant_timeout);
+        self
+    }
+
     /// Connects (one command connection, reconnected as needed; the
     /// subscriber connection is made on the first wait). For a
     /// `redis+sentinel://` URL, the connection goes to the master the
@@ -335,6 +492,9 @@ impl RedisBackendBuilder {
             )
             .into());
         }
+        if let Some(grant_timeout) = self.fair {
+            check_grant_timeout(grant_timeout)?;
+        }
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
@@ -348,6 +508,7 @@ impl RedisBackendBuilder {
                 conn,
                 fencing: self.fencing,
                 replica_acks: self.replica_acks,
+                fair: self.fair,
             },
             subscriber,
             redact(&self.url),
@@ -393,6 +554,8 @@ struct Commands<C> {
     conn: C,
     fencing: Fencing,
     replica_acks: Option<ReplicaAcks>,
+    /// Fair mode's grant timeout; `None` when not fair.
+    fair: Option<Duration>,
 }
 
 impl RedisBackend {
@@ -408,6 +571,7 @@ impl RedisBackend {
             connection_timeout: Duration::from_secs(1),
             connection_retries: 2,
             replica_acks: None,
+            fair: None,
         }
     }
 }
@@ -425,18 +589,49 @@ where
                 conn,
                 fencing,
                 replica_acks: None,
+                fair: None,
             },
             Subscriber::new(Source::Client(pubsub), Duration::from_secs(1)),
             "custom connection".into(),
         )
     }
 
+    /// This backend in fair mode, as [`RedisBackendBuilder::fair`] makes
+    /// it: for a connection given to
+    /// [`with_connection`](Self::with_connection) (a cluster's).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the store, when `grant_timeout` is
+    /// shorter than 50 ms.
+    pub fn fair(mut self, grant_timeout: Duration) -> Result<Self, LockError> {
+        check_grant_timeout(grant_timeout).map_err(|source| LockError::Backend {
+            key: self.shown_url.clone(),
+            action: "use fair mode on",
+            source,
+        })?;
+        self.commands.fair = Some(grant_timeout);
+        Ok(RedisBackend::new(
+            self.commands,
+            self.subscriber,
+            self.shown_url,
+        ))
+    }
+
     fn new(commands: Commands<C>, subscriber: Arc<Subscriber>, shown_url: String) -> Self {
         let capabilities = Capabilities::new("redis")
             .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
-            .with_features(true, true, true, false)
+            // Fair mode grants every release to the queue's head, so a
+            // process never hands the lease to its own next task.
+            .with_features(true, true, commands.fair.is_none(), false)
             .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
             .with_fencing(commands.fencing.promise());
+        // A queued waiter asks again within a third of the grant timeout,
+        // to keep its place with room to spare.
+        let capabilities = match commands.fair {
+            Some(grant_timeout) => capabilities.with_waiter_queue(grant_timeout / 3),
+            None => capabilities,
+        };
         RedisBackend {
             commands,
             subscriber,
@@ -458,7 +653,9 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
-        self.commands.acquire(&lock_name(key), token, ttl).await
+        self.commands
+            .acquire(&lock_name(key), token, ttl, false)
+            .await
     }
 
     /// Renews `token`'s lease on `key` to `ttl`.
@@ -502,8 +699,9 @@ impl<C> Commands<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// An invocation of a script that takes the lock and counter keys and
-    /// the token, ttl and fencing mode (acquire, hand-over).
+    /// An invocation of a script that takes the lock and counter keys (and
+    /// in fair mode the queue's) and the token, ttl and fencing mode
+    /// (acquire, hand-over).
     fn fenced<'s>(
         &self,
         script: &'s Script,
@@ -511,10 +709,22 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Call<'s> {
-        Call::new(script, &[lock, &suffixed(lock, b":fence")])
+        self.with_keys(script, lock)
             .arg(&token.hex()[..])
             .arg(millis(ttl))
             .arg(self.fencing.counter_life(ttl))
+    }
+
+    /// A call of `script` with the lock's keys: the lock and its counter,
+    /// and in fair mode its queue and the queue's deadlines.
+    fn with_keys<'s>(&self, script: &'s Script, lock: &[u8]) -> Call<'s> {
+        let counter = suffixed(lock, b":fence");
+        if self.fair.is_none() {
+            return Call::new(script, &[lock, &counter]);
+        }
+        let queue = suffixed(lock, b":queue");
+        let waiters = suffixed(lock, b":waiters");
+        Call::new(script, &[lock, &counter, &queue, &waiters])
     }
 
     async fn acquire(
@@ -522,12 +732,21 @@ where
         lock: &[u8],
         token: LockToken,
         ttl: Duration,
+        waits: bool,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
-        let call = self.fenced(&ACQUIRE_SCRIPT, lock, token, ttl);
+        let call = match self.fair {
+            None => self.fenced(&ACQUIRE_SCRIPT, lock, token, ttl),
+            Some(grant_timeout) => self
+                .fenced(&FAIR_ACQUIRE_SCRIPT, lock, token, ttl)
+                .arg(u8::from(waits))
+                .arg(millis(grant_timeout)),
+        };
         let (acquired, value): (i64, ::redis::Value) =
             invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
         let value = integer(&value)?;
         if acquired != 1 {
+            // -1: no expiry (set by hand); -3 (fair mode): the key is free,
+            // but it is another waiter's turn.
             return Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)));
         }
         self.replicated().await?;
@@ -576,10 +795,19 @@ where
         token: LockToken,
         linger: Duration,
     ) -> Result<bool, BackendError> {
-        let call = Call::new(&RELEASE_SCRIPT, &[lock])
-            .arg(&token.hex()[..])
-            .arg(millis(linger))
-            .arg(suffixed(lock, b":released"));
+        let channel = suffixed(lock, b":released");
+        let call = match self.fair {
+            None => Call::new(&RELEASE_SCRIPT, &[lock])
+                .arg(&token.hex()[..])
+                .arg(millis(linger))
+                .arg(channel),
+            Some(grant_timeout) => self
+                .with_keys(&FAIR_RELEASE_SCRIPT, lock)
+                .arg(&token.hex()[..])
+                .arg(millis(linger))
+                .arg(channel)
+                .arg(millis(grant_timeout)),
+        };
         let released: i64 = invoke(&self.conn, call, Retry::IfNeverSent).await?;
         Ok(released == 1)
     }
@@ -767,6 +995,18 @@ fn integer(value: &::redis::Value) -> Result<i64, BackendError> {
     parsed.ok_or_else(|| format!("a script answered {value:?} where a number was expected").into())
 }
 
+/// Refuses a fair mode's grant timeout too short for waiters to keep their
+/// place.
+fn check_grant_timeout(grant_timeout: Duration) -> Result<(), BackendError> {
+    if grant_timeout < Duration::from_millis(50) {
+        return Err(format!(
+            "the fair mode's grant timeout ({grant_timeout:?}) must be at least 50 ms"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -787,7 +1027,7 @@ where
             let lock = lock_name(request.key);
             let answer = self
                 .commands
-                .acquire(&lock, request.token, request.ttl)
+                .acquire(&lock, request.token, request.ttl, request.waits)
                 .await?;
             Ok(match answer {
                 Ok(fencing) => Acquire::Acquired {
@@ -860,6 +1100,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
             .field("url", &self.shown_url)
             .field("fencing", &self.commands.fencing)
             .field("replica_acks", &self.commands.replica_acks)
+            .field("fair", &self.commands.fair)
             .finish_non_exhaustive()
     }
 }
