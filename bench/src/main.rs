@@ -48,6 +48,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The grant timeout of the Redis store's fair mode in the bench.
+const FAIR_GRANT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The fixed work inside every critical section.
 fn work() {
     let mut x = 0u64;
@@ -611,6 +614,15 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .await?,
         ),
         "lock-runtime" => Lib::Ours(LockRegistry::redis(url).await?),
+        "lock-runtime-fair" => Lib::Ours(
+            LockRegistry::builder(
+                lock_runtime::RedisBackend::builder(url)
+                    .fair(FAIR_GRANT_TIMEOUT)
+                    .connect()
+                    .await?,
+            )
+            .build()?,
+        ),
         "raw" => Lib::Raw(Arc::new(
             lock_runtime::RedisBackend::builder(url).connect().await?,
         )),
@@ -1578,6 +1590,7 @@ async fn main() -> Result<(), Error> {
         .await?;
     let floor = Lib::Floor(conn.clone());
     let ours = make_lib("lock-runtime", &url).await?;
+    let fair = make_lib("lock-runtime-fair", &url).await?;
     let rslock = make_lib("rslock", &url).await?;
     let peer = make_lib("distributed-lock", &url).await?;
     let memory = LockRegistry::memory();
@@ -1585,6 +1598,7 @@ async fn main() -> Result<(), Error> {
     let contenders = [
         ("floor", &floor),
         ("lock-runtime", &ours),
+        ("lock-runtime-fair", &fair),
         ("rslock", &rslock),
         ("distributed-lock", &peer),
     ];
@@ -1638,7 +1652,13 @@ async fn main() -> Result<(), Error> {
         .await??;
         push(m);
     }
-    for name in ["floor", "lock-runtime", "rslock", "distributed-lock"] {
+    for name in [
+        "floor",
+        "lock-runtime",
+        "lock-runtime-fair",
+        "rslock",
+        "distributed-lock",
+    ] {
         let rounds = if quick { 30 } else { 200 };
         let m = tokio::task::spawn_blocking({
             let url = url.clone();
@@ -1794,7 +1814,9 @@ async fn main() -> Result<(), Error> {
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
          and an owner-checked delete, no library; for ZooKeeper an ephemeral node created and deleted, no \
-         library); for hand-offs it is the median in round trips ({}). Other libraries: rslock 0.10 (Redis), \
+         library); for hand-offs it is the median in round trips ({}). lock-runtime-fair is the Redis \
+         store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
+         Other libraries: rslock 0.10 (Redis), \
          distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx), each with its \
          defaults, locking and releasing the same keys.\n",
         if quick {
@@ -1804,7 +1826,8 @@ async fn main() -> Result<(), Error> {
         },
         fmt_d(rtt),
         uncontended_floor,
-        store_round_trips.join("; ")
+        store_round_trips.join("; "),
+        FAIR_GRANT_TIMEOUT
     )?;
     report.push_str(&table);
     report.push_str("\nWait-time distributions: `BENCHMARKS.svg`.\n");

@@ -823,8 +823,14 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
     wait_until("the waiter queued", || fair_queue(&server, &key).len() == 1).await;
     // The lease vanishes as if it had expired: no release, no grant.
     let () = server.connection().del(format!("lock:{{{key}}}")).unwrap();
-    let skipped = skipper.try_lock(&key, LockOptions::default()).await.unwrap();
-    assert!(skipped.is_none(), "the skip attempt took a queued waiter's turn");
+    let skipped = skipper
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        skipped.is_none(),
+        "the skip attempt took a queued waiter's turn"
+    );
     assert_eq!(fair_queue(&server, &key).len(), 1, "only the waiter queued");
     tokio::time::timeout(Duration::from_secs(3), waiting)
         .await

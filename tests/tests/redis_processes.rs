@@ -210,10 +210,16 @@ fn fair_mode_passes_over_a_dead_waiter_within_the_grant_timeout() {
     println!("a dead waiter ahead delayed the next by {gap} ms");
     // Not before the dead waiter's grant ran out: the release did grant to
     // it (the live waiter would have claimed a grant of its own at once).
-    assert!(gap >= 450, "the live waiter got the lock {gap} ms after the release");
+    assert!(
+        gap >= 450,
+        "the live waiter got the lock {gap} ms after the release"
+    );
     // The grant timeout, then at most a third of it until the live
     // waiter's next attempt (plus its jitter), and slack for a slow machine.
-    assert!(gap < 1500, "the live waiter waited {gap} ms after the release");
+    assert!(
+        gap < 1500,
+        "the live waiter waited {gap} ms after the release"
+    );
     let (status, lines) = live.finish(STARTUP);
     assert!(status.success(), "{lines:?}");
 }
