@@ -294,3 +294,32 @@ fn retry_delay(remaining: Option<Duration>, queue_poll: Option<Duration>) -> Dur
     let jitter = rand::random_range(0..=spread.as_micros() as u64);
     base + Duration::from_micros(jitter)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `d` is `base` plus at most its jitter (an eighth, 1 to 50 ms).
+    fn within_jitter(d: Duration, base: Duration) -> bool {
+        let spread = (base / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        d >= base && d <= base + spread
+    }
+
+    #[test]
+    fn a_waiter_retries_when_the_lease_ends_or_a_queue_needs_it_back() {
+        let ms = Duration::from_millis;
+        // No queue: when the holder's lease ends, at most MAX_RETRY_DELAY.
+        assert!(within_jitter(retry_delay(Some(ms(200)), None), ms(200)));
+        assert!(within_jitter(
+            retry_delay(Some(ms(30_000)), None),
+            MAX_RETRY_DELAY
+        ));
+        assert!(within_jitter(retry_delay(None, None), UNKNOWN_HOLD_DELAY));
+        // A queue that needs the waiter back every 300 ms: never later,
+        // and at that pace when the holder is unknown.
+        let poll = Some(ms(300));
+        assert!(within_jitter(retry_delay(Some(ms(30_000)), poll), ms(300)));
+        assert!(within_jitter(retry_delay(None, poll), ms(300)));
+        assert!(within_jitter(retry_delay(Some(ms(20)), poll), ms(20)));
+    }
+}
