@@ -12,7 +12,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use crate::backend::{BoxFuture, Capabilities, Lease, LossListener, LossSignal};
+use crate::backend::{BoxFuture, Capabilities, HandOver, Lease, LossListener, LossSignal};
 use crate::error::{BackendError, LockError};
 use crate::local_queue::{LocalPermit, MAX_HAND_OVERS};
 use crate::options::LockOptions;
@@ -319,12 +319,21 @@ impl Held {
                 .hand_over(lease, state.loss.clone(), self.ttl, self.chain)
                 .await;
             return match handed {
-                Ok(true) => {
+                Ok(HandOver::Moved { .. }) => {
                     telemetry::handed_over(state.labels);
                     state.ended(None);
                     Ok(())
                 }
-                Ok(false) => {
+                Ok(HandOver::Released) => {
+                    tracing::debug!(
+                        parent: &state.span,
+                        key,
+                        "lock released to a waiter the store queued, not handed over"
+                    );
+                    state.ended(None);
+                    Ok(())
+                }
+                Ok(HandOver::Lost) => {
                     state.ended(Some(telemetry::reason::RELEASE));
                     Err(LockError::lost(key))
                 }

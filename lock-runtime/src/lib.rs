@@ -105,8 +105,8 @@ pub use backend::redlock::RedlockBackend;
 #[cfg(feature = "zookeeper")]
 pub use backend::zookeeper::ZooKeeperBackend;
 pub use backend::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 pub use context::{fencing_token, fencing_token_for};
 pub use error::{BackendError, LockError};

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::backend::{Lease, LossSignal};
+use crate::backend::{HandOver, Lease, LossSignal};
 use crate::error::BackendError;
 
 /// How many times in a row a lease may be handed to the next task of this
@@ -213,18 +213,20 @@ impl LocalPermit {
     ///
     /// # Errors
     ///
-    /// `Ok(false)` when the lease was no longer ours; the store's error when
-    /// it failed. Either way the turn is given up and the lease dropped.
+    /// The store's error when it failed. Whatever the outcome (moved, lost,
+    /// released by the store instead), the turn is given up, and the lease
+    /// dropped unless it was moved.
     pub(crate) async fn hand_over(
         self,
         mut lease: Box<dyn Lease>,
         loss: LossSignal,
         ttl: Duration,
         chain: u32,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<HandOver, BackendError> {
         let sent_at = Instant::now();
-        let Some(fencing) = lease.hand_over().await? else {
-            return Ok(false);
+        let handed = lease.hand_over().await?;
+        let HandOver::Moved { fencing } = handed else {
+            return Ok(handed);
         };
         tracing::debug!(key = %self.key(), fencing, "lock handed over within this process");
         *self.slot.slot.baton() = Some(Baton {
@@ -235,7 +237,7 @@ impl LocalPermit {
             sent_at,
             chain: chain + 1,
         });
-        Ok(true)
+        Ok(handed)
     }
 }
 

@@ -838,3 +838,75 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
         .unwrap();
     drop(guard);
 }
+
+/// Fair mode still hands a lease to the next task of the holder's process
+/// while no other process waits: one script, no `DEL`.
+#[tokio::test]
+async fn fair_mode_hands_over_within_a_process_while_nobody_else_waits() {
+    let server = RedisServer::new();
+    let key = unique_key("fair-hand-over");
+    let registry = LockRegistry::builder(fair_backend(&server, 2000).await)
+        .build()
+        .unwrap();
+    let first = registry.lock(&key, LockOptions::default()).await.unwrap();
+    let next = tokio::spawn({
+        let (registry, key) = (registry.clone(), key.clone());
+        async move { registry.lock(&key, LockOptions::default()).await.unwrap() }
+    });
+    wait_until("the next task queued locally", || {
+        registry.local_queue_len(&key) == 2
+    })
+    .await;
+    reset_stats(&server);
+    let fencing = first.fencing_token();
+    first.release().await.unwrap();
+    let next = next.await.unwrap();
+    assert!(next.fencing_token() > fencing);
+    let calls = command_calls(&server);
+    assert_eq!(
+        calls_of(&calls, "del"),
+        0,
+        "released, not handed over: {calls:?}"
+    );
+    next.release().await.unwrap();
+}
+
+/// Fair mode: with another process's waiter queued in the store, the
+/// holder's release goes to it, ahead of the holder's own next task, which
+/// queued later in its process only.
+#[tokio::test]
+async fn fair_mode_serves_another_process_waiter_before_the_holder_own_next_task() {
+    let server = RedisServer::new();
+    let key = unique_key("fair-other-first");
+    let here = LockRegistry::builder(fair_backend(&server, 2000).await)
+        .build()
+        .unwrap();
+    let there = LockRegistry::builder(fair_backend(&server, 2000).await)
+        .build()
+        .unwrap();
+    let first = here.lock(&key, LockOptions::default()).await.unwrap();
+    let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let waiter = |registry: LockRegistry, who: &'static str| {
+        let (key, order_tx) = (key.clone(), order_tx.clone());
+        tokio::spawn(async move {
+            let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+            order_tx.send(who).unwrap();
+            guard.release().await.unwrap();
+        })
+    };
+    let remote = waiter(there, "other process");
+    wait_until("the other process's waiter queued", || {
+        fair_queue(&server, &key).len() == 1
+    })
+    .await;
+    let local = waiter(here.clone(), "same process");
+    wait_until("the next task queued locally", || {
+        here.local_queue_len(&key) == 2
+    })
+    .await;
+    first.release().await.unwrap();
+    remote.await.unwrap();
+    local.await.unwrap();
+    let served: Vec<&str> = [order.recv().await.unwrap(), order.recv().await.unwrap()].into();
+    assert_eq!(served, ["other process", "same process"]);
+}

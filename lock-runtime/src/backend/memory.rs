@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 use crate::error::BackendError;
 use crate::registry::LockRegistry;
@@ -310,7 +310,7 @@ impl Lease for MemoryLease {
         Box::pin(async move { Ok(released) })
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         let now = Instant::now();
         let next = LockToken::random();
         let mut table = lock_table(&self.shared);
@@ -331,7 +331,7 @@ impl Lease for MemoryLease {
         if handed.is_some() {
             self.token = next;
         }
-        let answer = handed.map(|()| fencing);
+        let answer = handed.map(|()| fencing).into();
         Box::pin(async move { Ok(answer) })
     }
 }

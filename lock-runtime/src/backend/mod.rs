@@ -437,6 +437,33 @@ pub enum Acquire {
     },
 }
 
+/// What [`Lease::hand_over`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandOver {
+    /// The lease is the next holder's now, with this fencing token.
+    Moved {
+        /// The next holder's fencing token.
+        fencing: u64,
+    },
+    /// The lease was no longer ours: nothing was handed over.
+    Lost,
+    /// The store released the lease rather than hand it over: a waiter it
+    /// queued (in another process) had its turn. The next holder in this
+    /// process acquires in the store as usual.
+    Released,
+}
+
+impl From<Option<u64>> for HandOver {
+    /// `Some(fencing)`: moved with that token; `None`: lost.
+    fn from(fencing: Option<u64>) -> Self {
+        match fencing {
+            Some(fencing) => HandOver::Moved { fencing },
+            None => HandOver::Lost,
+        }
+    }
+}
+
 /// One held lease: the per-holder state a store keeps, and the operations
 /// on it. Returned by [`Backend::acquire`].
 ///
@@ -457,10 +484,13 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// Passes the lease to the next holder in this process without
     /// releasing it, in one round trip: the store moves it to a new token
     /// (the old one is refused from then on), extends it to its ttl, and
-    /// returns a new fencing token larger than every earlier one. The
-    /// handle then stands for the new holder. `Ok(None)` when the lease is
-    /// no longer ours. Only asked of stores with [`Capabilities::hand_over`].
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    /// returns a new fencing token larger than every earlier one
+    /// ([`HandOver::Moved`]). The handle then stands for the new holder.
+    /// [`HandOver::Lost`] when the lease is no longer ours;
+    /// [`HandOver::Released`] when the store released it instead (a store
+    /// that queues waiters, whose turn it is). Only asked of stores with
+    /// [`Capabilities::hand_over`].
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         Box::pin(async { Err("this store cannot hand a lease over".into()) })
     }
 

@@ -65,8 +65,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::backend::LossSignal;
 use crate::error::{BackendError, LockError};
@@ -689,11 +689,11 @@ impl Lease for EtcdLease {
         })
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         Box::pin(async move {
             let fencing = self.refresh(Some(LockToken::random())).await?;
             self.counted_from_grant = false;
-            Ok(fencing)
+            Ok(fencing.into())
         })
     }
 

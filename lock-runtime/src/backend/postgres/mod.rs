@@ -74,8 +74,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row, Socket, Statement};
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
@@ -587,7 +587,7 @@ impl Lease for PostgresLease {
         Box::pin(self.shared.release(&self.id, self.token, linger))
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         Box::pin(async move {
             let next = LockToken::random();
             let (token, next_text, ttl) =
@@ -604,7 +604,7 @@ impl Lease for PostgresLease {
             if fencing.is_some() {
                 self.token = next;
             }
-            Ok(fencing.map(|f| u64::try_from(f).unwrap_or(0)))
+            Ok(fencing.map(|f| u64::try_from(f).unwrap_or(0)).into())
         })
     }
 }

@@ -43,10 +43,13 @@
 //!   it never queues.
 //! - A waiter that stops waiting (a `wait_timeout`, a cancellation) takes
 //!   its token out of the queue, or passes its grant on if it had one.
+//! - The holder's next task in its process gets the lease by a hand-over
+//!   only while nobody waits in the store's queue; otherwise the hand-over
+//!   script releases the key to the queue's head instead, and that task
+//!   queues in the store behind the other processes' waiters.
 //!
 //! It costs two more keys per contended lock (`:queue`, `:waiters`, which
-//! expire three grant timeouts after the last waiter's attempt), and no
-//! hand-over within a process.
+//! expire three grant timeouts after the last waiter's attempt).
 //!
 //! # Keys
 //!
@@ -93,8 +96,8 @@ use connection::Source;
 use subscriber::Subscriber;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError, redact};
 use crate::registry::LockRegistry;
@@ -310,6 +313,31 @@ return fence(KEYS[2], ARGV[3])
 "
 );
 
+/// Fair mode. `KEYS`: lock, counter, queue, waiters. `ARGV`: token, ttl ms,
+/// the counter's life in ms (0: no fencing), next token, channel, grant
+/// timeout ms.
+/// As [`HAND_OVER`] while nobody is queued in the store; -2 when a live
+/// waiter is, after releasing the lock to it as [`FAIR_RELEASE`] does.
+const FAIR_HAND_OVER: &str = concat!(
+    fence_fn!(),
+    queue_fn!(),
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local first, life = head(KEYS[3], KEYS[4], now_ms())
+if first then
+  redis.call('LPOP', KEYS[3])
+  redis.call('HDEL', KEYS[4], first)
+  redis.call('SET', KEYS[1], first, 'PX', ARGV[6])
+  if life ~= '0' then fence(KEYS[2], life) end
+  redis.call('PUBLISH', ARGV[5], first)
+  return -2
+end
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
+if ARGV[3] == '0' then return 0 end
+return fence(KEYS[2], ARGV[3])
+"
+);
+
 /// `KEYS`: lock. `ARGV`: channel. Deletes the lock whoever holds it and
 /// wakes waiters; returns 1 when there was one.
 const FORCE_RELEASE: &str = r"
@@ -345,6 +373,7 @@ static FORCE_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FORCE_RELEA
 static INSPECT_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(INSPECT));
 static FAIR_ACQUIRE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FAIR_ACQUIRE));
 static FAIR_RELEASE_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FAIR_RELEASE));
+static FAIR_HAND_OVER_SCRIPT: Lazy<Script> = Lazy::new(|| Script::new(FAIR_HAND_OVER));
 
 /// How fencing tokens are made. See the [module docs](self).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -621,9 +650,7 @@ where
     fn new(commands: Commands<C>, subscriber: Arc<Subscriber>, shown_url: String) -> Self {
         let capabilities = Capabilities::new("redis")
             .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
-            // Fair mode grants every release to the queue's head, so a
-            // process never hands the lease to its own next task.
-            .with_features(true, true, commands.fair.is_none(), false)
+            .with_features(true, true, true, false)
             .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
             .with_fencing(commands.fencing.promise());
         // A queued waiter asks again within a third of the grant timeout,
@@ -818,17 +845,30 @@ where
         token: LockToken,
         next: LockToken,
         ttl: Duration,
-    ) -> Result<Option<u64>, BackendError> {
-        let call = self
-            .fenced(&HAND_OVER_SCRIPT, lock, token, ttl)
-            .arg(&next.hex()[..]);
+    ) -> Result<HandOver, BackendError> {
+        let call = match self.fair {
+            None => self
+                .fenced(&HAND_OVER_SCRIPT, lock, token, ttl)
+                .arg(&next.hex()[..]),
+            // Handed over only while no other process waits in the queue.
+            Some(grant_timeout) => self
+                .fenced(&FAIR_HAND_OVER_SCRIPT, lock, token, ttl)
+                .arg(&next.hex()[..])
+                .arg(suffixed(lock, b":released"))
+                .arg(millis(grant_timeout)),
+        };
         // Not idempotent (it issues a new token): resent only if never sent.
         let fencing: ::redis::Value = invoke(&self.conn, call, Retry::IfNeverSent).await?;
-        let fencing = integer(&fencing)?;
-        if fencing >= 0 {
-            self.replicated().await?;
-        }
-        Ok(u64::try_from(fencing).ok())
+        Ok(match integer(&fencing)? {
+            -2 => HandOver::Released,
+            fencing => {
+                let handed = HandOver::from(u64::try_from(fencing).ok());
+                if let HandOver::Moved { .. } = handed {
+                    self.replicated().await?;
+                }
+                handed
+            }
+        })
     }
 }
 
@@ -852,17 +892,17 @@ where
         Box::pin(self.commands.release(&self.lock, self.token, linger))
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         Box::pin(async move {
             let next = LockToken::random();
-            let fencing = self
+            let handed = self
                 .commands
                 .hand_over(&self.lock, self.token, next, self.ttl)
                 .await?;
-            if fencing.is_some() {
+            if let HandOver::Moved { .. } = handed {
                 self.token = next;
             }
-            Ok(fencing)
+            Ok(handed)
         })
     }
 }

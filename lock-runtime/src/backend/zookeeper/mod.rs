@@ -46,8 +46,8 @@ use zookeeper_client::{
 };
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
+    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
@@ -1015,7 +1015,7 @@ impl Lease for ZooKeeperLease {
         })
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<Option<u64>, BackendError>> {
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
         Box::pin(async { Err("the ZooKeeper store does not hand leases over".into()) })
     }
 }
