@@ -214,7 +214,7 @@ async fn contend(
             wake = wake.min(deadline);
         }
         tokio::select! {
-            () = watch.released() => {}
+            () = watch.released_for(token) => {}
             () = sleep_until(wake) => {}
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {

@@ -11,7 +11,7 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
 
 use super::connection::Source;
-use crate::backend::ReleaseWatch;
+use crate::backend::{LockToken, ReleaseWatch};
 use crate::error::BackendError;
 
 /// The one subscriber connection of a backend: per-key channels subscribed
@@ -28,7 +28,9 @@ pub(super) struct Subscriber {
 
 #[derive(Default)]
 struct SubscriberState {
-    channels: HashMap<Vec<u8>, watch::Sender<()>>,
+    /// Each watched channel, and the token its last message granted the
+    /// key to (`None`: a release that only freed it).
+    channels: HashMap<Vec<u8>, watch::Sender<Option<LockToken>>>,
     sink: Option<PubSubSink>,
     /// The dispatch task, stopped when the backend goes away.
     dispatcher: Option<AbortHandle>,
@@ -68,7 +70,7 @@ impl Subscriber {
             .state()
             .channels
             .entry(channel.clone())
-            .or_insert_with(|| watch::Sender::new(()))
+            .or_insert_with(|| watch::Sender::new(None))
             .subscribe();
         // From here on, dropping (on error or cancellation) unwatches.
         let unwatch = Unwatch {
@@ -78,7 +80,7 @@ impl Subscriber {
         let _serial = self.ops.lock().await;
         let mut sink = self.sink().await?;
         sink.subscribe(&channel).await?;
-        Ok(ReleaseWatch::new(rx, Some(Box::new(unwatch))))
+        Ok(ReleaseWatch::granting(rx, Some(Box::new(unwatch))))
     }
 
     /// The current subscriber connection, connecting if there is none.
@@ -111,7 +113,7 @@ impl Subscriber {
     /// Wakes every watcher: used when notifications may have been missed.
     fn wake_all(&self) {
         for sender in self.state().channels.values() {
-            sender.send_replace(());
+            sender.send_replace(None);
         }
     }
 }
@@ -126,7 +128,12 @@ async fn dispatch(subscriber: Weak<Subscriber>, mut stream: PubSubStream) {
             };
             let state = subscriber.state();
             if let Some(sender) = state.channels.get(msg.get_channel_name().as_bytes()) {
-                sender.send_replace(());
+                // Fair mode names the token granted; plain releases send
+                // nothing.
+                let granted = std::str::from_utf8(msg.get_payload_bytes())
+                    .ok()
+                    .and_then(|payload| payload.parse().ok());
+                sender.send_replace(granted);
             }
         }
         let Some(strong) = subscriber.upgrade() else {
