@@ -169,7 +169,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 );
 
 /// The Lua functions of the fair mode: the server's clock in ms, and the
-/// first live waiter of a key's queue. The queue is a list of tokens in
+/// first live waiter of a key's queue (the clock read only if there is
+/// one). The queue is a list of tokens in
 /// arrival order; a hash gives each queued token `"deadline life"` (its
 /// deadline in server ms, and its fencing counter's life). Waiters
 /// whose deadline passed are dropped from the head on the way.
@@ -180,10 +181,12 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function head(queue, waiters, now)
+local function head(queue, waiters)
+  local now
   while true do
     local first = redis.call('LINDEX', queue, 0)
     if not first then return nil end
+    now = now or now_ms()
     local entry = redis.call('HGET', waiters, first)
     if entry then
       local deadline, life = string.match(entry, '^(%d+) (%d+)$')
@@ -215,9 +218,8 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}
 end
-local now = now_ms()
 if not holder then
-  local first = head(KEYS[3], KEYS[4], now)
+  local first = head(KEYS[3], KEYS[4])
   if not first or first == ARGV[1] then
     if first then
       redis.call('LPOP', KEYS[3])
@@ -230,7 +232,7 @@ if not holder then
 end
 if ARGV[4] == '1' then
   local grant = tonumber(ARGV[5])
-  local entry = string.format('%.0f', now + grant) .. ' ' .. ARGV[3]
+  local entry = string.format('%.0f', now_ms() + grant) .. ' ' .. ARGV[3]
   if redis.call('HSET', KEYS[4], ARGV[1], entry) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
@@ -284,7 +286,7 @@ if tonumber(ARGV[2]) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-local first, life = head(KEYS[3], KEYS[4], now_ms())
+local first, life = head(KEYS[3], KEYS[4])
 if not first then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[3], '')
@@ -323,7 +325,7 @@ const FAIR_HAND_OVER: &str = concat!(
     queue_fn!(),
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local first, life = head(KEYS[3], KEYS[4], now_ms())
+local first, life = head(KEYS[3], KEYS[4])
 if first then
   redis.call('LPOP', KEYS[3])
   redis.call('HDEL', KEYS[4], first)
