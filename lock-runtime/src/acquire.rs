@@ -158,8 +158,8 @@ async fn contend(
     loop {
         let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
         let attempt = Attempt::start(parts.backend, &permit, token);
-        let request =
-            AcquireRequest::new(permit.key(), token, opts.ttl, &loss).waiting(mode == Mode::Wait);
+        let request = AcquireRequest::shared(permit.key(), token, opts.ttl, &loss)
+            .waiting(mode == Mode::Wait);
         let answer = within(deadline, backend.acquire(request))
             .await
             .ok_or_else(timed_out)?

@@ -85,6 +85,7 @@ pub mod backend;
 mod context;
 mod error;
 mod guard;
+mod keyed;
 mod local_queue;
 mod multi;
 mod options;

@@ -9,7 +9,6 @@
 //! At most [`MAX_HAND_OVERS`] in a row, so other processes get their turn.
 //! A baton left behind by a waiter that went away is released.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::backend::{HandOver, Lease, LossSignal};
 use crate::error::BackendError;
+use crate::keyed::{HashedKey, KeyHashing, KeyMap};
 
 /// How many times in a row a lease may be handed to the next task of this
 /// process before it is released in the store, so that other processes get
@@ -29,16 +29,19 @@ pub(crate) const MAX_HAND_OVERS: u32 = 8;
 /// The local queues of one registry, by full key.
 #[derive(Clone, Default)]
 pub(crate) struct LocalQueues {
-    map: Arc<Mutex<HashMap<Arc<str>, Arc<Slot>>>>,
+    map: Arc<Mutex<KeyMap<Arc<Slot>>>>,
+    /// The map's hashing: each key is hashed once per lock.
+    hashing: KeyHashing,
 }
 
 impl LocalQueues {
     /// Gets or creates the queue for `full_key`, and joins it.
     pub(crate) fn slot(&self, full_key: &Arc<str>) -> LocalSlot {
+        let key = self.hashing.key(full_key.clone());
         let mut map = self.map();
         let slot = map
-            .entry(full_key.clone())
-            .or_insert_with(|| Arc::new(Slot::new(full_key.clone())))
+            .entry(key)
+            .or_insert_with_key(|key| Arc::new(Slot::new(key.clone())))
             .clone();
         // Counted under the map's lock, as leaving is.
         slot.users.fetch_add(1, Ordering::Relaxed);
@@ -57,8 +60,9 @@ impl LocalQueues {
 
     /// How many tasks hold or wait for `full_key` in this registry.
     pub(crate) fn queued(&self, full_key: &str) -> usize {
+        let key = self.hashing.key(full_key.into());
         self.map()
-            .get(full_key)
+            .get(&key)
             .map_or(0, |slot| slot.users.load(Ordering::Relaxed))
     }
 
@@ -82,7 +86,7 @@ impl LocalQueues {
         }
     }
 
-    fn map(&self) -> MutexGuard<'_, HashMap<Arc<str>, Arc<Slot>>> {
+    fn map(&self) -> MutexGuard<'_, KeyMap<Arc<Slot>>> {
         // Every update under this lock is a single map operation, so the map
         // is consistent even if a holder panicked.
         self.map.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -106,8 +110,9 @@ pub(crate) struct Baton {
 
 /// One key's queue, and the lease handed along it.
 struct Slot {
-    /// The full key, as the map holds it.
-    key: Arc<str>,
+    /// The full key, as the map holds it (with its hash, to leave it
+    /// without hashing it again).
+    key: HashedKey,
     /// The tasks that hold or wait for the key; changed under the map's
     /// lock, so the last one out removes the slot.
     users: AtomicUsize,
@@ -117,7 +122,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(key: Arc<str>) -> Self {
+    fn new(key: HashedKey) -> Self {
         Slot {
             key,
             users: AtomicUsize::new(0),
@@ -194,7 +199,7 @@ impl Drop for LocalPermit {
 impl LocalPermit {
     /// The full key, shared.
     pub(crate) fn key(&self) -> &Arc<str> {
-        &self.slot.slot.key
+        self.slot.slot.key.key()
     }
 
     /// Whether other tasks of this process wait behind this permit.

@@ -1,7 +1,6 @@
 //! The in-process store: the same semantics as the others (expiry, owner
 //! checks, fencing tokens, release notifications), no server.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -14,6 +13,7 @@ use super::{
     LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
 };
 use crate::error::BackendError;
+use crate::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::registry::LockRegistry;
 
 /// Below this many keys the table is never swept.
@@ -58,7 +58,9 @@ pub struct MemoryBackend {
 
 #[derive(Default)]
 struct Table {
-    slots: HashMap<Arc<str>, Slot>,
+    slots: KeyMap<Slot>,
+    /// How `slots` hashes keys: once per lock, the lease keeping the hash.
+    hashing: KeyHashing,
     fencing: u64,
     sweep_at: usize,
 }
@@ -71,18 +73,18 @@ struct Holder {
 }
 
 struct Slot {
-    /// The key, shared with the leases on it: found with the slot in one
-    /// lookup.
-    name: Arc<str>,
+    /// The key and its hash, shared with the leases on it: found with the
+    /// slot in one lookup.
+    key: HashedKey,
     holder: Option<Holder>,
     /// Created by the first watcher: most locks are never waited for.
     released: Option<watch::Sender<()>>,
 }
 
 impl Slot {
-    fn new(name: Arc<str>) -> Self {
+    fn new(key: HashedKey) -> Self {
         Slot {
-            name,
+            key,
             holder: None,
             released: None,
         }
@@ -141,7 +143,7 @@ impl MemoryBackend {
         let mut guard = self.table();
         let table = &mut *guard;
         let expires = now + request.ttl;
-        let lease = |key: Arc<str>| -> Box<dyn Lease> {
+        let lease = |key: HashedKey| -> Box<dyn Lease> {
             Box::new(MemoryLease {
                 shared: self.shared.clone(),
                 key,
@@ -155,8 +157,14 @@ impl MemoryBackend {
             fencing,
             loss: request.loss.clone(),
         };
-        // One lookup when the key has a slot, two when it has none.
-        let (key, previous, fencing) = match table.slots.get_mut(request.key) {
+        // The key hashed once; one lookup when it has a slot, two when it
+        // has none.
+        let name = request
+            .shared_key
+            .cloned()
+            .unwrap_or_else(|| request.key.into());
+        let key = table.hashing.key(name);
+        let (key, previous, fencing) = match table.slots.get_mut(&key) {
             Some(slot) => {
                 if let Some(live) = slot.live_holder(now) {
                     if live.token != request.token {
@@ -170,14 +178,14 @@ impl MemoryBackend {
                     let fencing = live.fencing;
                     return Acquire::Acquired {
                         fencing,
-                        lease: lease(slot.name.clone()),
+                        lease: lease(slot.key.clone()),
                     };
                 }
                 // `slot` borrows only `table.slots`.
                 table.fencing += 1;
                 let fencing = table.fencing;
                 (
-                    slot.name.clone(),
+                    slot.key.clone(),
                     slot.holder.replace(holder(fencing)),
                     fencing,
                 )
@@ -185,11 +193,10 @@ impl MemoryBackend {
             None => {
                 table.sweep(now);
                 let fencing = table.next_fencing();
-                let name: Arc<str> = request.key.into();
-                let mut slot = Slot::new(name.clone());
+                let mut slot = Slot::new(key.clone());
                 slot.holder = Some(holder(fencing));
-                table.slots.insert(name.clone(), slot);
-                (name, None, fencing)
+                table.slots.insert(key.clone(), slot);
+                (key, None, fencing)
             }
         };
         drop(guard);
@@ -206,14 +213,15 @@ impl MemoryBackend {
 
     fn subscribe(&self, key: &str) -> ReleaseWatch {
         let mut table = self.table();
-        let slot = table.slot_or_insert(key);
+        let key = table.key(key);
+        let slot = table.slot_or_insert(&key);
         let rx = slot
             .released
             .get_or_insert_with(|| watch::Sender::new(()))
             .subscribe();
         let unwatch = Unwatch {
             store: self.clone(),
-            key: key.to_owned(),
+            key,
         };
         ReleaseWatch::new(rx, Some(Box::new(unwatch)))
     }
@@ -227,12 +235,16 @@ fn lock_table(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
 
 impl Table {
     /// The slot of `key`, made if there is none.
-    fn slot_or_insert(&mut self, key: &str) -> &mut Slot {
-        if !self.slots.contains_key(key) {
-            let name: Arc<str> = key.into();
-            self.slots.insert(name.clone(), Slot::new(name));
-        }
-        self.slots.get_mut(key).expect("inserted above")
+    fn slot_or_insert(&mut self, key: &HashedKey) -> &mut Slot {
+        self.slots
+            .entry(key.clone())
+            .or_insert_with_key(|key| Slot::new(key.clone()))
+    }
+
+    /// `key` as the table hashes it (for the calls that name a key rather
+    /// than hold a lease on it).
+    fn key(&self, key: &str) -> HashedKey {
+        self.hashing.key(key.into())
     }
 
     fn next_fencing(&mut self) -> u64 {
@@ -242,7 +254,12 @@ impl Table {
 
     /// Removes the lease on `key` (only `token`'s, when given) and wakes
     /// watchers; the loss signal of the holder it removed.
-    fn remove(&mut self, key: &str, token: Option<LockToken>, now: Instant) -> Option<LossSignal> {
+    fn remove(
+        &mut self,
+        key: &HashedKey,
+        token: Option<LockToken>,
+        now: Instant,
+    ) -> Option<LossSignal> {
         // Taken out and put back when it stays: one lookup for the common
         // release, of a key nobody waits for.
         let mut slot = self.slots.remove(key)?;
@@ -255,7 +272,7 @@ impl Table {
             None => !slot.unused(now),
         };
         if stays {
-            self.slots.insert(slot.name.clone(), slot);
+            self.slots.insert(slot.key.clone(), slot);
         }
         loss
     }
@@ -273,7 +290,7 @@ impl Table {
 /// One lease in the memory store.
 struct MemoryLease {
     shared: Arc<Mutex<Table>>,
-    key: Arc<str>,
+    key: HashedKey,
     token: LockToken,
     ttl: Duration,
 }
@@ -283,7 +300,7 @@ impl MemoryLease {
     fn with_holder<T>(&self, f: impl FnOnce(&mut Holder, Instant) -> T) -> Option<T> {
         let now = Instant::now();
         let mut table = lock_table(&self.shared);
-        let holder = table.slots.get_mut(&*self.key)?.owned_by(self.token, now)?;
+        let holder = table.slots.get_mut(&self.key)?.owned_by(self.token, now)?;
         Some(f(holder, now))
     }
 }
@@ -317,7 +334,7 @@ impl Lease for MemoryLease {
         let fencing = table.next_fencing();
         let handed = table
             .slots
-            .get_mut(&*self.key)
+            .get_mut(&self.key)
             .and_then(|slot| slot.owned_by(self.token, now))
             .map(|holder| {
                 *holder = Holder {
@@ -339,7 +356,7 @@ impl Lease for MemoryLease {
 impl fmt::Debug for MemoryLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryLease")
-            .field("key", &self.key)
+            .field("key", self.key.key())
             .finish_non_exhaustive()
     }
 }
@@ -347,7 +364,7 @@ impl fmt::Debug for MemoryLease {
 /// Frees the key's slot when its last watcher goes away.
 struct Unwatch {
     store: MemoryBackend,
-    key: String,
+    key: HashedKey,
 }
 
 impl Drop for Unwatch {
@@ -356,10 +373,10 @@ impl Drop for Unwatch {
         let mut table = self.store.table();
         if table
             .slots
-            .get(self.key.as_str())
+            .get(&self.key)
             .is_some_and(|slot| slot.unused(now))
         {
-            table.slots.remove(self.key.as_str());
+            table.slots.remove(&self.key);
         }
     }
 }
@@ -391,7 +408,9 @@ impl Backend for MemoryBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let now = Instant::now();
-            Ok(self.table().remove(key, Some(token), now).is_some())
+            let mut table = self.table();
+            let key = table.key(key);
+            Ok(table.remove(&key, Some(token), now).is_some())
         })
     }
 
@@ -402,7 +421,10 @@ impl Backend for MemoryBackend {
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let now = Instant::now();
-            let removed = self.table().remove(key, None, now);
+            let mut table = self.table();
+            let key = table.key(key);
+            let removed = table.remove(&key, None, now);
+            drop(table);
             let Some(loss) = removed else {
                 return Ok(false);
             };
@@ -418,9 +440,10 @@ impl Backend for MemoryBackend {
         Box::pin(async move {
             let now = Instant::now();
             let mut table = self.table();
+            let key = table.key(key);
             let info = table
                 .slots
-                .get_mut(key)
+                .get_mut(&key)
                 .and_then(|slot| slot.live_holder(now))
                 .map(|holder| {
                     LeaseInfo::new(

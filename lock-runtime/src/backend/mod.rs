@@ -397,6 +397,9 @@ pub struct AcquireRequest<'a> {
     /// mode), rather than giving up at once: a store whose release
     /// notifications cost something can send them only when someone waits.
     pub waits: bool,
+    /// `key`, shared: a store that keeps the key can take a reference
+    /// rather than a copy.
+    pub(crate) shared_key: Option<&'a Arc<str>>,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -408,6 +411,20 @@ impl<'a> AcquireRequest<'a> {
             ttl,
             loss,
             waits: false,
+            shared_key: None,
+        }
+    }
+
+    /// An attempt at the key `key` shares.
+    pub(crate) fn shared(
+        key: &'a Arc<str>,
+        token: LockToken,
+        ttl: Duration,
+        loss: &'a LossSignal,
+    ) -> Self {
+        AcquireRequest {
+            shared_key: Some(key),
+            ..AcquireRequest::new(key, token, ttl, loss)
         }
     }
 
