@@ -168,9 +168,10 @@ return {0, redis.call('PTTL', KEYS[1])}
 "
 );
 
-/// The Lua functions of the fair mode: the server's clock in ms, and the
+/// The Lua functions of the fair mode: the server's clock in ms; the
 /// first live waiter of a key's queue (the clock read only if there is
-/// one). The queue is a list of tokens in
+/// one); and the grant to that waiter (`KEYS` and `ARGV` as in
+/// [`FAIR_RELEASE`] and [`FAIR_HAND_OVER`]). The queue is a list of tokens in
 /// arrival order; a hash gives each queued token `"deadline life"` (its
 /// deadline in server ms, and its fencing counter's life). Waiters
 /// whose deadline passed are dropped from the head on the way.
@@ -195,6 +196,13 @@ local function head(queue, waiters)
     end
     redis.call('LPOP', queue)
   end
+end
+local function grant(first, life, timeout, channel)
+  redis.call('LPOP', KEYS[3])
+  redis.call('HDEL', KEYS[4], first)
+  redis.call('SET', KEYS[1], first, 'PX', timeout)
+  if life ~= '0' then fence(KEYS[2], life) end
+  redis.call('PUBLISH', channel, first)
 end
 "
     };
@@ -292,11 +300,7 @@ if not first then
   redis.call('PUBLISH', ARGV[3], '')
   return 1
 end
-redis.call('LPOP', KEYS[3])
-redis.call('HDEL', KEYS[4], first)
-redis.call('SET', KEYS[1], first, 'PX', ARGV[4])
-if life ~= '0' then fence(KEYS[2], life) end
-redis.call('PUBLISH', ARGV[3], first)
+grant(first, life, ARGV[4], ARGV[3])
 return 1
 "
 );
@@ -327,11 +331,7 @@ const FAIR_HAND_OVER: &str = concat!(
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local first, life = head(KEYS[3], KEYS[4])
 if first then
-  redis.call('LPOP', KEYS[3])
-  redis.call('HDEL', KEYS[4], first)
-  redis.call('SET', KEYS[1], first, 'PX', ARGV[6])
-  if life ~= '0' then fence(KEYS[2], life) end
-  redis.call('PUBLISH', ARGV[5], first)
+  grant(first, life, ARGV[6], ARGV[5])
   return -2
 end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
