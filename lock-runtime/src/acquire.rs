@@ -146,10 +146,15 @@ async fn contend(
     }
     let backend = &**parts.backend;
     let token = LockToken::random();
-    // Armed once a store that queues waiters has ours queued.
-    let mut queued = Attempt::start(parts.backend, &permit, token);
+    // A waiter's place in a store's queue: given up if the wait ends
+    // without the lock.
     let queue_poll = parts.context.capabilities.waiter_queue;
-    queued.answered = queue_poll.is_none() || mode == Mode::Skip;
+    let queued = Attempt::armed(
+        parts.backend,
+        &permit,
+        token,
+        queue_poll.is_some() && mode == Mode::Wait,
+    );
     let loss = LossSignal::new();
     let mut watch: Option<ReleaseWatch> = None;
     // Not queued behind anyone: the first request goes out now, as good as
@@ -236,12 +241,25 @@ struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
+    /// An attempt about to be sent.
     fn start(backend: &'a Arc<dyn Backend>, permit: &'a LocalPermit, token: LockToken) -> Self {
+        Attempt::armed(backend, permit, token, true)
+    }
+
+    /// `token`'s stake in the store, given up when dropped unanswered if
+    /// `armed` (a waiter's place in a store's queue: armed only for a store
+    /// that queues waiters, in wait mode).
+    fn armed(
+        backend: &'a Arc<dyn Backend>,
+        permit: &'a LocalPermit,
+        token: LockToken,
+        armed: bool,
+    ) -> Self {
         Attempt {
             backend,
             permit,
             token,
-            answered: false,
+            answered: !armed,
         }
     }
 
