@@ -236,11 +236,15 @@ impl ZkFloor {
 struct EtcdFloor {
     kv: etcd_client::KvClient,
     lease: i64,
+    /// Waits for the key's deletion between attempts, as the library does,
+    /// rather than retrying at once (the hand-off row's watching floor).
+    watch: Option<etcd_client::WatchClient>,
 }
 
 impl EtcdFloor {
-    /// Connects to the comma-separated `endpoints` and grants the lease.
-    async fn connect(endpoints: &str) -> Result<EtcdFloor, Error> {
+    /// Connects to the comma-separated `endpoints` and grants the lease;
+    /// `watching` makes the watching floor.
+    async fn connect(endpoints: &str, watching: bool) -> Result<EtcdFloor, Error> {
         let endpoints: Vec<&str> = endpoints.split(',').collect();
         let client = etcd_client::Client::connect(&endpoints, None).await?;
         // Longer than any run: the floor never renews.
@@ -248,12 +252,14 @@ impl EtcdFloor {
         Ok(EtcdFloor {
             kv: client.kv_client(),
             lease,
+            watch: watching.then(|| client.watch_client()),
         })
     }
 
-    /// Acquires `key`, retried at once while held; returns the token.
+    /// Acquires `key`, retried at once while held (or, watching, once the
+    /// key is deleted); returns the token.
     async fn acquire(&self, key: &str) -> Result<String, Error> {
-        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
         let token = format!("{:032x}", rand_u128());
         let key = format!("locks/{key}");
         let txn = Txn::new()
@@ -265,8 +271,25 @@ impl EtcdFloor {
             )])
             .or_else([TxnOp::get(key.as_str(), None)]);
         loop {
-            if self.kv.clone().txn(txn.clone()).await?.succeeded() {
+            let answer = self.kv.clone().txn(txn.clone()).await?;
+            if answer.succeeded() {
                 return Ok(token);
+            }
+            let Some(watch) = &self.watch else {
+                continue;
+            };
+            // From the revision after the refusal: no deletion is missed.
+            let after = answer.header().map_or(0, |header| header.revision()) + 1;
+            let options = WatchOptions::new().with_start_revision(after);
+            let mut events = watch.clone().watch(key.as_str(), Some(options)).await?;
+            while let Some(message) = events.message().await? {
+                let deleted = message
+                    .events()
+                    .iter()
+                    .any(|event| event.event_type() == EventType::Delete);
+                if deleted {
+                    break;
+                }
             }
         }
     }
@@ -655,7 +678,9 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
                 .connect()
                 .await?,
         )),
-        "etcd-floor" => Lib::EtcdFloor(Arc::new(EtcdFloor::connect(url).await?)),
+        "etcd-floor" | "etcd-watch-floor" => Lib::EtcdFloor(Arc::new(
+            EtcdFloor::connect(url, name == "etcd-watch-floor").await?,
+        )),
         "etcd-lock-runtime" => {
             let endpoints: Vec<&str> = url.split(',').collect();
             Lib::Ours(LockRegistry::etcd(&endpoints).await?)
@@ -1283,6 +1308,8 @@ struct StoreRows {
     /// Other libraries on this store, in every row: the name in the table
     /// and for [`make_lib`].
     peers: &'static [(&'static str, &'static str)],
+    /// Another floor for the hand-off row.
+    handoff_floor: Option<(&'static str, &'static str)>,
 }
 
 const POSTGRES: StoreRows = StoreRows {
@@ -1295,6 +1322,7 @@ const POSTGRES: StoreRows = StoreRows {
     process_ops: 200,
     second_floor: None,
     peers: &[("distributed-lock", "pg-distributed-lock")],
+    handoff_floor: None,
 };
 
 const ETCD: StoreRows = StoreRows {
@@ -1307,6 +1335,9 @@ const ETCD: StoreRows = StoreRows {
     process_ops: 100,
     second_floor: None,
     peers: &[],
+    // The floor above retries its transaction at once, so its process never
+    // parks; this one waits for the deletion as the library does.
+    handoff_floor: Some(("watching floor", "etcd-watch-floor")),
 };
 
 const ZOOKEEPER: StoreRows = StoreRows {
@@ -1321,6 +1352,7 @@ const ZOOKEEPER: StoreRows = StoreRows {
     // read that a FIFO queue needs and a single node does not.
     second_floor: Some(("queue floor", "zk-queue-floor")),
     peers: &[],
+    handoff_floor: None,
 };
 
 /// One store's four rows, the library beside the store's floor on one
@@ -1396,6 +1428,7 @@ async fn store_rows(
         rows.push(m);
     }
     let round_trip = store_round_trip(&floor).await?;
+    workers.extend(store.handoff_floor);
     for (lib_name, worker_lib) in workers {
         let rounds = if quick { 30 } else { 200 };
         let url = url.to_owned();
@@ -1813,7 +1846,8 @@ async fn main() -> Result<(), Error> {
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
-         and an owner-checked delete, no library; for ZooKeeper an ephemeral node created and deleted, no \
+         and an owner-checked delete, no library, retried at once while the key is held (and in the hand-off row \
+         also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
          library); for hand-offs it is the median in round trips ({}). lock-runtime-fair is the Redis \
          store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
          Other libraries: rslock 0.10 (Redis), \
