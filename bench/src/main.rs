@@ -771,6 +771,23 @@ async fn worker(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// A worker's arguments, as [`worker`] reads them: `KIND LIB URL KEY COUNT
+/// START_NS`.
+fn worker_args(
+    kind: &str,
+    lib: &str,
+    url: &str,
+    key: &str,
+    count: u64,
+    start: u128,
+) -> Vec<String> {
+    let (count, start) = (count.to_string(), start.to_string());
+    [kind, lib, url, key, &count, &start]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect()
+}
+
 /// Starts `processes` worker processes; returns their stdout lines.
 fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, Error> {
     let exe = std::env::current_exe()?;
@@ -800,10 +817,7 @@ fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, 
 fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Measured, Error> {
     let key = format!("bench:{}:procs", rand_u128() as u32);
     let start = now_ns() + 300_000_000;
-    let args: Vec<String> = ["hot", name, url, &key, &ops.to_string(), &start.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args = worker_args("hot", name, url, &key, ops, start);
     let outputs = spawn_workers(4, &args)?;
     let (mut first, mut last) = (u128::MAX, 0u128);
     let mut waits = Vec::new();
@@ -994,18 +1008,8 @@ async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
     };
     let mut releaser = Releaser::connect(kind, &url, &key).await?;
     let start = now_ns() + 300_000_000;
-    let worker_args: Vec<String> = [
-        kind,
-        "-",
-        &url,
-        &key,
-        &rounds.to_string(),
-        &start.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let worker = tokio::task::spawn_blocking(move || spawn_workers(1, &worker_args));
+    let argv = worker_args(kind, "-", &url, &key, rounds, start);
+    let worker = tokio::task::spawn_blocking(move || spawn_workers(1, &argv));
     let mut pings = Vec::new();
     for _ in 0..200 {
         let sent = Instant::now();
@@ -1067,17 +1071,7 @@ async fn probe_wake_once(kind: &str, args: &[String]) -> Result<(), Error> {
 fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Measured, Error> {
     let key = format!("bench:{}:handoff", rand_u128() as u32);
     let start = now_ns() + 300_000_000;
-    let args: Vec<String> = [
-        "handoff",
-        name,
-        url,
-        &key,
-        &rounds.to_string(),
-        &start.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = worker_args("handoff", name, url, &key, rounds, start);
     let outputs = spawn_workers(2, &args)?;
     let mut holds: Vec<(u128, u128, usize)> = Vec::new();
     for (process, lines) in outputs.iter().enumerate() {

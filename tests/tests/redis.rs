@@ -733,6 +733,13 @@ async fn fair_backend(server: &RedisServer, grant_ms: u64) -> RedisBackend {
         .unwrap()
 }
 
+/// A registry over its own fair-mode backend.
+async fn fair_registry(server: &RedisServer, grant_ms: u64) -> LockRegistry {
+    LockRegistry::builder(fair_backend(server, grant_ms).await)
+        .build()
+        .unwrap()
+}
+
 async fn redis_fair_store() -> Store {
     let server = RedisServer::new();
     let (a, b) = (
@@ -774,12 +781,8 @@ async fn fair_mode_refuses_a_grant_timeout_too_short_to_keep_a_place() {
 async fn fair_mode_a_waiter_that_times_out_leaves_the_queue() {
     let server = RedisServer::new();
     let key = unique_key("fair-timeout");
-    let holder = LockRegistry::builder(fair_backend(&server, 2000).await)
-        .build()
-        .unwrap();
-    let waiter = LockRegistry::builder(fair_backend(&server, 2000).await)
-        .build()
-        .unwrap();
+    let holder = fair_registry(&server, 2000).await;
+    let waiter = fair_registry(&server, 2000).await;
     let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
     let opts = LockOptions::default().wait_timeout(Duration::from_millis(300));
     let err = waiter.lock(&key, opts).await.unwrap_err();
@@ -806,12 +809,9 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
     let server = RedisServer::new();
     let key = unique_key("fair-skip");
     // A 3 s grant timeout: the waiter asks again once a second.
-    let registry = |_| async {
-        LockRegistry::builder(fair_backend(&server, 3000).await)
-            .build()
-            .unwrap()
-    };
-    let (holder, waiter, skipper) = (registry(1).await, registry(2).await, registry(3).await);
+    let holder = fair_registry(&server, 3000).await;
+    let waiter = fair_registry(&server, 3000).await;
+    let skipper = fair_registry(&server, 3000).await;
     let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
     let waiting = tokio::spawn({
         let key = key.clone();
@@ -845,9 +845,7 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
 async fn fair_mode_hands_over_within_a_process_while_nobody_else_waits() {
     let server = RedisServer::new();
     let key = unique_key("fair-hand-over");
-    let registry = LockRegistry::builder(fair_backend(&server, 2000).await)
-        .build()
-        .unwrap();
+    let registry = fair_registry(&server, 2000).await;
     let first = registry.lock(&key, LockOptions::default()).await.unwrap();
     let next = tokio::spawn({
         let (registry, key) = (registry.clone(), key.clone());
@@ -878,12 +876,8 @@ async fn fair_mode_hands_over_within_a_process_while_nobody_else_waits() {
 async fn fair_mode_serves_another_process_waiter_before_the_holder_own_next_task() {
     let server = RedisServer::new();
     let key = unique_key("fair-other-first");
-    let here = LockRegistry::builder(fair_backend(&server, 2000).await)
-        .build()
-        .unwrap();
-    let there = LockRegistry::builder(fair_backend(&server, 2000).await)
-        .build()
-        .unwrap();
+    let here = fair_registry(&server, 2000).await;
+    let there = fair_registry(&server, 2000).await;
     let first = here.lock(&key, LockOptions::default()).await.unwrap();
     let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
     let waiter = |registry: LockRegistry, who: &'static str| {

@@ -18,19 +18,22 @@ fn shared(server: &RedisServer) -> Processes {
     Processes::new(WORKER, &server.url(), &server.url())
 }
 
-macro_rules! shared_scenarios {
-    ($($scenario:ident),* $(,)?) => {
+/// One test per scenario, each on its own server, with the workers that
+/// `processes` makes.
+macro_rules! scenarios {
+    ($processes:ident: $($scenario:ident),* $(,)?) => {
         $(
             #[test]
             fn $scenario() {
                 let server = RedisServer::new();
-                shared(&server).$scenario();
+                $processes(&server).$scenario();
             }
         )*
     };
 }
 
-shared_scenarios!(
+scenarios!(
+    shared:
     four_processes_sell_exactly_the_stock,
     opposite_transfers_across_processes_never_deadlock,
     without_the_lock_the_same_processes_oversell,
@@ -109,19 +112,8 @@ fn fair(server: &RedisServer) -> Processes {
 mod fair_mode {
     use super::*;
 
-    macro_rules! fair_scenarios {
-        ($($scenario:ident),* $(,)?) => {
-            $(
-                #[test]
-                fn $scenario() {
-                    let server = RedisServer::new();
-                    fair(&server).$scenario();
-                }
-            )*
-        };
-    }
-
-    fair_scenarios!(
+    scenarios!(
+        fair:
         four_processes_sell_exactly_the_stock,
         opposite_transfers_across_processes_never_deadlock,
         skip_mode_skips_while_another_process_runs_the_job,
