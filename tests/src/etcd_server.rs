@@ -144,6 +144,14 @@ pub struct EtcdCluster {
     tls: Option<EtcdCerts>,
 }
 
+/// Where the etcd store keeps `key`'s lock under its default prefix: the
+/// start of the key's range (`locks/`, the key, a NUL), under which each
+/// contender's entry is named by its token; read or delete the entries
+/// with `with_prefix`.
+pub fn etcd_lock_range(key: &str) -> String {
+    format!("locks/{key}\0")
+}
+
 impl EtcdCluster {
     /// One member.
     pub fn single() -> EtcdCluster {

@@ -15,7 +15,7 @@ mod server_process;
 mod worker;
 mod zookeeper_server;
 
-pub use etcd_server::{EtcdCerts, EtcdCluster};
+pub use etcd_server::{EtcdCerts, EtcdCluster, etcd_lock_range};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};

@@ -64,7 +64,9 @@ async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    let entry = client.get(format!("locks/{key}"), None).await.unwrap();
+    let range = lock_tests::etcd_lock_range(&key);
+    let prefixed = || Some(etcd_client::GetOptions::new().with_prefix());
+    let entry = client.get(range.as_str(), prefixed()).await.unwrap();
     let lease = entry.kvs()[0].lease();
     let left = client.lease_time_to_live(lease, None).await.unwrap();
     assert_eq!(left.granted_ttl(), 3);
@@ -72,7 +74,7 @@ async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
     guard.release().await.unwrap();
     assert!(
         client
-            .get(format!("locks/{key}"), None)
+            .get(range.as_str(), prefixed())
             .await
             .unwrap()
             .kvs()
@@ -146,12 +148,14 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
 /// Undoes a held lock behind its holder's back: deletes its key, or
 /// revokes the lease the key is attached to.
 async fn undo(admin: &mut etcd_client::Client, key: &str, how: &str) {
-    let full = format!("locks/{key}");
+    let full = lock_tests::etcd_lock_range(key);
     if how == "delete" {
-        let deleted = admin.delete(full.as_str(), None).await.unwrap();
+        let prefixed = Some(etcd_client::DeleteOptions::new().with_prefix());
+        let deleted = admin.delete(full.as_str(), prefixed).await.unwrap();
         assert_eq!(deleted.deleted(), 1);
     } else {
-        let entry = admin.get(full.as_str(), None).await.unwrap();
+        let prefixed = Some(etcd_client::GetOptions::new().with_prefix());
+        let entry = admin.get(full.as_str(), prefixed).await.unwrap();
         let lease = entry.kvs()[0].lease();
         admin.lease_revoke(lease).await.unwrap();
     }
@@ -217,10 +221,11 @@ async fn a_pushed_loss_survives_a_restarted_member() {
 }
 
 /// A waiter's watch breaks (its connection reset), and while it cannot
-/// resume the key is released, changed and compacted away: the resumed
-/// watch is refused with the compaction, which wakes the waiter to look.
-/// It takes the lock as soon as the network heals, not at its next timed
-/// retry (5 s after its last attempt).
+/// resume the holder's entry is deleted, the queue changed and the history
+/// compacted away: the waiter's watch lists the queue again, finds its
+/// entry first, and wakes it. It takes the lock as soon as the network
+/// heals (its timed retries only keep its entry alive; only the watch
+/// says when the entry heads the queue).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_waiter_whose_watch_resumes_past_a_compaction_is_woken() {
     let cluster = EtcdCluster::single();
@@ -233,11 +238,13 @@ async fn a_waiter_whose_watch_resumes_past_a_compaction_is_woken() {
         .unwrap();
     // Someone else holds the key for 30 s.
     let key = unique_key("compacted");
-    let full = format!("locks/{key}");
+    let range = lock_tests::etcd_lock_range(&key);
+    let holder = format!("{range}someone-else");
+    let passer_by = format!("{range}a-passer-by");
     let lease = admin.lease_grant(30, None).await.unwrap().id();
     let on_lease = etcd_client::PutOptions::new().with_lease(lease);
     admin
-        .put(full.as_str(), "someone else", Some(on_lease))
+        .put(holder.as_str(), "someone else", Some(on_lease))
         .await
         .unwrap();
     let watchers = cluster.watchers(0);
@@ -256,9 +263,12 @@ async fn a_waiter_whose_watch_resumes_past_a_compaction_is_woken() {
     proxy.black_hole();
     proxy.reset();
     admin.lease_revoke(lease).await.unwrap();
-    admin.put(full.as_str(), "a passer-by", None).await.unwrap();
-    admin.delete(full.as_str(), None).await.unwrap();
-    let now = admin.get(full.as_str(), None).await.unwrap();
+    admin
+        .put(passer_by.as_str(), "a passer-by", None)
+        .await
+        .unwrap();
+    admin.delete(passer_by.as_str(), None).await.unwrap();
+    let now = admin.get(passer_by.as_str(), None).await.unwrap();
     let revision = now.header().unwrap().revision();
     admin.compact(revision, None).await.unwrap();
     let healed = Instant::now();

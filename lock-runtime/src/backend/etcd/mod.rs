@@ -3,16 +3,28 @@
 //!
 //! # How a lock is kept
 //!
-//! A lock is one key (the registry's key under the store's prefix, default
-//! `locks/`) whose value is the holder's token, attached to an etcd lease of
-//! the lock's ttl. A crashed holder stops renewing; etcd expires the lease
-//! and deletes the key with it.
+//! A lock is a queue of entries under the key's own range (the store's
+//! prefix, default `locks/`, the key with `%` and NUL escaped, then a NUL):
+//! each contender's entry is named by its token, holds the token, and is
+//! attached to an etcd lease of the lock's ttl. The entry created first
+//! holds the lock; the others wait in creation order, across processes.
+//! This is etcd's own recipe (`client/v3/concurrency`). A crashed holder or
+//! waiter stops renewing; etcd expires its lease and deletes its entry.
 //!
-//! - **Acquire** is one transaction: `If create_revision(key) == 0 Then
-//!   Put(key, token, lease) Else Get(key)`. Granted, the fencing token is the
-//!   transaction's revision: cluster-wide, strictly increasing, kept by
-//!   every member (it survives the loss of any minority of them). Refused,
-//!   the holder's lease says how long it has left (one more call).
+//! - **Acquire** is one transaction. In skip mode: `If` the key's range is
+//!   empty `Then Put(entry) Else Get(first entry)`, so a skipping caller
+//!   never takes the lock from a queued waiter. In wait mode: `If` our entry
+//!   does not exist `Then Put(entry), Get(first entry) Else Get(entry),
+//!   Get(first entry)`: ours heads the queue or waits in it. The fencing
+//!   token is our entry's create revision: cluster-wide, and strictly
+//!   increasing from holder to holder (an entry created later is always
+//!   served later), kept by every member while a quorum lives.
+//! - **Hand-off takes no round trip**: a waiter watches its key's range for
+//!   deletions from the revision it listed the queue at, and knows it
+//!   holds the lock as soon as the last entry ahead of it is deleted; the
+//!   runtime's next attempt is answered from that. A waiter keeps its
+//!   entry's lease alive as it asks again (every quarter of the cluster's
+//!   shortest lease), and gives its entry up when it stops waiting.
 //! - **Leases are prepared ahead** so the common path is that one round
 //!   trip: a released lock's lease, still fresh, waits in a small pool per
 //!   ttl for the next acquire with the same ttl, and only the first acquire
@@ -20,20 +32,20 @@
 //!   lease is counted from when it was last granted or renewed, not from the
 //!   acquire ([`Lease::started_at`]), so the runtime never believes in more
 //!   of it than etcd does.
-//! - **Losses are pushed**: a key held for a moment is watched for a
+//! - **Losses are pushed**: an entry held for a moment is watched for a
 //!   deletion its holder did not make (a revoked or expired lease, a deleted
-//!   key), which cancels the body at once (see `held.rs`).
+//!   entry), which cancels the body at once (see `held.rs`).
 //! - **Renew** sends a keep-alive for the lease and checks, in the same round
-//!   trip, that the key still holds our token: a revoked lease, an expired
-//!   one or a key deleted under the holder is a lost lock, and the body is
-//!   cancelled.
-//! - **Release** deletes the key if it holds our token. `hold_at_least`
-//!   moves the key to a new lease of what is left instead.
-//! - **Waiting** watches the key for its deletion (a release, an expiry, a
-//!   revoked lease), created before the next attempt, so no release is
-//!   missed; a watch that breaks resumes from the last revision it saw, and
-//!   waiters retry on a timer as well.
-//!
+//!   trip, that the entry still holds our token: a revoked lease, an expired
+//!   one or an entry deleted under the holder is a lost lock, and the body
+//!   is cancelled.
+//! - **Release** deletes the entry if it holds our token. `hold_at_least`
+//!   moves the entry to a new lease of what is left instead (an entry keeps
+//!   its place in the queue when it is written again).
+//! - **A hand-over** within a process replaces the holder's entry by a new
+//!   one in one transaction, only while nobody queues behind it: then the
+//!   process's next task takes its turn behind the other processes'.
+
 //! # Ttls
 //!
 //! etcd counts leases in whole seconds and raises a ttl below its minimum
@@ -50,17 +62,17 @@
 //! presents a client certificate and [`EtcdBackendBuilder::tls_domain`]
 //! names the certificates' host when it is not the endpoints'.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, KvClient, LeaseClient, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchClient, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, LeaseClient,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient,
 };
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -73,8 +85,10 @@ use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
 
 mod held;
+mod queues;
 
 use held::HeldKeys;
+use queues::{Deletion, WatchedQueues};
 
 /// The most unused leases kept per ttl.
 const MAX_SPARES: usize = 256;
@@ -243,6 +257,8 @@ impl EtcdBackendBuilder {
             shared: Arc::new(Shared {
                 spares: Mutex::default(),
                 held: Arc::default(),
+                queued: Mutex::default(),
+                queues: Arc::default(),
             }),
             capabilities: capabilities(Duration::from_secs(1)),
             prefix: self.prefix,
@@ -296,6 +312,8 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
     Capabilities::new("etcd")
         .with_ttl(min_ttl, Duration::from_secs(1))
         .with_features(true, true, true, true)
+        // A waiter's entry lives on its lease, kept alive as it asks again.
+        .with_waiter_queue(min_ttl.checked_div(4).unwrap_or_default())
         // The leader expires leases by its clock, counted from when it
         // received the grant or keep-alive (after we sent it); a new leader
         // extends every lease. Left: clock rate and timer slack.
@@ -339,6 +357,39 @@ struct Shared {
     spares: Mutex<HashMap<i64, Vec<Spare>>>,
     /// The keys held, watched so their loss is pushed to the holder.
     held: Arc<HeldKeys>,
+    /// Our waiting entries, by token.
+    queued: Mutex<HashMap<LockToken, Queued>>,
+    /// The watches of the keys our waiters wait on.
+    queues: Arc<WatchedQueues>,
+}
+
+/// A waiter's entry in a key's queue.
+#[derive(Clone, Debug)]
+struct Queued {
+    /// The start of the key's range.
+    queue: Vec<u8>,
+    /// Our entry in it.
+    entry: Vec<u8>,
+    /// The entry's create revision: its place, and the fencing token once
+    /// it holds the lock.
+    created: i64,
+    /// The lease the entry is attached to.
+    lease: Spare,
+    secs: i64,
+    place: Place,
+}
+
+/// Where a waiting entry stands, as its waiter's watch knows it. No entry
+/// can join ahead of ours (create revisions only grow), so this stays true
+/// until an entry ahead is deleted or ours is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Read the queue to know.
+    Unknown,
+    /// First: every entry ahead of ours was deleted.
+    Head,
+    /// Behind an entry that is still there (its deletion is watched).
+    Behind,
 }
 
 /// A lease nobody's key is attached to, and since when etcd counts it.
@@ -364,6 +415,24 @@ impl Shared {
             list.clear();
         }
         None
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<LockToken, Queued>> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the place of our entries in `queue`: `place` for the one
+    /// created at `created`, [`Place::Unknown`] for the others.
+    fn place(&self, queue: &[u8], created: i64, place: Place) {
+        for entry in self.queued().values_mut() {
+            if entry.queue == queue {
+                entry.place = if entry.created == created {
+                    place
+                } else {
+                    Place::Unknown
+                };
+            }
+        }
     }
 
     fn give_back(&self, secs: i64, spare: Spare) {
@@ -405,11 +474,20 @@ impl EtcdBackend {
         Ok(Duration::from_secs(granted.ttl().max(1).unsigned_abs()))
     }
 
-    fn key(&self, key: &str) -> Vec<u8> {
-        let mut full = Vec::with_capacity(self.prefix.len() + key.len());
-        full.extend_from_slice(self.prefix.as_bytes());
-        full.extend_from_slice(key.as_bytes());
-        full
+    /// The start of `key`'s range: the prefix, the key with `%` and NUL
+    /// escaped (so no key's range holds another key's entries), and a NUL.
+    fn queue_of(&self, key: &str) -> Vec<u8> {
+        let mut start = Vec::with_capacity(self.prefix.len() + key.len() + 1);
+        start.extend_from_slice(self.prefix.as_bytes());
+        for byte in key.bytes() {
+            match byte {
+                0 => start.extend_from_slice(b"%00"),
+                b'%' => start.extend_from_slice(b"%25"),
+                byte => start.push(byte),
+            }
+        }
+        start.push(0);
+        start
     }
 
     /// Runs `txn` (see [`timed`](Self::timed)).
@@ -501,32 +579,162 @@ impl EtcdBackend {
         )))
     }
 
-    /// The handle of `key`, granted at revision `granted`; its deletion by
-    /// anyone else raises `loss`.
-    fn lease(
+    /// The lease of `token`'s entry, which holds the lock; its deletion by
+    /// anyone else raises `loss`. Counted from `entry.lease.fresh_at` if
+    /// `counted_from_grant`.
+    fn granted(
         &self,
-        key: Vec<u8>,
+        entry: Queued,
         token: LockToken,
-        secs: i64,
-        spare: Spare,
-        granted: i64,
+        counted_from_grant: bool,
         loss: &LossSignal,
     ) -> EtcdLease {
+        let key = entry.entry;
         let opener = self.prefix.as_bytes();
         let watch = self
             .shared
             .held
-            .hold(&self.watches, opener, &key, granted, loss);
+            .hold(&self.watches, opener, &key, entry.created, loss);
         EtcdLease {
             store: self.clone(),
+            queue: entry.queue,
             key,
             token,
-            secs,
-            lease: spare,
+            secs: entry.secs,
+            lease: entry.lease,
+            created: entry.created,
             watch,
-            counted_from_grant: true,
+            loss: loss.clone(),
+            counted_from_grant,
         }
     }
+
+    /// The keys in `queue` with their create revisions, and the revision
+    /// they were read at.
+    async fn list(&self, queue: &[u8]) -> Result<(Vec<(Vec<u8>, i64)>, i64), BackendError> {
+        let options = GetOptions::new()
+            .with_range(queue_end(queue))
+            .with_keys_only();
+        let got = self
+            .timed(|| {
+                let (mut kv, options) = (self.kv.clone(), options.clone());
+                async move { kv.get(queue.to_vec(), Some(options)).await }
+            })
+            .await?;
+        let at = got.header().map_or(0, |header| header.revision());
+        let entries = got
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+            .collect();
+        Ok((entries, at))
+    }
+
+    /// The entries in `queue` that hold `token`.
+    async fn entries_of(
+        &self,
+        queue: &[u8],
+        token: LockToken,
+    ) -> Result<Vec<Vec<u8>>, BackendError> {
+        let options = GetOptions::new().with_range(queue_end(queue));
+        let got = self
+            .timed(|| {
+                let (mut kv, options) = (self.kv.clone(), options.clone());
+                async move { kv.get(queue.to_vec(), Some(options)).await }
+            })
+            .await?;
+        let value = token.to_string();
+        Ok(got
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == value.as_bytes())
+            .map(|kv| kv.key().to_vec())
+            .collect())
+    }
+
+    /// The first entry of `queue`: the holder's.
+    async fn first(&self, queue: &[u8]) -> Result<Option<KeyValue>, BackendError> {
+        let got = self
+            .timed(|| {
+                let mut kv = self.kv.clone();
+                async move { kv.get(queue.to_vec(), Some(first_of(queue))).await }
+            })
+            .await?;
+        Ok(got.kvs().first().cloned())
+    }
+
+    /// Keeps `token`'s waiting entry alive if its lease was last renewed
+    /// an eighth of the cluster's shortest lease ago or longer (or at once
+    /// if `now`); `false` if the lease (and with it the entry) is gone.
+    async fn keep_queued(
+        &self,
+        token: LockToken,
+        entry: &mut Queued,
+        now: bool,
+    ) -> Result<bool, BackendError> {
+        let poll = self.capabilities.waiter_queue.unwrap_or_default();
+        if !now && entry.lease.fresh_at.elapsed() < poll / 2 {
+            return Ok(true);
+        }
+        let sent_at = Instant::now();
+        let id = entry.lease.id;
+        match self
+            .lease_call(|mut c| async move { c.keep_alive(id).await })
+            .await
+        {
+            Ok(_) => {
+                entry.lease.fresh_at = sent_at;
+                if let Some(known) = self.shared.queued().get_mut(&token) {
+                    known.lease.fresh_at = sent_at;
+                }
+                Ok(true)
+            }
+            Err(err) if lease_gone(&err) => {
+                self.shared.queued().remove(&token);
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// The end of the range that starts at `queue` (exclusive).
+fn queue_end(queue: &[u8]) -> Vec<u8> {
+    let mut end = queue.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last = 1;
+    }
+    end
+}
+
+/// The entry in `queue` of a lock on lease `lease`: named by the lease and
+/// a digit that a hand-over flips, so that locks on a recycled lease reuse
+/// the same two names. etcd keeps a deleted key in its index until the
+/// history is compacted, and reads of a range visit every key it kept:
+/// a fresh name per lock would slow each lock on a busy key down until
+/// then.
+fn entry_for(queue: &[u8], lease: i64, second: bool) -> Vec<u8> {
+    let mut entry = queue.to_vec();
+    entry.extend_from_slice(format!("{lease:016x}").as_bytes());
+    entry.push(if second { b'1' } else { b'0' });
+    entry
+}
+
+/// The other name of `entry`'s lease (see [`entry_for`]).
+fn flipped(entry: &[u8]) -> Vec<u8> {
+    let mut next = entry.to_vec();
+    if let Some(last) = next.last_mut() {
+        *last = if *last == b'0' { b'1' } else { b'0' };
+    }
+    next
+}
+
+/// Reads the entry of `queue` created first.
+fn first_of(queue: &[u8]) -> GetOptions {
+    GetOptions::new()
+        .with_range(queue_end(queue))
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
 }
 
 /// Runs `call` within `timeout`; errors and timeouts as backend errors.
@@ -575,7 +783,7 @@ fn undelivered(err: &etcd_client::Error) -> bool {
 
 /// Whether `err` says a lease does not exist (expired or revoked).
 fn lease_gone(err: &BackendError) -> bool {
-    err.to_string().contains("requested lease not found")
+    err.to_string().contains("lease not found")
 }
 
 /// `If value(key) == token`.
@@ -583,12 +791,16 @@ fn owned(key: &[u8], token: &str) -> Compare {
     Compare::value(key, CompareOp::Equal, token)
 }
 
-/// The key's current entry in a refused transaction's `Get`.
-fn holder(answer: &TxnResponse) -> Option<etcd_client::KeyValue> {
-    answer.op_responses().into_iter().find_map(|op| match op {
-        TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-        _ => None,
-    })
+/// What each `Get` of a transaction read, in order (`None`: nothing).
+fn gets(answer: &TxnResponse) -> Vec<Option<KeyValue>> {
+    answer
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn revision(answer: &TxnResponse) -> u64 {
@@ -602,16 +814,22 @@ fn whole_seconds(duration: Duration) -> i64 {
     i64::try_from(secs).unwrap_or(i64::MAX)
 }
 
-/// One held key and the lease it is attached to.
+/// One held entry and the lease it is attached to.
 struct EtcdLease {
     store: EtcdBackend,
+    /// The start of the key's range.
+    queue: Vec<u8>,
+    /// Our entry.
     key: Vec<u8>,
     token: LockToken,
     secs: i64,
     lease: Spare,
-    /// The watch that pushes the key's loss ([`HeldKeys`]).
+    /// The entry's create revision: the fencing token.
+    created: i64,
+    /// The watch that pushes the entry's loss ([`HeldKeys`]).
     watch: i64,
-    /// Whether the lease was granted before the acquire was sent.
+    loss: LossSignal,
+    /// Whether the lease was granted or renewed before the acquire was sent.
     counted_from_grant: bool,
 }
 
@@ -622,21 +840,12 @@ impl Drop for EtcdLease {
 }
 
 impl EtcdLease {
-    /// A keep-alive of our lease and a check that the key is still ours,
-    /// sent together; `Some(fencing)` after moving the key to `next`.
-    async fn refresh(&mut self, next: Option<LockToken>) -> Result<Option<u64>, BackendError> {
+    /// A keep-alive of our lease and a check that the entry is still ours,
+    /// sent together.
+    async fn refresh(&mut self) -> Result<bool, BackendError> {
         let sent_at = Instant::now();
         let store = &self.store;
-        let token = self.token.to_string();
-        let mut txn = Txn::new().when([owned(&self.key, &token)]);
-        if let Some(next) = next {
-            let options = PutOptions::new().with_lease(self.lease.id);
-            txn = txn.and_then([TxnOp::put(
-                self.key.clone(),
-                next.to_string(),
-                Some(options),
-            )]);
-        }
+        let txn = Txn::new().when([owned(&self.key, &self.token.to_string())]);
         let id = self.lease.id;
         let (alive, ours) = tokio::join!(
             store.lease_call(|mut c| async move { c.keep_alive(id).await }),
@@ -645,23 +854,82 @@ impl EtcdLease {
         let ours = ours?;
         match alive {
             Ok(_) => {}
-            Err(err) if err.to_string().contains("lease not found") => return Ok(None),
+            Err(err) if lease_gone(&err) => return Ok(false),
             Err(err) => return Err(err),
         }
         if !ours.succeeded() {
-            return Ok(None);
+            return Ok(false);
         }
         self.lease.fresh_at = sent_at;
-        if let Some(next) = next {
-            self.token = next;
+        Ok(true)
+    }
+
+    /// Replaces our entry by one for a new token, on the same lease, if
+    /// nobody queues behind ours; else deletes ours. One transaction.
+    async fn move_or_release(&mut self) -> Result<HandOver, BackendError> {
+        let store = self.store.clone();
+        let token = self.token.to_string();
+        let next = LockToken::random();
+        let next_key = flipped(&self.key);
+        // Every entry of the key was created no later than ours: ours is
+        // alone (ours heads the queue, so none is older).
+        let alone = Compare::create_revision(self.queue.clone(), CompareOp::Less, self.created + 1)
+            .with_range(queue_end(&self.queue));
+        let on_lease = PutOptions::new().with_lease(self.lease.id);
+        let release = Txn::new()
+            .when([owned(&self.key, &token)])
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let txn = Txn::new()
+            .when([owned(&self.key, &token), alone])
+            .and_then([
+                TxnOp::delete(self.key.clone(), None),
+                TxnOp::put(next_key.clone(), next.to_string(), Some(on_lease)),
+            ])
+            .or_else([TxnOp::txn(release)]);
+        // Our own deletion is no loss.
+        store.shared.held.forget(self.watch);
+        let sent_at = Instant::now();
+        let id = self.lease.id;
+        let (alive, answer) = tokio::join!(
+            store.lease_call(|mut c| async move { c.keep_alive(id).await }),
+            store.txn(&txn)
+        );
+        let answer = answer?;
+        if !answer.succeeded() {
+            let released = answer.op_responses().into_iter().any(|op| match op {
+                TxnOpResponse::Txn(nested) => nested.succeeded(),
+                _ => false,
+            });
+            if !released {
+                return Ok(HandOver::Lost);
+            }
+            store.shared.give_back(self.secs, self.lease);
+            return Ok(HandOver::Released);
         }
-        Ok(Some(revision(&ours)))
+        // The new entry is on our lease, which was alive then.
+        if alive.is_ok() {
+            self.lease.fresh_at = sent_at;
+        }
+        let created = i64::try_from(revision(&answer)).unwrap_or(i64::MAX);
+        let entry = Queued {
+            queue: self.queue.clone(),
+            entry: next_key,
+            created,
+            lease: self.lease,
+            secs: self.secs,
+            place: Place::Head,
+        };
+        let loss = self.loss.clone();
+        *self = store.granted(entry, next, false, &loss);
+        Ok(HandOver::Moved {
+            fencing: revision(&answer),
+        })
     }
 }
 
 impl Lease for EtcdLease {
     fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
-        Box::pin(async move { Ok(self.refresh(None).await?.is_some()) })
+        Box::pin(self.refresh())
     }
 
     fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
@@ -682,7 +950,9 @@ impl Lease for EtcdLease {
             };
             let txn = Txn::new().when([owned(&self.key, &token)]).and_then([then]);
             let answer = store.txn(&txn).await?;
-            if answer.succeeded() {
+            // A lingering entry keeps its name, which is our lease's: that
+            // lease is not used again while the entry may live.
+            if answer.succeeded() && linger.is_zero() {
                 store.shared.give_back(self.secs, self.lease);
             }
             Ok(answer.succeeded())
@@ -690,11 +960,7 @@ impl Lease for EtcdLease {
     }
 
     fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
-        Box::pin(async move {
-            let fencing = self.refresh(Some(LockToken::random())).await?;
-            self.counted_from_grant = false;
-            Ok(fencing.into())
-        })
+        Box::pin(self.move_or_release())
     }
 
     fn started_at(&self) -> Option<Instant> {
@@ -720,68 +986,28 @@ impl Backend for EtcdBackend {
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
         Box::pin(async move {
-            let key = self.key(request.key);
-            let token = request.token.to_string();
+            let queue = self.queue_of(request.key);
             let secs = whole_seconds(request.ttl);
-            // A prepared lease may have expired meanwhile: then once more
-            // with a new one.
-            let mut attempts = 0;
-            let (spare, answer) = loop {
-                attempts += 1;
-                let spare = match self.shared.take(secs) {
-                    Some(spare) => spare,
-                    None => self.grant(secs).await?,
-                };
-                let options = PutOptions::new().with_lease(spare.id);
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(key.clone(), token.clone(), Some(options))])
-                    .or_else([TxnOp::get(key.clone(), None)]);
-                match self.txn(&txn).await {
-                    Err(err) if attempts < 2 && lease_gone(&err) => continue,
-                    answer => break (spare, answer?),
+            let known = self.shared.queued().get(&request.token).cloned();
+            if let Some(mut entry) = known.filter(|e| e.queue == queue && e.secs == secs) {
+                let place = entry.place;
+                match place {
+                    // Told by the waiter's watch: no round trip.
+                    Place::Head if entry.lease.fresh_at.elapsed() < request.ttl / 2 => {
+                        self.shared.queued().remove(&request.token);
+                        let lease = self.granted(entry, request.token, true, request.loss);
+                        return Ok(Acquire::Acquired {
+                            fencing: lease.created.max(0).unsigned_abs(),
+                            lease: Box::new(lease),
+                        });
+                    }
+                    Place::Behind if self.keep_queued(request.token, &mut entry, false).await? => {
+                        return Ok(Acquire::Held { remaining: None });
+                    }
+                    _ => {}
                 }
-            };
-            if answer.succeeded() {
-                let fencing = revision(&answer);
-                let granted = i64::try_from(fencing).unwrap_or(i64::MAX);
-                let lease = self.lease(key, request.token, secs, spare, granted, request.loss);
-                return Ok(Acquire::Acquired {
-                    fencing,
-                    lease: Box::new(lease),
-                });
             }
-            self.shared.give_back(secs, spare);
-            let Some(holder) = holder(&answer) else {
-                // Deleted between the compare and the get cannot happen
-                // in one transaction; a key without an entry is free.
-                return Ok(Acquire::Held {
-                    remaining: Some(Duration::ZERO),
-                });
-            };
-            if holder.value() == token.as_bytes() {
-                // Our own earlier attempt, whose answer was lost: the same
-                // grant. Its lease is extended now, so it counts from now.
-                let spare = Spare {
-                    id: holder.lease(),
-                    fresh_at: Instant::now(),
-                };
-                let granted = holder.mod_revision();
-                let mut lease = self.lease(key, request.token, secs, spare, granted, request.loss);
-                lease.counted_from_grant = false;
-                if lease.refresh(None).await?.is_some() {
-                    return Ok(Acquire::Acquired {
-                        fencing: holder.mod_revision().max(0).unsigned_abs(),
-                        lease: Box::new(lease),
-                    });
-                }
-                return Ok(Acquire::Held {
-                    remaining: Some(Duration::ZERO),
-                });
-            }
-            Ok(Acquire::Held {
-                remaining: self.remaining(holder.lease()).await?,
-            })
+            self.attempt(request, queue, secs).await
         })
     }
 
@@ -791,59 +1017,86 @@ impl Backend for EtcdBackend {
         token: LockToken,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let key = self.key(key);
-            let txn = Txn::new()
-                .when([owned(&key, &token.to_string())])
-                .and_then([TxnOp::delete(key.clone(), None)]);
-            let answer = self.txn(&txn).await?;
-            Ok(answer.succeeded())
+            let queue = self.queue_of(key);
+            let waiting = self.shared.queued().remove(&token);
+            let entries = match &waiting {
+                Some(waiting) => vec![waiting.entry.clone()],
+                // Not known here (an attempt whose answer was lost): look
+                // for the token among the entries.
+                None => self.entries_of(&queue, token).await?,
+            };
+            let mut held = false;
+            for entry in entries {
+                let value = token.to_string();
+                let txn = Txn::new().when([owned(&entry, &value)]).and_then([
+                    TxnOp::get(queue.clone(), Some(first_of(&queue))),
+                    TxnOp::delete(entry.clone(), None),
+                ]);
+                let answer = self.txn(&txn).await?;
+                if !answer.succeeded() {
+                    continue;
+                }
+                let first = gets(&answer).into_iter().next().flatten();
+                held |= first.is_some_and(|first| first.key() == entry.as_slice());
+                if let Some(waiting) = &waiting {
+                    self.shared.give_back(waiting.secs, waiting.lease);
+                }
+            }
+            Ok(held)
         })
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
         Box::pin(async move {
-            let key = self.key(key);
+            let queue = self.queue_of(key);
             let (tx, rx) = watch::channel(());
-            // Created (acknowledged by etcd) before we return: every
-            // deletion after this is reported.
-            let stream = self.open_watch(&key, None).await?;
-            let task = tokio::spawn(follow(self.clone(), key, stream, tx));
-            Ok(ReleaseWatch::new(
-                rx,
-                Some(Box::new(AbortOnDrop(task.abort_handle()))),
-            ))
+            let (placed, first) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(follow(self.clone(), queue, tx, placed));
+            let task = AbortOnDrop(task.abort_handle());
+            // The first placement (a listing, and the watch from it), so
+            // no deletion after this returns is missed, and the attempt
+            // that follows needs no round trip.
+            match tokio::time::timeout(self.timeout, first).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(err))) => return Err(err),
+                Ok(Err(_)) => return Err("the etcd watch ended at once".into()),
+                Err(_) => {
+                    let timeout = self.timeout;
+                    return Err(format!("no answer from etcd within {timeout:?}").into());
+                }
+            }
+            Ok(ReleaseWatch::new(rx, Some(Box::new(task))))
         })
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let key = self.key(key);
-            let deleted = self
-                .timed(|| {
-                    let (mut kv, key) = (self.kv.clone(), key.clone());
-                    async move { kv.delete(key, None).await }
-                })
-                .await?;
-            Ok(deleted.deleted() > 0)
+            let queue = self.queue_of(key);
+            let Some(holder) = self.first(&queue).await? else {
+                return Ok(false);
+            };
+            let created = holder.create_revision();
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    holder.key(),
+                    CompareOp::Equal,
+                    created,
+                )])
+                .and_then([TxnOp::delete(holder.key(), None)]);
+            Ok(self.txn(&txn).await?.succeeded())
         })
     }
 
-    /// The key's value is the holder's token and its last modification the
-    /// holder's fencing token; the remaining time is what etcd says of the
-    /// key's lease, in whole seconds rounded down.
+    /// The first entry of the key's queue holds the holder's token, and its
+    /// create revision is the holder's fencing token; the remaining time is
+    /// what etcd says of its lease, in whole seconds rounded down.
     fn inspect<'a>(
         &'a self,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
         Box::pin(async move {
-            let key = self.key(key);
-            let got = self
-                .timed(|| {
-                    let (mut kv, key) = (self.kv.clone(), key.clone());
-                    async move { kv.get(key, None).await }
-                })
-                .await?;
-            let Some(holder) = got.kvs().first() else {
+            let queue = self.queue_of(key);
+            let Some(holder) = self.first(&queue).await? else {
                 return Ok(None);
             };
             let lease = holder.lease();
@@ -862,83 +1115,302 @@ impl Backend for EtcdBackend {
             let token = std::str::from_utf8(holder.value())
                 .ok()
                 .and_then(|value| value.parse().ok());
-            let fencing = holder.mod_revision().max(0).unsigned_abs();
+            let fencing = holder.create_revision().max(0).unsigned_abs();
             Ok(Some(LeaseInfo::new(token, fencing, remaining)))
         })
     }
 }
 
 impl EtcdBackend {
-    /// A watch of `key`'s deletions from `from` (default: from now),
-    /// acknowledged; with the revision it starts after.
-    async fn open_watch(
+    /// An attempt by transaction (see the module's documentation).
+    async fn attempt(
         &self,
-        key: &[u8],
-        from: Option<i64>,
-    ) -> Result<(etcd_client::WatchStream, i64), BackendError> {
-        let mut options = WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
-        if let Some(from) = from {
-            options = options.with_start_revision(from);
+        request: AcquireRequest<'_>,
+        queue: Vec<u8>,
+        secs: i64,
+    ) -> Result<Acquire, BackendError> {
+        let token = request.token.to_string();
+        let first = TxnOp::get(queue.clone(), Some(first_of(&queue)));
+        // A waiter asks again with the entry it has.
+        let known = self.shared.queued().get(&request.token).cloned();
+        let mut known = known.filter(|known| known.queue == queue);
+        // A prepared lease (or a waiter's) may have expired meanwhile: then
+        // once more with a new one.
+        let mut tries = 0;
+        let (spare, entry, answer) = loop {
+            tries += 1;
+            let (spare, entry) = match &known {
+                Some(known) => (known.lease, known.entry.clone()),
+                None => {
+                    let spare = match self.shared.take(secs) {
+                        Some(spare) => spare,
+                        None => self.grant(secs).await?,
+                    };
+                    (spare, entry_for(&queue, spare.id, false))
+                }
+            };
+            let on_lease = PutOptions::new().with_lease(spare.id);
+            let put = TxnOp::put(entry.clone(), token.clone(), Some(on_lease));
+            // Nobody holds or waits: ours, as cheaply as a plain lock.
+            let empty = Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
+                .with_range(queue_end(&queue));
+            let otherwise = if request.waits {
+                // Queue ours, or find it queued already.
+                TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::create_revision(entry.clone(), CompareOp::Equal, 0)])
+                        .and_then([put.clone(), first.clone()])
+                        .or_else([TxnOp::get(entry.clone(), None), first.clone()]),
+                )
+            } else {
+                first.clone()
+            };
+            let txn = Txn::new()
+                .when([empty])
+                .and_then([put])
+                .or_else([otherwise]);
+            match self.txn(&txn).await {
+                Err(err) if tries < 2 && lease_gone(&err) => {
+                    if known.take().is_some() {
+                        self.shared.queued().remove(&request.token);
+                    }
+                }
+                answer => break (spare, entry, answer?),
+            }
+        };
+        // A waiter's answer is the nested transaction's, unless the queue
+        // was empty.
+        let nested = answer.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Txn(nested) => Some(nested),
+            _ => None,
+        });
+        let (put, read) = match &nested {
+            Some(nested) => (nested.succeeded(), gets(nested)),
+            None => (answer.succeeded(), gets(&answer)),
+        };
+        let holder = read.last().cloned().flatten();
+        if put {
+            let ours = Queued {
+                queue,
+                entry,
+                created: i64::try_from(revision(&answer)).unwrap_or(i64::MAX),
+                lease: spare,
+                secs,
+                place: Place::Unknown,
+            };
+            match holder {
+                Some(holder) if holder.key() != ours.entry => {
+                    if holder.value() == token.as_bytes() {
+                        // An earlier entry of ours heads the queue (an
+                        // attempt by the same token whose answer was
+                        // lost): drop the new one, take that one.
+                        let drop_new = Txn::new()
+                            .when([owned(&ours.entry, &token)])
+                            .and_then([TxnOp::delete(ours.entry.clone(), None)]);
+                        self.txn(&drop_new).await?;
+                        self.shared.give_back(secs, spare);
+                        return self.resume(&request, ours.queue, &holder, secs).await;
+                    }
+                    // Queued behind the holder (wait mode).
+                    self.shared.queued().insert(request.token, ours);
+                    Ok(Acquire::Held { remaining: None })
+                }
+                _ => {
+                    let lease = self.granted(ours, request.token, true, request.loss);
+                    Ok(Acquire::Acquired {
+                        fencing: lease.created.max(0).unsigned_abs(),
+                        lease: Box::new(lease),
+                    })
+                }
+            }
+        } else {
+            if known.is_none() {
+                self.shared.give_back(secs, spare);
+            }
+            let Some(holder) = holder else {
+                // Emptied between the compare and the read cannot happen in
+                // one transaction; a key without entries is free.
+                return Ok(Acquire::Held {
+                    remaining: Some(Duration::ZERO),
+                });
+            };
+            if holder.value() == token.as_bytes() {
+                // Ours heads the queue: an earlier attempt whose answer was
+                // lost, or a waiter whose watch has not told it yet.
+                return self.resume(&request, queue, &holder, secs).await;
+            }
+            let Some(mine) = read.first().cloned().flatten().filter(|_| request.waits) else {
+                return Ok(Acquire::Held {
+                    remaining: self.remaining(holder.lease()).await?,
+                });
+            };
+            if mine.value() != token.as_bytes() {
+                return Err("etcd: a lease's lock entry holds another token".into());
+            }
+            // Still queued: keep our entry alive.
+            let mut ours = Queued {
+                queue,
+                entry,
+                created: mine.create_revision(),
+                lease: spare,
+                secs,
+                place: known.map_or(Place::Unknown, |known| known.place),
+            };
+            self.shared.queued().insert(request.token, ours.clone());
+            if !self.keep_queued(request.token, &mut ours, false).await? {
+                // Its lease ended: queue again.
+                return Box::pin(self.attempt(request, ours.queue, secs)).await;
+            }
+            Ok(Acquire::Held { remaining: None })
         }
-        let mut stream = self
-            .timed(|| {
-                let (mut watches, options) = (self.watches.clone(), options.clone());
-                async move { watches.watch(key.to_vec(), Some(options)).await }
-            })
-            .await?;
-        let created = within(self.timeout, stream.message())
-            .await?
-            .ok_or("etcd closed the watch at once")?;
-        let seen = created.header().map_or(0, |header| header.revision());
-        Ok((stream, seen))
+    }
+
+    /// The lock held by `holder`, an entry of ours (by `request`'s token),
+    /// if its lease is still alive; it is extended now, so it counts from
+    /// now.
+    async fn resume(
+        &self,
+        request: &AcquireRequest<'_>,
+        queue: Vec<u8>,
+        holder: &KeyValue,
+        secs: i64,
+    ) -> Result<Acquire, BackendError> {
+        self.shared.queued().remove(&request.token);
+        let ours = Queued {
+            queue,
+            entry: holder.key().to_vec(),
+            created: holder.create_revision(),
+            lease: Spare {
+                id: holder.lease(),
+                fresh_at: Instant::now(),
+            },
+            secs,
+            place: Place::Head,
+        };
+        let mut lease = self.granted(ours, request.token, false, request.loss);
+        if lease.refresh().await? {
+            return Ok(Acquire::Acquired {
+                fencing: lease.created.max(0).unsigned_abs(),
+                lease: Box::new(lease),
+            });
+        }
+        Ok(Acquire::Held {
+            remaining: Some(Duration::ZERO),
+        })
     }
 }
 
-/// Reports each deletion of `key` on `tx` until nobody listens; a broken
-/// watch resumes after the last revision it saw.
+/// Follows `queue` for a waiter until nobody listens, on the key's shared
+/// watch ([`queues`]): lists the queue once the watch is open, and applies
+/// the deletions after the listing. Our entry heads the queue once every
+/// entry created before it is deleted; that is noted in its [`Place`] and
+/// reported on `tx`, as is the deletion of our own entry. With no entry of
+/// ours, every deletion is reported. A reset or lagging watch lists the
+/// queue again. `placed` is told once the first listing is made (or what
+/// failed).
 async fn follow(
     store: EtcdBackend,
-    key: Vec<u8>,
-    opened: (etcd_client::WatchStream, i64),
+    queue: Vec<u8>,
     tx: watch::Sender<()>,
+    placed: tokio::sync::oneshot::Sender<Result<(), BackendError>>,
 ) {
-    let (mut stream, mut seen) = opened;
+    let mut placed = Some(placed);
+    let mut subscription = store.shared.queues.subscribe(&store.watches, &queue);
     loop {
-        // A broken stream (`Err`, `None`) resumes below.
-        if let Ok(Some(answer)) = stream.message().await {
-            if let Some(header) = answer.header() {
-                seen = seen.max(header.revision());
-            }
-            let deleted = answer
-                .events()
-                .iter()
-                .any(|event| event.event_type() == EventType::Delete);
-            if deleted {
-                tx.send_replace(());
-            }
-            if !answer.canceled() {
+        let listed = async {
+            let timeout = store.timeout;
+            tokio::time::timeout(timeout, subscription.opened())
+                .await
+                .map_err(|_| format!("no answer from etcd within {timeout:?}"))?;
+            store.list(&queue).await
+        }
+        .await;
+        let (entries, at) = match listed {
+            Ok(listed) => listed,
+            Err(err) => {
+                if let Some(placed) = placed.take() {
+                    let _ = placed.send(Err(err));
+                    return;
+                }
+                tracing::debug!(%err, "etcd queue: listing again failed");
+                tokio::time::sleep(WATCH_RETRY).await;
                 continue;
             }
-            if answer.compact_revision() > 0 {
-                // What we missed is gone from history: wake the waiter to
-                // look, and go on from the compaction.
+        };
+        // Ours: the earliest of our entries still there.
+        let ours: HashMap<Vec<u8>, i64> = store
+            .shared
+            .queued()
+            .iter()
+            .filter(|(_, entry)| entry.queue == queue)
+            .map(|(_, entry)| (entry.entry.clone(), entry.created))
+            .collect();
+        let mine = entries
+            .iter()
+            .filter(|(key, created)| ours.get(key) == Some(created))
+            .min_by_key(|(_, created)| *created)
+            .cloned();
+        let mut ahead: HashSet<Vec<u8>> = match &mine {
+            Some((_, created)) => entries
+                .iter()
+                .filter(|(_, at)| at < created)
+                .map(|(key, _)| key.clone())
+                .collect(),
+            None => HashSet::new(),
+        };
+        match &mine {
+            Some((_, created)) if ahead.is_empty() => {
+                store.shared.place(&queue, *created, Place::Head);
+            }
+            Some((_, created)) => store.shared.place(&queue, *created, Place::Behind),
+            None => store.shared.place(&queue, 0, Place::Unknown),
+        }
+        match placed.take() {
+            Some(placed) => {
+                let _ = placed.send(Ok(()));
+            }
+            // Wake the waiter to look: a listing after the first may
+            // follow changes nobody reported.
+            None => {
                 tx.send_replace(());
-                seen = seen.max(answer.compact_revision() - 1);
             }
         }
-        // Broken or cancelled: resume after what we saw.
+        // Apply deletions until ours goes or the queue must be listed again.
         loop {
-            if tx.is_closed() {
-                return;
-            }
-            tokio::time::sleep(WATCH_RETRY).await;
-            match store.open_watch(&key, Some(seen + 1)).await {
-                Ok((resumed, _)) => {
-                    stream = resumed;
+            let deleted = match subscription.deletions.recv().await {
+                Ok(Deletion::Deleted { entry, revision }) if revision > at => entry,
+                // Already in the listing.
+                Ok(Deletion::Deleted { .. }) => continue,
+                Ok(Deletion::Reset) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => {
+                    subscription = store.shared.queues.subscribe(&store.watches, &queue);
                     break;
                 }
-                Err(error) => tracing::debug!(%error, "etcd watch: resuming failed"),
+            };
+            match &mine {
+                None => {
+                    // Wake the waiter; list again, to find an entry it
+                    // may have made meanwhile.
+                    tx.send_replace(());
+                    break;
+                }
+                Some((ours, _)) if *ours == deleted => {
+                    // Ours is gone (its lease ended, or it was deleted):
+                    // the waiter queues again.
+                    store.shared.place(&queue, 0, Place::Unknown);
+                    tx.send_replace(());
+                    break;
+                }
+                Some((_, created)) => {
+                    if ahead.remove(&deleted) && ahead.is_empty() {
+                        store.shared.place(&queue, *created, Place::Head);
+                        tx.send_replace(());
+                    }
+                }
             }
+        }
+        if tx.is_closed() {
+            return;
         }
     }
 }
@@ -978,6 +1450,8 @@ mod tests {
         let shared = Shared {
             spares: Mutex::default(),
             held: Arc::default(),
+            queued: Mutex::default(),
+            queues: Arc::default(),
         };
         let at = Instant::now();
         shared.give_back(
