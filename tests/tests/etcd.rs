@@ -94,6 +94,189 @@ async fn keys_of_any_characters_are_stored_as_given() {
     }
 }
 
+/// Keys whose names share a beginning, or would once escaped, each get a
+/// queue of their own: holding one never holds another.
+#[tokio::test]
+async fn keys_that_share_a_beginning_never_share_a_queue() {
+    let cluster = EtcdCluster::single();
+    let (a, b) = (registry(&cluster).await, registry(&cluster).await);
+    let base = unique_key("prefix");
+    let keys = [
+        base.clone(),
+        format!("{base}\0x"),
+        format!("{base}%00x"),
+        format!("{base}%2500x"),
+        format!("{base}/x"),
+        format!("{base}x"),
+    ];
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(a.lock(key, LockOptions::default()).await.unwrap());
+    }
+    for key in &keys {
+        assert!(lock_tests::is_held(&b, key).await, "{key:?}");
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+/// The entries in `key`'s queue, by their values (the tokens).
+async fn queued(cluster: &EtcdCluster, key: &str) -> Vec<String> {
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let prefixed = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let got = client
+        .get(lock_tests::etcd_lock_range(key), Some(prefixed))
+        .await
+        .unwrap();
+    got.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .collect()
+}
+
+/// Waits up to 5 s for `key`'s queue to hold `len` entries.
+async fn until_queued(cluster: &EtcdCluster, key: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = queued(cluster, key).await;
+        if now.len() == len {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue {now:?}, expected {len} entries"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// Locks taken one after another reuse their entries' names (each named by
+/// a lease the store recycles): a busy key leaves no trail of deleted keys,
+/// which etcd keeps until the history is compacted and which every read of
+/// the key's range would visit.
+#[tokio::test]
+async fn a_busy_key_reuses_its_entries_names() {
+    let cluster = EtcdCluster::single();
+    let registry = registry(&cluster).await;
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let key = unique_key("reuse");
+    let range = lock_tests::etcd_lock_range(&key);
+    let before = client
+        .get("any", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    for _ in 0..20 {
+        lock_and_release(&registry, &key).await;
+    }
+    let after = client
+        .get("any", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    // Every key written under the range since, from the history.
+    let options = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(before + 1);
+    let mut stream = client.watch(range.as_str(), Some(options)).await.unwrap();
+    let mut names = std::collections::HashSet::new();
+    let mut puts = 0;
+    let mut seen = before;
+    while seen < after {
+        let answer = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("the history up to now")
+            .unwrap()
+            .unwrap();
+        for event in answer.events() {
+            let kv = event.kv().unwrap();
+            seen = seen.max(kv.mod_revision());
+            if event.event_type() == etcd_client::EventType::Put {
+                puts += 1;
+                names.insert(kv.key().to_vec());
+            }
+        }
+    }
+    assert_eq!(puts, 20, "one entry per lock");
+    assert!(names.len() <= 2, "{} names for 20 locks", names.len());
+}
+
+/// A waiter that gives up (its `wait_timeout`) takes its entry out of the
+/// queue: the holder's release then leaves the key free, not held up by
+/// an entry nobody waits on.
+#[tokio::test]
+async fn a_waiter_that_times_out_leaves_the_queue() {
+    let cluster = EtcdCluster::single();
+    let (holder, waiter) = (registry(&cluster).await, registry(&cluster).await);
+    let key = unique_key("timeout");
+    let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
+    let opts = LockOptions::default().wait_timeout(ms(300));
+    let err = waiter.lock(&key, opts).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    until_queued(&cluster, &key, 1).await;
+    guard.release().await.unwrap();
+    until_queued(&cluster, &key, 0).await;
+    let again = waiter.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(again.is_some(), "the key is free for anyone");
+}
+
+/// With a waiter queued behind the holder, a skip-mode attempt neither
+/// queues nor takes the lock, even once the holder is gone: the next turn
+/// is the waiter's.
+#[tokio::test]
+async fn a_skip_attempt_does_not_jump_the_queue() {
+    let cluster = EtcdCluster::single();
+    let key = unique_key("skip");
+    let holder = registry(&cluster).await;
+    let waiter = registry(&cluster).await;
+    let skipper = registry(&cluster).await;
+    let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = waiter.lock(&key, LockOptions::default()).await.unwrap();
+            tokio::time::sleep(ms(200)).await;
+            guard.release().await.unwrap();
+        }
+    });
+    until_queued(&cluster, &key, 2).await;
+    let skipped = skipper
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap();
+    assert!(skipped.is_none(), "a skip attempt took the held key");
+    assert_eq!(
+        queued(&cluster, &key).await.len(),
+        2,
+        "the skip attempt queued"
+    );
+    guard.release().await.unwrap();
+    // The waiter now holds it (for 200 ms): the skip attempt still skips.
+    until_queued(&cluster, &key, 1).await;
+    let skipped = skipper
+        .try_lock(&key, LockOptions::default())
+        .await
+        .unwrap();
+    assert!(skipped.is_none(), "the skip attempt took the waiter's turn");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter took the key and released it")
+        .unwrap();
+    until_queued(&cluster, &key, 0).await;
+}
+
 #[tokio::test]
 async fn an_unreachable_cluster_is_a_clear_error_within_the_timeouts() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -83,7 +83,7 @@ fn undone_under_a_running_body(undo: &str) {
             let runtime = tokio::runtime::Runtime::new().unwrap();
             runtime.block_on(async {
                 let mut client = servers.client().await;
-                let full = lock_tests::etcd_lock_range(&key);
+                let full = lock_tests::etcd_lock_range(key);
                 match undo {
                     "deleted" => {
                         let deleted = client
@@ -126,4 +126,48 @@ fn killing_the_leader_while_processes_contend_breaks_no_exclusion() {
         let leader = servers.locks.leader().expect("a leader");
         servers.locks.kill(leader);
     });
+}
+
+/// The holder and three waiting processes: the waiters get the lock in
+/// the order they queued (each waits behind the entries created before
+/// its own).
+#[test]
+fn waiting_processes_get_the_lock_in_the_order_they_queued() {
+    let servers = Servers::new(1);
+    let processes = servers.shared();
+    let key = lock_tests::unique_key("fifo");
+    let queue_len = || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let mut client = servers.client().await;
+            let range = lock_tests::etcd_lock_range(&key);
+            let prefixed = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_count_only();
+            client.get(range, Some(prefixed)).await.unwrap().count()
+        })
+    };
+    let mut holder = processes.worker("hold-30s", &key, &["1500"]);
+    holder.expect("acquired", Duration::from_secs(10));
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        let mut waiter = processes.worker("wait", &key, &[]);
+        waiter.expect("ready", Duration::from_secs(10));
+        lock_tests::wait_until_blocking("the waiter queued", Duration::from_secs(5), || {
+            queue_len() > n
+        });
+        waiters.push(waiter);
+    }
+    // When each took the lock, by its own clock line (ms since the epoch).
+    let acquired_at: Vec<u128> = waiters
+        .iter_mut()
+        .map(|waiter| {
+            let line = waiter.expect("acquired", Duration::from_secs(10));
+            lock_tests::field(&line, "at_ms").parse().unwrap()
+        })
+        .collect();
+    assert!(
+        acquired_at.windows(2).all(|w| w[0] <= w[1]),
+        "not in queue order: {acquired_at:?}"
+    );
 }

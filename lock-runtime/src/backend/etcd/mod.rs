@@ -474,20 +474,8 @@ impl EtcdBackend {
         Ok(Duration::from_secs(granted.ttl().max(1).unsigned_abs()))
     }
 
-    /// The start of `key`'s range: the prefix, the key with `%` and NUL
-    /// escaped (so no key's range holds another key's entries), and a NUL.
     fn queue_of(&self, key: &str) -> Vec<u8> {
-        let mut start = Vec::with_capacity(self.prefix.len() + key.len() + 1);
-        start.extend_from_slice(self.prefix.as_bytes());
-        for byte in key.bytes() {
-            match byte {
-                0 => start.extend_from_slice(b"%00"),
-                b'%' => start.extend_from_slice(b"%25"),
-                byte => start.push(byte),
-            }
-        }
-        start.push(0);
-        start
+        queue_start(&self.prefix, key)
     }
 
     /// Runs `txn` (see [`timed`](Self::timed)).
@@ -696,6 +684,22 @@ impl EtcdBackend {
             Err(err) => Err(err),
         }
     }
+}
+
+/// The start of `key`'s range: `prefix`, the key with `%` and NUL escaped
+/// (so no key's range holds another key's entries), and a NUL.
+fn queue_start(prefix: &str, key: &str) -> Vec<u8> {
+    let mut start = Vec::with_capacity(prefix.len() + key.len() + 1);
+    start.extend_from_slice(prefix.as_bytes());
+    for byte in key.bytes() {
+        match byte {
+            0 => start.extend_from_slice(b"%00"),
+            b'%' => start.extend_from_slice(b"%25"),
+            byte => start.push(byte),
+        }
+    }
+    start.push(0);
+    start
 }
 
 /// The end of the range that starts at `queue` (exclusive).
@@ -1437,6 +1441,29 @@ impl fmt::Debug for EtcdBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_key_s_range_holds_another_key_s_entries() {
+        let keys = ["k", "k\0x", "k%00x", "k%2500x", "k/x", "kx", ""];
+        for a in keys {
+            let (start, end) = (
+                queue_start("locks/", a),
+                queue_end(&queue_start("locks/", a)),
+            );
+            for b in keys.iter().filter(|b| **b != a) {
+                let entry = entry_for(&queue_start("locks/", b), 7, false);
+                assert!(
+                    !(start <= entry && entry < end),
+                    "{b:?}'s entry is in {a:?}'s range"
+                );
+            }
+            let own = entry_for(&start, 7, false);
+            assert!(start <= own && own < end);
+            assert!(start <= flipped(&own) && flipped(&own) < end);
+            assert_ne!(flipped(&own), own);
+            assert_eq!(flipped(&flipped(&own)), own);
+        }
+    }
 
     #[test]
     fn lingers_round_up_to_whole_seconds() {
