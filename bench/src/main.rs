@@ -81,9 +81,9 @@ enum Lib {
     /// The PostgreSQL floor: the library's insert-or-take-over statement,
     /// retried at once while held, and an owner-checked delete; no library.
     PgFloor(Arc<PgFloor>),
-    /// The etcd floor: the library's put-if-absent transaction on a lease
-    /// granted once, retried at once while held, and an owner-checked
-    /// delete; no library.
+    /// The etcd floor: the plainest etcd lock, a put-if-absent transaction
+    /// on the key and a lease granted once, retried at once while held, and
+    /// an owner-checked delete; no library (which queues entries instead).
     EtcdFloor(Arc<EtcdFloor>),
     /// The ZooKeeper floor: create an ephemeral node named after the key,
     /// retried at once while it exists, then delete it; no library.
@@ -1839,8 +1839,8 @@ async fn main() -> Result<(), Error> {
          interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 four times. \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
-         owner-checked delete, no library; for etcd the same put-if-absent transaction on a lease granted once \
-         and an owner-checked delete, no library, retried at once while the key is held (and in the hand-off row \
+         owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
+         and an owner-checked delete, no library (the library queues an entry per contender instead), retried at once while the key is held (and in the hand-off row \
          also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
          library); for hand-offs it is the median in round trips ({}). lock-runtime-fair is the Redis \
          store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
