@@ -25,6 +25,9 @@ use super::{WATCH_RETRY, queue_end};
 /// How long a key's watch stays open after its last waiter left.
 const IDLE: Duration = Duration::from_secs(5);
 
+/// How long opening a watch may take before it is tried again.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How many deletions a subscriber may fall behind before it lists again.
 const BACKLOG: usize = 256;
 
@@ -131,19 +134,22 @@ async fn follow(
     loop {
         // Opened without a start revision: in step with the store from its
         // creation on. Subscribers list the queue after this.
-        let opened = watches.watch(queue.clone(), Some(options.clone())).await;
-        let mut stream = match opened {
-            Ok(mut stream) => match stream.message().await {
-                Ok(Some(_created)) => stream,
-                _ => {
-                    tokio::time::sleep(WATCH_RETRY).await;
-                    continue;
+        let opening = async {
+            let mut stream = watches.watch(queue.clone(), Some(options.clone())).await?;
+            stream.message().await?;
+            Ok::<_, etcd_client::Error>(stream)
+        };
+        let mut stream = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
+            Ok(Ok(stream)) => stream,
+            failed => {
+                if let Ok(Err(error)) = failed {
+                    tracing::debug!(%error, "etcd queue watch: opening failed");
                 }
-            },
-            Err(error) => {
-                tracing::debug!(%error, "etcd queue watch: opening failed");
                 tokio::time::sleep(WATCH_RETRY).await;
-                if queues.strong_count() == 0 {
+                let Some(all) = queues.upgrade() else {
+                    return;
+                };
+                if all.end_if_idle(&queue, &watched) {
                     return;
                 }
                 continue;
