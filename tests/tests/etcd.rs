@@ -157,60 +157,64 @@ async fn until_queued(cluster: &EtcdCluster, key: &str, len: usize) {
 }
 
 /// Locks taken one after another reuse their entries' names (each named by
-/// a lease the store recycles): a busy key leaves no trail of deleted keys,
-/// which etcd keeps until the history is compacted and which every read of
-/// the key's range would visit.
+/// a lease the store recycles, a key getting back the lease it used last):
+/// a busy key leaves no trail of deleted keys, which etcd keeps until the
+/// history is compacted and which every read of the key's range would
+/// visit. Eight keys are locked 10 times each, interleaved.
 #[tokio::test]
-async fn a_busy_key_reuses_its_entries_names() {
+async fn busy_keys_reuse_their_entries_names() {
     let cluster = EtcdCluster::single();
     let registry = registry(&cluster).await;
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    let key = unique_key("reuse");
-    let range = lock_tests::etcd_lock_range(&key);
-    let before = client
-        .get("any", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    for _ in 0..20 {
-        lock_and_release(&registry, &key).await;
-    }
-    let after = client
-        .get("any", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    // Every key written under the range since, from the history.
-    let options = etcd_client::WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(before + 1);
-    let mut stream = client.watch(range.as_str(), Some(options)).await.unwrap();
-    let mut names = std::collections::HashSet::new();
-    let mut puts = 0;
-    let mut seen = before;
-    while seen < after {
-        let answer = tokio::time::timeout(Duration::from_secs(5), stream.message())
-            .await
-            .expect("the history up to now")
-            .unwrap()
-            .unwrap();
-        for event in answer.events() {
-            let kv = event.kv().unwrap();
-            seen = seen.max(kv.mod_revision());
-            if event.event_type() == etcd_client::EventType::Put {
-                puts += 1;
-                names.insert(kv.key().to_vec());
-            }
+    let base = unique_key("reuse");
+    let keys: Vec<String> = (0..8).map(|n| format!("{base}-{n}")).collect();
+    let before = client.get("any", None).await.unwrap().header().unwrap().revision();
+    // Rounds of: lock all eight, then release all eight starting with a
+    // different one each round, so the lease a key freed is seldom the
+    // last one given back.
+    for round in 0..10 {
+        let mut guards = Vec::new();
+        for key in &keys {
+            guards.push(registry.lock(key, LockOptions::default()).await.unwrap());
+        }
+        guards.rotate_left(round % keys.len());
+        for guard in guards {
+            guard.release().await.unwrap();
         }
     }
-    assert_eq!(puts, 20, "one entry per lock");
-    assert!(names.len() <= 2, "{} names for 20 locks", names.len());
+    let after = client.get("any", None).await.unwrap().header().unwrap().revision();
+    for key in &keys {
+        // Every key written under the range since, from the history.
+        let range = lock_tests::etcd_lock_range(key);
+        let options = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(before + 1);
+        let mut stream = client.watch(range.as_str(), Some(options)).await.unwrap();
+        let mut names = std::collections::HashSet::new();
+        let mut puts = 0;
+        let mut deletes = 0;
+        while deletes < 10 {
+            let answer = tokio::time::timeout(Duration::from_secs(5), stream.message())
+                .await
+                .expect("the history up to now")
+                .unwrap()
+                .unwrap();
+            for event in answer.events() {
+                let kv = event.kv().unwrap();
+                assert!(kv.mod_revision() <= after);
+                if event.event_type() == etcd_client::EventType::Put {
+                    puts += 1;
+                    names.insert(kv.key().to_vec());
+                } else {
+                    deletes += 1;
+                }
+            }
+        }
+        assert_eq!(puts, 10, "one entry per lock of {key}");
+        assert!(names.len() <= 2, "{} names for 10 locks of {key}", names.len());
+    }
 }
 
 /// A waiter that gives up (its `wait_timeout`) takes its entry out of the

@@ -353,8 +353,9 @@ pub struct EtcdBackend {
 
 /// What clones of one store share.
 struct Shared {
-    /// Unused leases by ttl in seconds.
-    spares: Mutex<HashMap<i64, Vec<Spare>>>,
+    /// Unused leases by ttl in seconds, each with the key it was last used
+    /// for ([`used_for`]).
+    spares: Mutex<HashMap<i64, Vec<(Spare, u64)>>>,
     /// The keys held, watched so their loss is pushed to the holder.
     held: Arc<HeldKeys>,
     /// Our waiting entries, by token.
@@ -403,11 +404,21 @@ impl Shared {
     /// An unused lease of `secs` granted or renewed less than a quarter of
     /// its ttl ago: a lock on it has at least three quarters of its ttl
     /// left, and the runtime renews it early.
-    fn take(&self, secs: i64) -> Option<Spare> {
+    ///
+    /// One last used for `queue` first: its entry then takes the name it
+    /// had, so a key's range keeps few names (see [`entry_for`]).
+    fn take(&self, secs: i64, queue: &[u8]) -> Option<Spare> {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         let list = spares.get_mut(&secs)?;
         let fresh = Duration::from_secs(secs.unsigned_abs()) / 4;
-        while let Some(spare) = list.pop() {
+        let last = used_for(queue);
+        if let Some(at) = list.iter().rposition(|(_, used)| *used == last) {
+            let (spare, _) = list.remove(at);
+            if spare.fresh_at.elapsed() < fresh {
+                return Some(spare);
+            }
+        }
+        while let Some((spare, _)) = list.pop() {
             if spare.fresh_at.elapsed() < fresh {
                 return Some(spare);
             }
@@ -435,7 +446,8 @@ impl Shared {
         }
     }
 
-    fn give_back(&self, secs: i64, spare: Spare) {
+    /// Keeps `spare`, last used for `queue`, for the next acquire of `secs`.
+    fn give_back(&self, secs: i64, spare: Spare, queue: &[u8]) {
         let fresh = Duration::from_secs(secs.unsigned_abs()) / 4;
         if spare.fresh_at.elapsed() >= fresh {
             return;
@@ -443,7 +455,7 @@ impl Shared {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         let list = spares.entry(secs).or_default();
         if list.len() < MAX_SPARES {
-            list.push(spare);
+            list.push((spare, used_for(queue)));
         }
     }
 }
@@ -702,6 +714,12 @@ fn queue_start(prefix: &str, key: &str) -> Vec<u8> {
     start
 }
 
+/// Which key a spare lease was last used for, as the pool notes it.
+fn used_for(queue: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(queue)
+}
+
 /// The end of the range that starts at `queue` (exclusive).
 fn queue_end(queue: &[u8]) -> Vec<u8> {
     let mut end = queue.to_vec();
@@ -907,7 +925,7 @@ impl EtcdLease {
             if !released {
                 return Ok(HandOver::Lost);
             }
-            store.shared.give_back(self.secs, self.lease);
+            store.shared.give_back(self.secs, self.lease, &self.queue);
             return Ok(HandOver::Released);
         }
         // The new entry is on our lease, which was alive then.
@@ -957,7 +975,7 @@ impl Lease for EtcdLease {
             // A lingering entry keeps its name, which is our lease's: that
             // lease is not used again while the entry may live.
             if answer.succeeded() && linger.is_zero() {
-                store.shared.give_back(self.secs, self.lease);
+                store.shared.give_back(self.secs, self.lease, &self.queue);
             }
             Ok(answer.succeeded())
         })
@@ -1043,7 +1061,7 @@ impl Backend for EtcdBackend {
                 let first = gets(&answer).into_iter().next().flatten();
                 held |= first.is_some_and(|first| first.key() == entry.as_slice());
                 if let Some(waiting) = &waiting {
-                    self.shared.give_back(waiting.secs, waiting.lease);
+                    self.shared.give_back(waiting.secs, waiting.lease, &queue);
                 }
             }
             Ok(held)
@@ -1146,7 +1164,7 @@ impl EtcdBackend {
             let (spare, entry) = match &known {
                 Some(known) => (known.lease, known.entry.clone()),
                 None => {
-                    let spare = match self.shared.take(secs) {
+                    let spare = match self.shared.take(secs, &queue) {
                         Some(spare) => spare,
                         None => self.grant(secs).await?,
                     };
@@ -1212,7 +1230,7 @@ impl EtcdBackend {
                             .when([owned(&ours.entry, &token)])
                             .and_then([TxnOp::delete(ours.entry.clone(), None)]);
                         self.txn(&drop_new).await?;
-                        self.shared.give_back(secs, spare);
+                        self.shared.give_back(secs, spare, &ours.queue);
                         return self.resume(&request, ours.queue, &holder, secs).await;
                     }
                     // Queued behind the holder (wait mode).
@@ -1229,7 +1247,7 @@ impl EtcdBackend {
             }
         } else {
             if known.is_none() {
-                self.shared.give_back(secs, spare);
+                self.shared.give_back(secs, spare, &queue);
             }
             let Some(holder) = holder else {
                 // Emptied between the compare and the read cannot happen in
@@ -1481,24 +1499,38 @@ mod tests {
             queues: Arc::default(),
         };
         let at = Instant::now();
-        shared.give_back(
-            4,
-            Spare {
-                id: 1,
-                fresh_at: at,
-            },
-        );
+        let spare = |id| Spare { id, fresh_at: at };
+        shared.give_back(4, spare(1), b"a");
         tokio::time::advance(Duration::from_millis(999)).await;
-        assert_eq!(shared.take(4).map(|s| s.id), Some(1));
-        shared.give_back(
-            4,
-            Spare {
-                id: 1,
-                fresh_at: at,
-            },
-        );
+        assert_eq!(shared.take(4, b"b").map(|s| s.id), Some(1));
+        shared.give_back(4, spare(1), b"a");
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(shared.take(4).is_none(), "a quarter of the ttl old");
-        assert!(shared.take(8).is_none());
+        assert!(shared.take(4, b"a").is_none(), "a quarter of the ttl old");
+        assert!(shared.take(8, b"a").is_none());
+    }
+
+    #[test]
+    fn a_key_gets_back_the_lease_it_used_last() {
+        let shared = Shared {
+            spares: Mutex::default(),
+            held: Arc::default(),
+            queued: Mutex::default(),
+            queues: Arc::default(),
+        };
+        let spare = |id| Spare {
+            id,
+            fresh_at: Instant::now(),
+        };
+        shared.give_back(4, spare(1), b"a");
+        shared.give_back(4, spare(2), b"b");
+        shared.give_back(4, spare(3), b"c");
+        assert_eq!(shared.take(4, b"a").map(|s| s.id), Some(1));
+        assert_eq!(
+            shared.take(4, b"z").map(|s| s.id),
+            Some(3),
+            "else the last given back"
+        );
+        assert_eq!(shared.take(4, b"b").map(|s| s.id), Some(2));
+        assert!(shared.take(4, b"a").is_none());
     }
 }
