@@ -234,6 +234,9 @@ impl LocalPermit {
             return Ok(handed);
         };
         tracing::debug!(key = %self.key(), fencing, "lock handed over within this process");
+        // A lease the store could not renew with the move counts from its
+        // last renewal.
+        let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
         *self.slot.slot.baton() = Some(Baton {
             lease,
             loss,

@@ -170,7 +170,13 @@ async fn busy_keys_reuse_their_entries_names() {
         .unwrap();
     let base = unique_key("reuse");
     let keys: Vec<String> = (0..8).map(|n| format!("{base}-{n}")).collect();
-    let before = client.get("any", None).await.unwrap().header().unwrap().revision();
+    let before = client
+        .get("any", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
     // Rounds of: lock all eight, then release all eight starting with a
     // different one each round, so the lease a key freed is seldom the
     // last one given back.
@@ -184,7 +190,13 @@ async fn busy_keys_reuse_their_entries_names() {
             guard.release().await.unwrap();
         }
     }
-    let after = client.get("any", None).await.unwrap().header().unwrap().revision();
+    let after = client
+        .get("any", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
     for key in &keys {
         // Every key written under the range since, from the history.
         let range = lock_tests::etcd_lock_range(key);
@@ -213,7 +225,11 @@ async fn busy_keys_reuse_their_entries_names() {
             }
         }
         assert_eq!(puts, 10, "one entry per lock of {key}");
-        assert!(names.len() <= 2, "{} names for 10 locks of {key}", names.len());
+        assert!(
+            names.len() <= 2,
+            "{} names for 10 locks of {key}",
+            names.len()
+        );
     }
 }
 

@@ -515,7 +515,8 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// the acquire request was sent: a store that prepares leases ahead
     /// (etcd) says when it last granted or extended the one it used. The
     /// runtime counts the lease's validity and its renewals from the
-    /// earlier of the two. `None` (the default): from the request.
+    /// earlier of the two. `None` (the default): from the request. Asked
+    /// again after a hand-over, counted from the hand-over's request.
     fn started_at(&self) -> Option<tokio::time::Instant> {
         None
     }

@@ -5,24 +5,26 @@
 //!
 //! A lock is a queue of entries under the key's own range (the store's
 //! prefix, default `locks/`, the key with `%` and NUL escaped, then a NUL):
-//! each contender's entry is named by its token, holds the token, and is
-//! attached to an etcd lease of the lock's ttl. The entry created first
+//! each contender's entry holds its token and is attached to an etcd lease
+//! of the lock's ttl, and is named by that lease (see [`entry_for`]). The entry created first
 //! holds the lock; the others wait in creation order, across processes.
 //! This is etcd's own recipe (`client/v3/concurrency`). A crashed holder or
 //! waiter stops renewing; etcd expires its lease and deletes its entry.
 //!
-//! - **Acquire** is one transaction. In skip mode: `If` the key's range is
-//!   empty `Then Put(entry) Else Get(first entry)`, so a skipping caller
-//!   never takes the lock from a queued waiter. In wait mode: `If` our entry
-//!   does not exist `Then Put(entry), Get(first entry) Else Get(entry),
-//!   Get(first entry)`: ours heads the queue or waits in it. The fencing
+//! - **Acquire** is one transaction: `If` the key's range is empty `Then
+//!   Put(entry)`. Else, in skip mode, `Get(first entry)`: a skipping caller
+//!   never queues nor takes the lock from a queued waiter; in wait mode, a
+//!   nested `If` our entry does not exist `Then Put(entry), Get(first
+//!   entry) Else Get(entry), Get(first entry)`: ours heads the queue or
+//!   waits in it. The fencing
 //!   token is our entry's create revision: cluster-wide, and strictly
 //!   increasing from holder to holder (an entry created later is always
 //!   served later), kept by every member while a quorum lives.
-//! - **Hand-off takes no round trip**: a waiter watches its key's range for
-//!   deletions from the revision it listed the queue at, and knows it
-//!   holds the lock as soon as the last entry ahead of it is deleted; the
-//!   runtime's next attempt is answered from that. A waiter keeps its
+//! - **Hand-off takes no round trip**: a waiter lists the queue and follows
+//!   the deletions after the listing on its key's shared watch (see
+//!   `queues.rs`), and knows it holds the lock as soon as the last entry
+//!   ahead of it is deleted; the runtime's next attempt is answered from
+//!   that. A waiter keeps its
 //!   entry's lease alive as it asks again (every quarter of the cluster's
 //!   shortest lease), and gives its entry up when it stops waiting.
 //! - **Leases are prepared ahead** so the common path is that one round
@@ -45,7 +47,7 @@
 //! - **A hand-over** within a process replaces the holder's entry by a new
 //!   one in one transaction, only while nobody queues behind it: then the
 //!   process's next task takes its turn behind the other processes'.
-
+//!
 //! # Ttls
 //!
 //! etcd counts leases in whole seconds and raises a ttl below its minimum
@@ -615,12 +617,7 @@ impl EtcdBackend {
         let options = GetOptions::new()
             .with_range(queue_end(queue))
             .with_keys_only();
-        let got = self
-            .timed(|| {
-                let (mut kv, options) = (self.kv.clone(), options.clone());
-                async move { kv.get(queue.to_vec(), Some(options)).await }
-            })
-            .await?;
+        let got = self.get(queue, options).await?;
         let at = got.header().map_or(0, |header| header.revision());
         let entries = got
             .kvs()
@@ -636,12 +633,8 @@ impl EtcdBackend {
         queue: &[u8],
         token: LockToken,
     ) -> Result<Vec<Vec<u8>>, BackendError> {
-        let options = GetOptions::new().with_range(queue_end(queue));
         let got = self
-            .timed(|| {
-                let (mut kv, options) = (self.kv.clone(), options.clone());
-                async move { kv.get(queue.to_vec(), Some(options)).await }
-            })
+            .get(queue, GetOptions::new().with_range(queue_end(queue)))
             .await?;
         let value = token.to_string();
         Ok(got
@@ -654,26 +647,33 @@ impl EtcdBackend {
 
     /// The first entry of `queue`: the holder's.
     async fn first(&self, queue: &[u8]) -> Result<Option<KeyValue>, BackendError> {
-        let got = self
-            .timed(|| {
-                let mut kv = self.kv.clone();
-                async move { kv.get(queue.to_vec(), Some(first_of(queue))).await }
-            })
-            .await?;
+        let got = self.get(queue, first_of(queue)).await?;
         Ok(got.kvs().first().cloned())
     }
 
+    /// Reads from `key` with `options` (see [`timed`](Self::timed)).
+    async fn get(
+        &self,
+        key: &[u8],
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse, BackendError> {
+        self.timed(|| {
+            let (mut kv, options) = (self.kv.clone(), options.clone());
+            async move { kv.get(key.to_vec(), Some(options)).await }
+        })
+        .await
+    }
+
     /// Keeps `token`'s waiting entry alive if its lease was last renewed
-    /// an eighth of the cluster's shortest lease ago or longer (or at once
-    /// if `now`); `false` if the lease (and with it the entry) is gone.
+    /// an eighth of the cluster's shortest lease ago or longer; `false` if
+    /// the lease (and with it the entry) is gone.
     async fn keep_queued(
         &self,
         token: LockToken,
         entry: &mut Queued,
-        now: bool,
     ) -> Result<bool, BackendError> {
         let poll = self.capabilities.waiter_queue.unwrap_or_default();
-        if !now && entry.lease.fresh_at.elapsed() < poll / 2 {
+        if entry.lease.fresh_at.elapsed() < poll / 2 {
             return Ok(true);
         }
         let sent_at = Instant::now();
@@ -928,8 +928,10 @@ impl EtcdLease {
             store.shared.give_back(self.secs, self.lease, &self.queue);
             return Ok(HandOver::Released);
         }
-        // The new entry is on our lease, which was alive then.
-        if alive.is_ok() {
+        // The new entry is on our lease, renewed with the move; if the
+        // keep-alive failed, it counts from its last renewal.
+        let renewed = alive.is_ok();
+        if renewed {
             self.lease.fresh_at = sent_at;
         }
         let created = i64::try_from(revision(&answer)).unwrap_or(i64::MAX);
@@ -942,7 +944,7 @@ impl EtcdLease {
             place: Place::Head,
         };
         let loss = self.loss.clone();
-        *self = store.granted(entry, next, false, &loss);
+        *self = store.granted(entry, next, !renewed, &loss);
         Ok(HandOver::Moved {
             fencing: revision(&answer),
         })
@@ -1023,7 +1025,7 @@ impl Backend for EtcdBackend {
                             lease: Box::new(lease),
                         });
                     }
-                    Place::Behind if self.keep_queued(request.token, &mut entry, false).await? => {
+                    Place::Behind if self.keep_queued(request.token, &mut entry).await? => {
                         return Ok(Acquire::Held { remaining: None });
                     }
                     _ => {}
@@ -1279,7 +1281,7 @@ impl EtcdBackend {
                 place: known.map_or(Place::Unknown, |known| known.place),
             };
             self.shared.queued().insert(request.token, ours.clone());
-            if !self.keep_queued(request.token, &mut ours, false).await? {
+            if !self.keep_queued(request.token, &mut ours).await? {
                 // Its lease ended: queue again.
                 return Box::pin(self.attempt(request, ours.queue, secs)).await;
             }
