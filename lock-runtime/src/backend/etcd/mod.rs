@@ -5,9 +5,10 @@
 //!
 //! A lock is a queue of entries under the key's own range (the store's
 //! prefix, default `locks/`, the key with `%` and NUL escaped, then a NUL):
-//! each contender's entry holds its token and is attached to an etcd lease
-//! of the lock's ttl, and is named by that lease (see [`entry_for`]). The entry created first
-//! holds the lock; the others wait in creation order, across processes.
+//! each contender's entry holds its token, is attached to an etcd lease of
+//! the lock's ttl and is named by that lease (see `entry_for`). The entry
+//! created first holds the lock; the others wait in creation order, across
+//! processes.
 //! This is etcd's own recipe (`client/v3/concurrency`). A crashed holder or
 //! waiter stops renewing; etcd expires its lease and deletes its entry.
 //!
