@@ -51,6 +51,36 @@ impl Processes {
         )
     }
 
+    /// A holder and three waiting processes on `key`, for a store that
+    /// queues waiters: each waiter is started once the one before it is
+    /// queued (`queued(n)`: whether the store's queue holds the n-th), and
+    /// each reports when it took the lock. Returns, in queue order, each
+    /// waiter's `(at_ms, fencing)` from its own clock line (ms since the
+    /// epoch).
+    pub fn waiters_in_queue_order(
+        &self,
+        key: &str,
+        mut queued: impl FnMut(usize) -> bool,
+    ) -> Vec<(u128, u64)> {
+        let mut holder = self.worker("hold-30s", key, &["1500"]);
+        holder.expect("acquired", STARTUP);
+        let mut waiters = Vec::new();
+        for n in 1..=3 {
+            let mut waiter = self.worker("wait", key, &[]);
+            waiter.expect("ready", STARTUP);
+            crate::wait_until_blocking("the waiter queued", Duration::from_secs(5), || queued(n));
+            waiters.push(waiter);
+        }
+        waiters
+            .iter_mut()
+            .map(|waiter| {
+                let line = waiter.expect("acquired", Duration::from_secs(10));
+                let at = field(&line, "at_ms").parse().unwrap();
+                (at, field(&line, "fencing").parse().unwrap())
+            })
+            .collect()
+    }
+
     /// Runs `processes` workers of `scenario` on `key` at once and waits
     /// for them all (60 s at most); their stdout lines. A worker that fails
     /// fails the test, `why` saying what that may mean.

@@ -147,25 +147,9 @@ fn waiting_processes_get_the_lock_in_the_order_they_queued() {
             client.get(range, Some(prefixed)).await.unwrap().count()
         })
     };
-    let mut holder = processes.worker("hold-30s", &key, &["1500"]);
-    holder.expect("acquired", Duration::from_secs(10));
-    let mut waiters = Vec::new();
-    for n in 1..=3 {
-        let mut waiter = processes.worker("wait", &key, &[]);
-        waiter.expect("ready", Duration::from_secs(10));
-        lock_tests::wait_until_blocking("the waiter queued", Duration::from_secs(5), || {
-            queue_len() > n
-        });
-        waiters.push(waiter);
-    }
-    // When each took the lock, by its own clock line (ms since the epoch).
-    let acquired_at: Vec<u128> = waiters
-        .iter_mut()
-        .map(|waiter| {
-            let line = waiter.expect("acquired", Duration::from_secs(10));
-            lock_tests::field(&line, "at_ms").parse().unwrap()
-        })
-        .collect();
+    let acquired = processes.waiters_in_queue_order(&key, |n| queue_len() > n as i64);
+    // When each took the lock, by its own clock.
+    let acquired_at: Vec<u128> = acquired.iter().map(|(at, _)| *at).collect();
     assert!(
         acquired_at.windows(2).all(|w| w[0] <= w[1]),
         "not in queue order: {acquired_at:?}"

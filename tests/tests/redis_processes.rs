@@ -136,25 +136,7 @@ fn fair_mode_gives_the_lock_to_waiting_processes_in_the_order_they_queued() {
     let processes = fair(&server);
     let key = unique_key("fifo");
     let mut conn = server.connection();
-    let mut holder = processes.worker("hold-30s", &key, &["1500"]);
-    holder.expect("acquired", STARTUP);
-    let mut waiters = Vec::new();
-    for n in 1..=3 {
-        let mut waiter = processes.worker("wait", &key, &[]);
-        waiter.expect("ready", STARTUP);
-        lock_tests::wait_until_blocking("the waiter queued", Duration::from_secs(5), || {
-            queued(&mut conn, &key) == n
-        });
-        waiters.push(waiter);
-    }
-    let acquired: Vec<(u128, u64)> = waiters
-        .iter_mut()
-        .map(|waiter| {
-            let line = waiter.expect("acquired", Duration::from_secs(10));
-            let at = lock_tests::field(&line, "at_ms").parse().unwrap();
-            (at, lock_tests::field(&line, "fencing").parse().unwrap())
-        })
-        .collect();
+    let acquired = processes.waiters_in_queue_order(&key, |n| queued(&mut conn, &key) == n);
     assert!(
         acquired.windows(2).all(|w| w[0] <= w[1]),
         "not in queue order (at_ms, fencing): {acquired:?}"

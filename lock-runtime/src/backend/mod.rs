@@ -43,6 +43,22 @@ pub mod redlock;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+/// Where a waiter's node or entry stands in a store's queue, as the
+/// waiter's watch knows it (ZooKeeper, etcd). None can join ahead of ours
+/// (sequences and revisions only grow), so this stays true until one ahead
+/// of ours goes, or ours does.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Read the queue to know.
+    Unknown,
+    /// First: every one ahead of ours was deleted, or a listing found ours
+    /// first.
+    Head,
+    /// Behind one that is still there (its deletion is watched).
+    Behind,
+}
+
 /// A boxed, sendable future: what the contract's methods return, so the
 /// traits stay object-safe and the registry can hold an `Arc<dyn Backend>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

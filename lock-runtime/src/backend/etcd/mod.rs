@@ -81,7 +81,7 @@ use tokio::time::Instant;
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, ReleaseWatch, SafetyMargin,
+    LeaseInfo, LockToken, Place, ReleaseWatch, SafetyMargin,
 };
 use crate::backend::LossSignal;
 use crate::error::{BackendError, LockError};
@@ -381,19 +381,6 @@ struct Queued {
     lease: Spare,
     secs: i64,
     place: Place,
-}
-
-/// Where a waiting entry stands, as its waiter's watch knows it. No entry
-/// can join ahead of ours (create revisions only grow), so this stays true
-/// until an entry ahead is deleted or ours is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Place {
-    /// Read the queue to know.
-    Unknown,
-    /// First: every entry ahead of ours was deleted.
-    Head,
-    /// Behind an entry that is still there (its deletion is watched).
-    Behind,
 }
 
 /// A lease nobody's key is attached to, and since when etcd counts it.

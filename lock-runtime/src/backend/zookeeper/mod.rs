@@ -47,7 +47,7 @@ use zookeeper_client::{
 
 use super::{
     Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
+    LeaseInfo, LockToken, LossSignal, Place, ReleaseWatch, SafetyMargin,
 };
 use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
@@ -348,20 +348,6 @@ struct Child {
     czxid: i64,
     /// Where the waiter's watch last placed it in the queue.
     place: Place,
-}
-
-/// Where a waiting child stands, as its waiter's watch knows it; no child
-/// can ever join ahead of ours (sequences only grow), so this stays true
-/// until the watched child goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Place {
-    /// Read the queue to know.
-    Unknown,
-    /// First: the child ahead, which headed the queue, was deleted, or a
-    /// listing found ours first.
-    Head,
-    /// Behind a child that is still there (its deletion is watched).
-    Behind,
 }
 
 impl Child {
