@@ -1105,6 +1105,35 @@ fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Mea
 
 /// This process's CPU time so far (user and system), from /proc (10 ms
 /// ticks: meaningful over runs of a second or more).
+/// The CPU time (user and system) of every process started under this one
+/// (the store's servers), read from `/proc`.
+fn servers_cpu_time() -> Duration {
+    let stat_of = |pid: &str| -> Option<(u32, u32, u64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some((pid.parse().ok()?, fields.get(1)?.parse().ok()?, ticks))
+    };
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| stat_of(entry.file_name().to_str()?))
+        .collect();
+    let mut ours = vec![std::process::id()];
+    let mut ticks = 0;
+    while let Some(parent) = ours.pop() {
+        for &(pid, ppid, own) in &all {
+            if ppid == parent {
+                ticks += own;
+                ours.push(pid);
+            }
+        }
+    }
+    Duration::from_millis(ticks * 10)
+}
+
 fn cpu_time() -> Duration {
     let ticks = std::fs::read_to_string("/proc/self/stat")
         .ok()
@@ -1558,13 +1587,16 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     }
     for _ in 0..rounds {
         for (name, lib) in &libs {
-            let cpu = cpu_time();
+            let (cpu, servers) = (cpu_time(), servers_cpu_time());
             let m = run_tasks(lib, "profile", name, tasks, ops, hot).await?;
-            let per_op = (cpu_time() - cpu) / (ops * tasks as u64) as u32;
+            let locks = (ops * tasks as u64) as u32;
+            let per_op = (cpu_time() - cpu) / locks;
+            let servers = (servers_cpu_time() - servers) / locks;
             println!(
-                "{name}: {:.0}/s, client CPU {:.1} µs per lock, wait p50 {}",
+                "{name}: {:.0}/s, client CPU {:.1} µs per lock, server CPU {:.1} µs, wait p50 {}",
                 m.throughput(),
                 per_op.as_secs_f64() * 1e6,
+                servers.as_secs_f64() * 1e6,
                 fmt_d(m.pct(50.0))
             );
         }
