@@ -334,25 +334,48 @@ struct Shared {
     timeout: Duration,
     /// The children held, by path: their loss signals, told when the
     /// session expires.
-    held: Mutex<HashMap<String, LossSignal>>,
+    held: Mutex<HashMap<Arc<str>, LossSignal>>,
     /// Our children, by token: created, or possibly created (a create
     /// whose reply was lost: `None` until found by name).
     created: Mutex<HashMap<LockToken, Option<Child>>>,
 }
 
-/// One of our children: its key's node, its name and its creation zxid.
+/// One of our children: its path (its key's node, `/`, its name), built
+/// once and shared, and its creation zxid.
 #[derive(Clone, Debug)]
 struct Child {
-    parent: String,
-    name: String,
+    path: Arc<str>,
+    /// Where the name starts in `path`.
+    name_at: usize,
     czxid: i64,
     /// Where the waiter's watch last placed it in the queue.
     place: Place,
 }
 
 impl Child {
-    fn path(&self) -> String {
-        format!("{}/{}", self.parent, self.name)
+    fn new(parent: &str, name: &str, czxid: i64) -> Child {
+        let mut path = String::with_capacity(parent.len() + 1 + name.len());
+        path.push_str(parent);
+        path.push('/');
+        path.push_str(name);
+        Child {
+            path: path.into(),
+            name_at: parent.len() + 1,
+            czxid,
+            place: Place::Unknown,
+        }
+    }
+
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn parent(&self) -> &str {
+        &self.path[..self.name_at - 1]
+    }
+
+    fn name(&self) -> &str {
+        &self.path[self.name_at..]
     }
 }
 
@@ -399,14 +422,18 @@ impl Shared {
 
     /// The node of `key`'s queue.
     fn parent(&self, key: &str) -> String {
-        format!("{}/{}", self.root, encode(key))
+        let mut parent = String::with_capacity(self.root.len() + 1 + key.len());
+        parent.push_str(&self.root);
+        parent.push('/');
+        encode_onto(&mut parent, key);
+        parent
     }
 
     fn created(&self) -> std::sync::MutexGuard<'_, HashMap<LockToken, Option<Child>>> {
         self.created.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, LossSignal>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, LossSignal>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -426,8 +453,8 @@ impl Shared {
             }
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
-                if queue.contains(&child.name) {
-                    let first = queue.first() == Some(&child.name);
+                if queue.iter().any(|name| name == child.name()) {
+                    let first = queue.first().is_some_and(|name| name == child.name());
                     return Ok(Some((child, first)));
                 }
                 // Gone (expired at its ttl, deleted by an operator).
@@ -447,12 +474,7 @@ impl Shared {
                     self.created().remove(&token);
                     return Ok(None);
                 };
-                let child = Child {
-                    parent: parent.to_owned(),
-                    name: name.clone(),
-                    czxid: stat.czxid,
-                    place: Place::Unknown,
-                };
+                let child = Child::new(parent, name, stat.czxid);
                 let first = queue.first() == Some(name);
                 self.created().insert(token, Some(child.clone()));
                 Ok(Some((child, first)))
@@ -497,7 +519,12 @@ impl Shared {
         token: LockToken,
     ) -> Result<Result<(Child, bool), ()>, BackendError> {
         let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
-        let prefix = format!("{parent}/{token}-");
+        let hex = token.hex();
+        let mut prefix = String::with_capacity(parent.len() + hex.len() + 2);
+        prefix.push_str(parent);
+        prefix.push('/');
+        prefix.extend(hex.iter().map(|&digit| char::from(digit)));
+        prefix.push('-');
         let client = self.client();
         let mut multi = client.new_multi_writer();
         multi
@@ -538,13 +565,8 @@ impl Shared {
             Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
             Err(err) => return Err(err.into()),
         };
-        let name = path.rsplit('/').next().unwrap_or_default().to_owned();
-        let child = Child {
-            parent: parent.to_owned(),
-            name,
-            czxid: stat.mzxid,
-            place: Place::Unknown,
-        };
+        let name = path.rsplit('/').next().unwrap_or_default();
+        let child = Child::new(parent, name, stat.mzxid);
         Ok(Ok((child, stat.num_children == 1)))
     }
 
@@ -647,7 +669,7 @@ impl Shared {
     ) -> Result<bool, BackendError> {
         let known = self.created().remove(&token).flatten();
         let path = match known {
-            Some(child) => child.path(),
+            Some(child) => child.path().to_owned(),
             None => {
                 let prefix = format!("{token}-");
                 let queue = match self.queue(parent).await {
@@ -665,7 +687,7 @@ impl Shared {
                 format!("{parent}/{name}")
             }
         };
-        self.held().remove(&path);
+        self.held().remove(path.as_str());
         self.discard(&path).await
     }
 
@@ -745,11 +767,19 @@ fn sequence(name: &str) -> i64 {
         .unwrap_or(i64::MAX)
 }
 
-/// A key as one node name: every byte outside `[A-Za-z0-9_.:-]`, and a
-/// leading `.`, as `%XX`; so `/`, `.`, `..` and control characters cannot
-/// escape into another node.
+/// [`encode_onto`] into a new string.
+#[cfg(test)]
 fn encode(key: &str) -> String {
-    let mut name = String::with_capacity(key.len());
+    let mut name = String::new();
+    encode_onto(&mut name, key);
+    name
+}
+
+/// Appends `key` to `name` as one node name: every byte outside
+/// `[A-Za-z0-9_.:-]`, and a leading `.`, as `%XX`; so `/`, `.`, `..` and
+/// control characters cannot escape into another node.
+fn encode_onto(name: &mut String, key: &str) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     for (i, byte) in key.bytes().enumerate() {
         let plain = byte.is_ascii_alphanumeric()
             || matches!(byte, b'_' | b':' | b'-')
@@ -757,10 +787,11 @@ fn encode(key: &str) -> String {
         if plain {
             name.push(char::from(byte));
         } else {
-            name.push_str(&format!("%{byte:02X}"));
+            name.push('%');
+            name.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            name.push(char::from(DIGITS[usize::from(byte & 0xf)]));
         }
     }
-    name
 }
 
 /// How long a child is held before it is watched: a deletion its holder
@@ -770,7 +801,7 @@ const WATCH_AFTER: Duration = Duration::from_millis(100);
 /// Tells the holder of `path` when someone else deletes it (an operator, a
 /// forced release), once it has been held for [`WATCH_AFTER`]. Runs in the
 /// lease's task, beside [`expire`].
-async fn watch_held(shared: Weak<Shared>, path: String) {
+async fn watch_held(shared: Weak<Shared>, path: Arc<str>) {
     tokio::time::sleep(WATCH_AFTER).await;
     let watched = {
         let Some(store) = shared.upgrade() else {
@@ -881,7 +912,11 @@ impl ZooKeeperLease {
         sent_at: Instant,
     ) -> Self {
         let deadline = Arc::new(Mutex::new(sent_at + ttl));
-        let (weak, path, until) = (Arc::downgrade(&shared), child.path(), deadline.clone());
+        let (weak, path, until) = (
+            Arc::downgrade(&shared),
+            child.path.clone(),
+            deadline.clone(),
+        );
         // One task per held child, ended by the release: the ttl and the
         // watch for a deletion by someone else.
         let expiry = tokio::spawn(async move {
@@ -906,7 +941,7 @@ impl ZooKeeperLease {
     fn forget(&self) -> bool {
         self.expiry.abort();
         self.shared.created().remove(&self.token);
-        self.shared.held().remove(&self.child.path()).is_some()
+        self.shared.held().remove(self.child.path()).is_some()
     }
 }
 
@@ -920,7 +955,7 @@ impl Drop for ZooKeeperLease {
 async fn expire(
     shared: Weak<Shared>,
     token: LockToken,
-    path: String,
+    path: Arc<str>,
     deadline: Arc<Mutex<Instant>>,
 ) {
     loop {
@@ -947,13 +982,13 @@ impl Lease for ZooKeeperLease {
         Box::pin(async move {
             let sent_at = Instant::now();
             let path = self.child.path();
-            let held = || self.shared.held().contains_key(&path);
+            let held = || self.shared.held().contains_key(path);
             if !held() {
                 return Ok(false);
             }
             let stat = self
                 .shared
-                .call(self.shared.client().check_stat(&path))
+                .call(self.shared.client().check_stat(path))
                 .await?;
             let ours = stat.is_some_and(|stat| {
                 stat.ephemeral_owner == self.shared.client().session_id().0
@@ -969,12 +1004,12 @@ impl Lease for ZooKeeperLease {
 
     fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
         Box::pin(async move {
-            let path = self.child.path();
+            let path = self.child.path.clone();
             if !self.forget() {
                 // Lost already: no round trip to a store that may not
                 // answer; the child, if left (a renewal that failed), is
                 // deleted in the background.
-                self.shared.discard_later(path);
+                self.shared.discard_later(path.to_string());
                 return Ok(false);
             }
             if linger.is_zero() {
@@ -1029,7 +1064,9 @@ impl Backend for ZooKeeperBackend {
             };
             if first {
                 let fencing = u64::try_from(child.czxid).unwrap_or(0);
-                shared.held().insert(child.path(), request.loss.clone());
+                shared
+                    .held()
+                    .insert(child.path.clone(), request.loss.clone());
                 let lease =
                     ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
                 return Ok(Acquire::Acquired {
@@ -1053,7 +1090,7 @@ impl Backend for ZooKeeperBackend {
             let parent = self.shared.parent(key);
             // Granted to an attempt nobody heard: its child is held.
             let known = self.shared.created().get(&token).cloned().flatten();
-            let holds = known.is_some_and(|child| self.shared.held().contains_key(&child.path()));
+            let holds = known.is_some_and(|child| self.shared.held().contains_key(child.path()));
             // First, even while the ensemble is away: a create still in
             // flight is then deleted when it lands.
             let withdrew = self.shared.withdraw(&parent, token).await?;
@@ -1152,8 +1189,8 @@ impl Drop for LeaveQueue {
                 .iter()
                 .filter_map(|(token, child)| {
                     let child = child.as_ref()?;
-                    (child.parent == self.parent && !held.contains_key(&child.path()))
-                        .then(|| (*token, child.path()))
+                    (child.parent() == self.parent && !held.contains_key(child.path()))
+                        .then(|| (*token, child.path().to_owned()))
                 })
                 .collect()
         };
@@ -1189,7 +1226,7 @@ async fn follow(
             return;
         };
         for child in store.created().values_mut().flatten() {
-            if child.parent == parent && child.name == *name {
+            if child.parent() == parent && child.name() == name {
                 child.place = place;
             }
         }
@@ -1202,8 +1239,8 @@ async fn follow(
             .created()
             .values()
             .filter_map(|child| child.as_ref())
-            .filter(|child| child.parent == parent)
-            .map(|child| child.name.clone())
+            .filter(|child| child.parent() == parent)
+            .map(|child| child.name().to_owned())
             .collect();
         let queue = match store.queue(&parent).await {
             Ok(queue) => queue,
