@@ -253,7 +253,7 @@ impl EtcdBackendBuilder {
         let client = within(self.response_timeout + self.connection_timeout, connect)
             .await
             .map_err(|err| format!("cannot connect to etcd at {shown}: {err}"))?;
-        let mut store = EtcdBackend {
+        let store = Store {
             kv: client.kv_client(),
             leases: client.lease_client(),
             watches: client.watch_client(),
@@ -270,11 +270,19 @@ impl EtcdBackendBuilder {
         };
         // The first call: with a lazy connection, a refused handshake or
         // an unreachable cluster shows here.
-        let min_ttl = store
-            .min_ttl()
-            .await
-            .map_err(|err| format!("cannot connect to etcd at {}: {err}{hint}", store.shown))?;
-        store.capabilities = capabilities(min_ttl);
+        let mut store = EtcdBackend {
+            inner: Arc::new(store),
+        };
+        let min_ttl = store.min_ttl().await.map_err(|err| {
+            format!(
+                "cannot connect to etcd at {}: {err}{hint}",
+                store.inner.shown
+            )
+        })?;
+        // Not shared yet: nothing has cloned it.
+        if let Some(unshared) = Arc::get_mut(&mut store.inner) {
+            unshared.capabilities = capabilities(min_ttl);
+        }
         Ok(store)
     }
 }
@@ -344,6 +352,13 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
 /// ```
 #[derive(Clone)]
 pub struct EtcdBackend {
+    /// One allocation for every clone: a held lock keeps a clone, and
+    /// cloning the clients themselves allocates.
+    inner: Arc<Store>,
+}
+
+/// An [`EtcdBackend`]'s clients and settings.
+struct Store {
     kv: KvClient,
     leases: LeaseClient,
     watches: WatchClient,
@@ -477,13 +492,13 @@ impl EtcdBackend {
     }
 
     fn queue_of(&self, key: &str) -> Vec<u8> {
-        queue_start(&self.prefix, key)
+        queue_start(&self.inner.prefix, key)
     }
 
     /// Runs `txn` (see [`timed`](Self::timed)).
     async fn txn(&self, txn: &Txn) -> Result<TxnResponse, BackendError> {
         self.timed(|| {
-            let (mut kv, txn) = (self.kv.clone(), txn.clone());
+            let (mut kv, txn) = (self.inner.kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await
@@ -495,7 +510,7 @@ impl EtcdBackend {
         F: Fn(LeaseClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.timed(|| call(self.leases.clone())).await
+        self.timed(|| call(self.inner.leases.clone())).await
     }
 
     /// Runs one call within the response timeout, again while no member
@@ -508,7 +523,7 @@ impl EtcdBackend {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.inner.timeout;
         let mut refused = None;
         loop {
             match tokio::time::timeout_at(deadline, call()).await {
@@ -520,7 +535,7 @@ impl EtcdBackend {
                 }
                 Ok(Err(err)) => return Err(etcd_error(err)),
                 Err(_) => {
-                    let timeout = self.timeout;
+                    let timeout = self.inner.timeout;
                     return Err(match refused {
                         Some(last) => format!("no answer from etcd within {timeout:?} ({last})"),
                         None => format!("no answer from etcd within {timeout:?}"),
@@ -580,11 +595,12 @@ impl EtcdBackend {
         loss: &LossSignal,
     ) -> EtcdLease {
         let key = entry.entry;
-        let opener = self.prefix.as_bytes();
-        let watch = self
-            .shared
-            .held
-            .hold(&self.watches, opener, &key, entry.created, loss);
+        let opener = self.inner.prefix.as_bytes();
+        let watch =
+            self.inner
+                .shared
+                .held
+                .hold(&self.inner.watches, opener, &key, entry.created, loss);
         EtcdLease {
             store: self.clone(),
             queue: entry.queue,
@@ -646,7 +662,7 @@ impl EtcdBackend {
         options: GetOptions,
     ) -> Result<etcd_client::GetResponse, BackendError> {
         self.timed(|| {
-            let (mut kv, options) = (self.kv.clone(), options.clone());
+            let (mut kv, options) = (self.inner.kv.clone(), options.clone());
             async move { kv.get(key.to_vec(), Some(options)).await }
         })
         .await
@@ -660,7 +676,7 @@ impl EtcdBackend {
         token: LockToken,
         entry: &mut Queued,
     ) -> Result<bool, BackendError> {
-        let poll = self.capabilities.waiter_queue.unwrap_or_default();
+        let poll = self.inner.capabilities.waiter_queue.unwrap_or_default();
         if entry.lease.fresh_at.elapsed() < poll / 2 {
             return Ok(true);
         }
@@ -672,13 +688,13 @@ impl EtcdBackend {
         {
             Ok(_) => {
                 entry.lease.fresh_at = sent_at;
-                if let Some(known) = self.shared.queued().get_mut(&token) {
+                if let Some(known) = self.inner.shared.queued().get_mut(&token) {
                     known.lease.fresh_at = sent_at;
                 }
                 Ok(true)
             }
             Err(err) if lease_gone(&err) => {
-                self.shared.queued().remove(&token);
+                self.inner.shared.queued().remove(&token);
                 Ok(false)
             }
             Err(err) => Err(err),
@@ -845,7 +861,7 @@ struct EtcdLease {
 
 impl Drop for EtcdLease {
     fn drop(&mut self) {
-        self.store.shared.held.forget(self.watch);
+        self.store.inner.shared.held.forget(self.watch);
     }
 }
 
@@ -897,7 +913,7 @@ impl EtcdLease {
             ])
             .or_else([TxnOp::txn(release)]);
         // Our own deletion is no loss.
-        store.shared.held.forget(self.watch);
+        store.inner.shared.held.forget(self.watch);
         let sent_at = Instant::now();
         let id = self.lease.id;
         let (alive, answer) = tokio::join!(
@@ -913,7 +929,10 @@ impl EtcdLease {
             if !released {
                 return Ok(HandOver::Lost);
             }
-            store.shared.give_back(self.secs, self.lease, &self.queue);
+            store
+                .inner
+                .shared
+                .give_back(self.secs, self.lease, &self.queue);
             return Ok(HandOver::Released);
         }
         // The new entry is on our lease, renewed with the move; if the
@@ -949,13 +968,13 @@ impl Lease for EtcdLease {
             let store = self.store.clone();
             let token = self.token.to_string();
             // Our own deletion (or move) is no loss.
-            store.shared.held.forget(self.watch);
+            store.inner.shared.held.forget(self.watch);
             let then = if linger.is_zero() {
                 TxnOp::delete(self.key.clone(), None)
             } else {
                 // What is left moves to a lease of its own, which expires;
                 // at least the cluster's minimum, which it would grant anyway.
-                let min = whole_seconds(store.capabilities.min_ttl);
+                let min = whole_seconds(store.inner.capabilities.min_ttl);
                 let keep = store.grant(whole_seconds(linger).max(min)).await?;
                 let options = PutOptions::new().with_lease(keep.id);
                 TxnOp::put(self.key.clone(), token.clone(), Some(options))
@@ -965,7 +984,10 @@ impl Lease for EtcdLease {
             // A lingering entry keeps its name, which is our lease's: that
             // lease is not used again while the entry may live.
             if answer.succeeded() && linger.is_zero() {
-                store.shared.give_back(self.secs, self.lease, &self.queue);
+                store
+                    .inner
+                    .shared
+                    .give_back(self.secs, self.lease, &self.queue);
             }
             Ok(answer.succeeded())
         })
@@ -990,7 +1012,7 @@ impl fmt::Debug for EtcdLease {
 
 impl Backend for EtcdBackend {
     fn capabilities(&self) -> &Capabilities {
-        &self.capabilities
+        &self.inner.capabilities
     }
 
     fn acquire<'a>(
@@ -1000,13 +1022,13 @@ impl Backend for EtcdBackend {
         Box::pin(async move {
             let queue = self.queue_of(request.key);
             let secs = whole_seconds(request.ttl);
-            let known = self.shared.queued().get(&request.token).cloned();
+            let known = self.inner.shared.queued().get(&request.token).cloned();
             if let Some(mut entry) = known.filter(|e| e.queue == queue && e.secs == secs) {
                 let place = entry.place;
                 match place {
                     // Told by the waiter's watch: no round trip.
                     Place::Head if entry.lease.fresh_at.elapsed() < request.ttl / 2 => {
-                        self.shared.queued().remove(&request.token);
+                        self.inner.shared.queued().remove(&request.token);
                         let lease = self.granted(entry, request.token, true, request.loss);
                         return Ok(Acquire::Acquired {
                             fencing: lease.created.max(0).unsigned_abs(),
@@ -1030,7 +1052,7 @@ impl Backend for EtcdBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let queue = self.queue_of(key);
-            let waiting = self.shared.queued().remove(&token);
+            let waiting = self.inner.shared.queued().remove(&token);
             let entries = match &waiting {
                 Some(waiting) => vec![waiting.entry.clone()],
                 // Not known here (an attempt whose answer was lost): look
@@ -1051,7 +1073,9 @@ impl Backend for EtcdBackend {
                 let first = gets(&answer).into_iter().next().flatten();
                 held |= first.is_some_and(|first| first.key() == entry.as_slice());
                 if let Some(waiting) = &waiting {
-                    self.shared.give_back(waiting.secs, waiting.lease, &queue);
+                    self.inner
+                        .shared
+                        .give_back(waiting.secs, waiting.lease, &queue);
                 }
             }
             Ok(held)
@@ -1068,12 +1092,12 @@ impl Backend for EtcdBackend {
             // The first placement (a listing, and the watch from it), so
             // no deletion after this returns is missed, and the attempt
             // that follows needs no round trip.
-            match tokio::time::timeout(self.timeout, first).await {
+            match tokio::time::timeout(self.inner.timeout, first).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(err))) => return Err(err),
                 Ok(Err(_)) => return Err("the etcd watch ended at once".into()),
                 Err(_) => {
-                    let timeout = self.timeout;
+                    let timeout = self.inner.timeout;
                     return Err(format!("no answer from etcd within {timeout:?}").into());
                 }
             }
@@ -1144,7 +1168,7 @@ impl EtcdBackend {
         let token = request.token.to_string();
         let first = TxnOp::get(queue.clone(), Some(first_of(&queue)));
         // A waiter asks again with the entry it has.
-        let known = self.shared.queued().get(&request.token).cloned();
+        let known = self.inner.shared.queued().get(&request.token).cloned();
         let mut known = known.filter(|known| known.queue == queue);
         // A prepared lease (or a waiter's) may have expired meanwhile: then
         // once more with a new one.
@@ -1154,7 +1178,7 @@ impl EtcdBackend {
             let (spare, entry) = match &known {
                 Some(known) => (known.lease, known.entry.clone()),
                 None => {
-                    let spare = match self.shared.take(secs, &queue) {
+                    let spare = match self.inner.shared.take(secs, &queue) {
                         Some(spare) => spare,
                         None => self.grant(secs).await?,
                     };
@@ -1184,7 +1208,7 @@ impl EtcdBackend {
             match self.txn(&txn).await {
                 Err(err) if tries < 2 && lease_gone(&err) => {
                     if known.take().is_some() {
-                        self.shared.queued().remove(&request.token);
+                        self.inner.shared.queued().remove(&request.token);
                     }
                 }
                 answer => break (spare, entry, answer?),
@@ -1220,11 +1244,11 @@ impl EtcdBackend {
                             .when([owned(&ours.entry, &token)])
                             .and_then([TxnOp::delete(ours.entry.clone(), None)]);
                         self.txn(&drop_new).await?;
-                        self.shared.give_back(secs, spare, &ours.queue);
+                        self.inner.shared.give_back(secs, spare, &ours.queue);
                         return self.resume(&request, ours.queue, &holder, secs).await;
                     }
                     // Queued behind the holder (wait mode).
-                    self.shared.queued().insert(request.token, ours);
+                    self.inner.shared.queued().insert(request.token, ours);
                     Ok(Acquire::Held { remaining: None })
                 }
                 _ => {
@@ -1237,7 +1261,7 @@ impl EtcdBackend {
             }
         } else {
             if known.is_none() {
-                self.shared.give_back(secs, spare, &queue);
+                self.inner.shared.give_back(secs, spare, &queue);
             }
             let Some(holder) = holder else {
                 // Emptied between the compare and the read cannot happen in
@@ -1268,7 +1292,10 @@ impl EtcdBackend {
                 secs,
                 place: known.map_or(Place::Unknown, |known| known.place),
             };
-            self.shared.queued().insert(request.token, ours.clone());
+            self.inner
+                .shared
+                .queued()
+                .insert(request.token, ours.clone());
             if !self.keep_queued(request.token, &mut ours).await? {
                 // Its lease ended: queue again.
                 return Box::pin(self.attempt(request, ours.queue, secs)).await;
@@ -1287,7 +1314,7 @@ impl EtcdBackend {
         holder: &KeyValue,
         secs: i64,
     ) -> Result<Acquire, BackendError> {
-        self.shared.queued().remove(&request.token);
+        self.inner.shared.queued().remove(&request.token);
         let ours = Queued {
             queue,
             entry: holder.key().to_vec(),
@@ -1327,10 +1354,14 @@ async fn follow(
     placed: tokio::sync::oneshot::Sender<Result<(), BackendError>>,
 ) {
     let mut placed = Some(placed);
-    let mut subscription = store.shared.queues.subscribe(&store.watches, &queue);
+    let mut subscription = store
+        .inner
+        .shared
+        .queues
+        .subscribe(&store.inner.watches, &queue);
     loop {
         let listed = async {
-            let timeout = store.timeout;
+            let timeout = store.inner.timeout;
             tokio::time::timeout(timeout, subscription.opened())
                 .await
                 .map_err(|_| format!("no answer from etcd within {timeout:?}"))?;
@@ -1351,6 +1382,7 @@ async fn follow(
         };
         // Ours: the earliest of our entries still there.
         let ours: HashMap<Vec<u8>, i64> = store
+            .inner
             .shared
             .queued()
             .iter()
@@ -1372,10 +1404,10 @@ async fn follow(
         };
         match &mine {
             Some((_, created)) if ahead.is_empty() => {
-                store.shared.place(&queue, *created, Place::Head);
+                store.inner.shared.place(&queue, *created, Place::Head);
             }
-            Some((_, created)) => store.shared.place(&queue, *created, Place::Behind),
-            None => store.shared.place(&queue, 0, Place::Unknown),
+            Some((_, created)) => store.inner.shared.place(&queue, *created, Place::Behind),
+            None => store.inner.shared.place(&queue, 0, Place::Unknown),
         }
         match placed.take() {
             Some(placed) => {
@@ -1395,7 +1427,11 @@ async fn follow(
                 Ok(Deletion::Deleted { .. }) => continue,
                 Ok(Deletion::Reset) | Err(broadcast::error::RecvError::Lagged(_)) => break,
                 Err(broadcast::error::RecvError::Closed) => {
-                    subscription = store.shared.queues.subscribe(&store.watches, &queue);
+                    subscription = store
+                        .inner
+                        .shared
+                        .queues
+                        .subscribe(&store.inner.watches, &queue);
                     break;
                 }
             };
@@ -1409,13 +1445,13 @@ async fn follow(
                 Some((ours, _)) if *ours == deleted => {
                     // Ours is gone (its lease ended, or it was deleted):
                     // the waiter queues again.
-                    store.shared.place(&queue, 0, Place::Unknown);
+                    store.inner.shared.place(&queue, 0, Place::Unknown);
                     tx.send_replace(());
                     break;
                 }
                 Some((_, created)) => {
                     if ahead.remove(&deleted) && ahead.is_empty() {
-                        store.shared.place(&queue, *created, Place::Head);
+                        store.inner.shared.place(&queue, *created, Place::Head);
                         tx.send_replace(());
                     }
                 }
@@ -1439,9 +1475,9 @@ impl Drop for AbortOnDrop {
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.shown)
-            .field("prefix", &self.prefix)
-            .field("min_ttl", &self.capabilities.min_ttl)
+            .field("endpoints", &self.inner.shown)
+            .field("prefix", &self.inner.prefix)
+            .field("min_ttl", &self.inner.capabilities.min_ttl)
             .finish_non_exhaustive()
     }
 }
