@@ -497,8 +497,14 @@ impl EtcdBackend {
 
     /// Runs `txn` (see [`timed`](Self::timed)).
     async fn txn(&self, txn: &Txn) -> Result<TxnResponse, BackendError> {
+        self.txn_built(|| txn.clone()).await
+    }
+
+    /// Runs the transaction `build` makes, made again only for a retry
+    /// (the client takes it by value).
+    async fn txn_built(&self, build: impl Fn() -> Txn) -> Result<TxnResponse, BackendError> {
         self.timed(|| {
-            let (mut kv, txn) = (self.inner.kv.clone(), txn.clone());
+            let (mut kv, txn) = (self.inner.kv.clone(), build());
             async move { kv.txn(txn).await }
         })
         .await
@@ -969,18 +975,25 @@ impl Lease for EtcdLease {
             let token = self.token.to_string();
             // Our own deletion (or move) is no loss.
             store.inner.shared.held.forget(self.watch);
-            let then = if linger.is_zero() {
-                TxnOp::delete(self.key.clone(), None)
+            let keep = if linger.is_zero() {
+                None
             } else {
                 // What is left moves to a lease of its own, which expires;
                 // at least the cluster's minimum, which it would grant anyway.
                 let min = whole_seconds(store.inner.capabilities.min_ttl);
-                let keep = store.grant(whole_seconds(linger).max(min)).await?;
-                let options = PutOptions::new().with_lease(keep.id);
-                TxnOp::put(self.key.clone(), token.clone(), Some(options))
+                Some(store.grant(whole_seconds(linger).max(min)).await?)
             };
-            let txn = Txn::new().when([owned(&self.key, &token)]).and_then([then]);
-            let answer = store.txn(&txn).await?;
+            let build = || {
+                let then = match keep {
+                    None => TxnOp::delete(self.key.clone(), None),
+                    Some(keep) => {
+                        let options = PutOptions::new().with_lease(keep.id);
+                        TxnOp::put(self.key.clone(), token.clone(), Some(options))
+                    }
+                };
+                Txn::new().when([owned(&self.key, &token)]).and_then([then])
+            };
+            let answer = store.txn_built(build).await?;
             // A lingering entry keeps its name, which is our lease's: that
             // lease is not used again while the entry may live.
             if answer.succeeded() && linger.is_zero() {
@@ -1166,7 +1179,6 @@ impl EtcdBackend {
         secs: i64,
     ) -> Result<Acquire, BackendError> {
         let token = request.token.to_string();
-        let first = TxnOp::get(queue.clone(), Some(first_of(&queue)));
         // A waiter asks again with the entry it has.
         let known = self.inner.shared.queued().get(&request.token).cloned();
         let mut known = known.filter(|known| known.queue == queue);
@@ -1185,27 +1197,32 @@ impl EtcdBackend {
                     (spare, entry_for(&queue, spare.id, false))
                 }
             };
-            let on_lease = PutOptions::new().with_lease(spare.id);
-            let put = TxnOp::put(entry.clone(), token.clone(), Some(on_lease));
-            // Nobody holds or waits: ours, as cheaply as a plain lock.
-            let empty = Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
-                .with_range(queue_end(&queue));
-            let otherwise = if request.waits {
-                // Queue ours, or find it queued already.
-                TxnOp::txn(
-                    Txn::new()
-                        .when([Compare::create_revision(entry.clone(), CompareOp::Equal, 0)])
-                        .and_then([put.clone(), first.clone()])
-                        .or_else([TxnOp::get(entry.clone(), None), first.clone()]),
-                )
-            } else {
-                first.clone()
+            let build = || {
+                let put = || {
+                    let on_lease = PutOptions::new().with_lease(spare.id);
+                    TxnOp::put(entry.clone(), token.clone(), Some(on_lease))
+                };
+                let first = || TxnOp::get(queue.clone(), Some(first_of(&queue)));
+                // Nobody holds or waits: ours, as cheaply as a plain lock.
+                let empty = Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
+                    .with_range(queue_end(&queue));
+                let otherwise = if request.waits {
+                    // Queue ours, or find it queued already.
+                    TxnOp::txn(
+                        Txn::new()
+                            .when([Compare::create_revision(entry.clone(), CompareOp::Equal, 0)])
+                            .and_then([put(), first()])
+                            .or_else([TxnOp::get(entry.clone(), None), first()]),
+                    )
+                } else {
+                    first()
+                };
+                Txn::new()
+                    .when([empty])
+                    .and_then([put()])
+                    .or_else([otherwise])
             };
-            let txn = Txn::new()
-                .when([empty])
-                .and_then([put])
-                .or_else([otherwise]);
-            match self.txn(&txn).await {
+            match self.txn_built(build).await {
                 Err(err) if tries < 2 && lease_gone(&err) => {
                     if known.take().is_some() {
                         self.inner.shared.queued().remove(&request.token);
