@@ -14,10 +14,14 @@
 //!
 //! - **Acquire** is one transaction: `If` the key's range is empty `Then
 //!   Put(entry)`. Else, in skip mode, `Get(first entry)`: a skipping caller
-//!   never queues nor takes the lock from a queued waiter; in wait mode, a
-//!   nested `If` our entry does not exist `Then Put(entry), Get(first
-//!   entry) Else Get(entry), Get(first entry)`: ours heads the queue or
-//!   waits in it. The fencing
+//!   never queues nor takes the lock from a queued waiter; in wait mode,
+//!   `Put(entry), Get(entry), Get(first entry)`: ours heads the queue or
+//!   waits in it. A waiter that asks again with the entry it has sends,
+//!   as that `Else`, a nested `If` its entry does not exist `Then
+//!   Put(entry), Get(first entry) Else Get(entry), Get(first entry)`, so
+//!   an entry that is there is never written again. (A first attempt's
+//!   entry is named by a lease nobody else uses, so it cannot be there;
+//!   the flat form spares etcd the nested transaction.) The fencing
 //!   token is our entry's create revision: cluster-wide, and strictly
 //!   increasing from holder to holder (an entry created later is always
 //!   served later), kept by every member while a quorum lives.
@@ -1185,8 +1189,11 @@ impl EtcdBackend {
         // A prepared lease (or a waiter's) may have expired meanwhile: then
         // once more with a new one.
         let mut tries = 0;
-        let (spare, entry, answer) = loop {
+        let (spare, entry, answer, flat) = loop {
             tries += 1;
+            // A first attempt's entry, named by a lease nobody else uses,
+            // does not exist yet: it is put without looking.
+            let flat = request.waits && known.is_none();
             let (spare, entry) = match &known {
                 Some(known) => (known.lease, known.entry.clone()),
                 None => {
@@ -1206,6 +1213,15 @@ impl EtcdBackend {
                 // Nobody holds or waits: ours, as cheaply as a plain lock.
                 let empty = Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
                     .with_range(queue_end(&queue));
+                if flat {
+                    // Queue ours: put, then read it and the head (reads in
+                    // a transaction see its earlier writes).
+                    return Txn::new().when([empty]).and_then([put()]).or_else([
+                        put(),
+                        TxnOp::get(entry.clone(), None),
+                        first(),
+                    ]);
+                }
                 let otherwise = if request.waits {
                     // Queue ours, or find it queued already.
                     TxnOp::txn(
@@ -1228,7 +1244,7 @@ impl EtcdBackend {
                         self.inner.shared.queued().remove(&request.token);
                     }
                 }
-                answer => break (spare, entry, answer?),
+                answer => break (spare, entry, answer?, flat),
             }
         };
         // A waiter's answer is the nested transaction's, unless the queue
@@ -1239,14 +1255,24 @@ impl EtcdBackend {
         });
         let (put, read) = match &nested {
             Some(nested) => (nested.succeeded(), gets(nested)),
-            None => (answer.succeeded(), gets(&answer)),
+            None => (answer.succeeded() || flat, gets(&answer)),
         };
         let holder = read.last().cloned().flatten();
         if put {
+            // Our entry's create revision: the transaction's, unless read
+            // (a put that ran twice keeps the first one's).
+            let created = read
+                .iter()
+                .flatten()
+                .find(|kv| kv.key() == entry.as_slice())
+                .map_or_else(
+                    || i64::try_from(revision(&answer)).unwrap_or(i64::MAX),
+                    KeyValue::create_revision,
+                );
             let ours = Queued {
                 queue,
                 entry,
-                created: i64::try_from(revision(&answer)).unwrap_or(i64::MAX),
+                created,
                 lease: spare,
                 secs,
                 place: Place::Unknown,
