@@ -48,6 +48,10 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// How many interleaved rounds the stores' uncontended and distinct-key
+/// rows run.
+const ROUNDS: usize = 6;
+
 /// The grant timeout of the Redis store's fair mode in the bench.
 const FAIR_GRANT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -558,6 +562,10 @@ struct Measured {
     note: Option<String>,
     /// A hand-off's unit: the store's round trip, when not Redis's PING.
     round_trip: Option<Duration>,
+    /// For rows run in rounds, each contender right after the floor: the
+    /// median over the rounds of its throughput over the floor's in the
+    /// same round (both met the same state of the store's disk).
+    paired: Option<f64>,
 }
 
 impl Measured {
@@ -619,6 +627,7 @@ async fn run_tasks(
         waits,
         note: None,
         round_trip: None,
+        paired: None,
     })
 }
 
@@ -845,6 +854,7 @@ fn run_processes(scenario: &str, name: &str, url: &str, ops: u64) -> Result<Meas
         waits,
         note: None,
         round_trip: None,
+        paired: None,
     })
 }
 
@@ -1100,6 +1110,7 @@ fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Mea
         waits: handoffs,
         note: Some(format!("{count} hand-offs")),
         round_trip: None,
+        paired: None,
     })
 }
 
@@ -1196,6 +1207,7 @@ async fn run_growth(lib: &Lib, name: &str, keys: u64) -> Result<Measured, Error>
             after as f64 / 1e6
         )),
         round_trip: None,
+        paired: None,
     })
 }
 
@@ -1379,7 +1391,7 @@ const ZOOKEEPER: StoreRows = StoreRows {
 };
 
 /// One store's four rows, the library beside the store's floor on one
-/// server at `url`: uncontended, distinct keys (interleaved, best of four),
+/// server at `url`: uncontended, distinct keys (interleaved, best of six),
 /// one hot key across processes, hand-off. Also returns the store's round
 /// trip, the unit of the hand-off row.
 async fn store_rows(
@@ -1414,19 +1426,23 @@ async fn store_rows(
             store.distinct_ops / scale,
         ),
     ] {
-        // A store's disk makes single runs noisy: four interleaved rounds
-        // of each, keeping each contender's best. The order alternates
+        // A store's disk makes single runs noisy: six interleaved rounds
+        // of each, keeping each contender's best, and beside it the median
+        // of its ratios to the floor round by round. The order alternates
         // between rounds, so a server that slows down (or warms up) over
         // the run favours no contender.
         let mut best: HashMap<&str, Measured> = HashMap::new();
-        for round in 0..4 {
+        let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
+        for round in 0..ROUNDS {
             let mut order: Vec<&(&str, Lib)> = contenders.iter().collect();
             if round % 2 == 1 {
                 order.reverse();
             }
+            let mut this_round = HashMap::new();
             for (lib_name, lib) in order {
                 let lib_name = *lib_name;
                 let m = run_tasks(lib, &scenario, lib_name, tasks, ops, false).await?;
+                this_round.insert(lib_name, m.throughput());
                 if best
                     .get(lib_name)
                     .is_none_or(|b| m.throughput() > b.throughput())
@@ -1434,9 +1450,18 @@ async fn store_rows(
                     best.insert(lib_name, m);
                 }
             }
+            let floor = this_round.get("floor").copied().unwrap_or(0.0);
+            for (lib_name, rate) in this_round {
+                if floor > 0.0 {
+                    ratios.entry(lib_name).or_default().push(rate / floor);
+                }
+            }
         }
         for (lib_name, _) in &contenders {
-            rows.extend(best.remove(lib_name));
+            if let Some(mut m) = best.remove(lib_name) {
+                m.paired = ratios.remove(lib_name).map(median);
+                rows.push(m);
+            }
         }
     }
     let mut workers = vec![("floor", store.floor), ("lock-runtime", store.ours)];
@@ -1467,6 +1492,17 @@ async fn store_rows(
         rows.push(m);
     }
     Ok((rows, round_trip))
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// The median round trip of the store a floor talks to: `SELECT 1` on
@@ -1510,7 +1546,10 @@ fn row_line(m: &Measured) -> String {
         fmt_d(m.pct(50.0)),
         fmt_d(m.pct(99.0)),
         fmt_d(m.waits.last().copied().unwrap_or_default()),
-        m.note.clone().unwrap_or_default()
+        match m.paired.filter(|_| m.lib != "floor") {
+            Some(paired) => format!("paired {paired:.2}x"),
+            None => m.note.clone().unwrap_or_default(),
+        }
     )
 }
 
@@ -1836,8 +1875,12 @@ async fn main() -> Result<(), Error> {
             }
             Some(note) => (note.clone(), String::new()),
             None => {
-                let ratio = floor_of(&m.scenario)
-                    .map_or(String::new(), |f| format!("{:.2}x", m.throughput() / f));
+                let ratio = floor_of(&m.scenario).map_or(String::new(), |f| {
+                    match m.paired.filter(|_| m.lib != "floor") {
+                        Some(paired) => format!("{:.2}x (paired {paired:.2}x)", m.throughput() / f),
+                        None => format!("{:.2}x", m.throughput() / f),
+                    }
+                });
                 (format!("{:.0}", m.throughput()), ratio)
             }
         };
@@ -1868,7 +1911,8 @@ async fn main() -> Result<(), Error> {
         report,
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
          Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
-         interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 four times. \"vs floor\" is throughput over the floor's in the same \
+         interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 six times, keeping each contender's best, \
+         and \"paired\" is the median over those six rounds of its throughput over the floor's in the same round. \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
