@@ -267,7 +267,6 @@ impl EtcdBackendBuilder {
                 queued: Mutex::default(),
                 queues: Arc::default(),
             }),
-            capabilities: capabilities(Duration::from_secs(1)),
             prefix: self.prefix,
             timeout: self.response_timeout,
             shown,
@@ -276,6 +275,7 @@ impl EtcdBackendBuilder {
         // an unreachable cluster shows here.
         let mut store = EtcdBackend {
             inner: Arc::new(store),
+            capabilities: capabilities(Duration::from_secs(1)),
         };
         let min_ttl = store.min_ttl().await.map_err(|err| {
             format!(
@@ -283,10 +283,7 @@ impl EtcdBackendBuilder {
                 store.inner.shown
             )
         })?;
-        // Not shared yet: nothing has cloned it.
-        if let Some(unshared) = Arc::get_mut(&mut store.inner) {
-            unshared.capabilities = capabilities(min_ttl);
-        }
+        store.capabilities = capabilities(min_ttl);
         Ok(store)
     }
 }
@@ -359,6 +356,7 @@ pub struct EtcdBackend {
     /// One allocation for every clone: a held lock keeps a clone, and
     /// cloning the clients themselves allocates.
     inner: Arc<Store>,
+    capabilities: Capabilities,
 }
 
 /// An [`EtcdBackend`]'s clients and settings.
@@ -367,7 +365,6 @@ struct Store {
     leases: LeaseClient,
     watches: WatchClient,
     shared: Arc<Shared>,
-    capabilities: Capabilities,
     prefix: String,
     timeout: Duration,
     shown: String,
@@ -686,7 +683,7 @@ impl EtcdBackend {
         token: LockToken,
         entry: &mut Queued,
     ) -> Result<bool, BackendError> {
-        let poll = self.inner.capabilities.waiter_queue.unwrap_or_default();
+        let poll = self.capabilities.waiter_queue.unwrap_or_default();
         if entry.lease.fresh_at.elapsed() < poll / 2 {
             return Ok(true);
         }
@@ -984,7 +981,7 @@ impl Lease for EtcdLease {
             } else {
                 // What is left moves to a lease of its own, which expires;
                 // at least the cluster's minimum, which it would grant anyway.
-                let min = whole_seconds(store.inner.capabilities.min_ttl);
+                let min = whole_seconds(store.capabilities.min_ttl);
                 Some(store.grant(whole_seconds(linger).max(min)).await?)
             };
             let build = || {
@@ -1029,7 +1026,7 @@ impl fmt::Debug for EtcdLease {
 
 impl Backend for EtcdBackend {
     fn capabilities(&self) -> &Capabilities {
-        &self.inner.capabilities
+        &self.capabilities
     }
 
     fn acquire<'a>(
@@ -1520,7 +1517,7 @@ impl fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.inner.shown)
             .field("prefix", &self.inner.prefix)
-            .field("min_ttl", &self.inner.capabilities.min_ttl)
+            .field("min_ttl", &self.capabilities.min_ttl)
             .finish_non_exhaustive()
     }
 }
