@@ -1114,23 +1114,30 @@ fn run_handoff(scenario: &str, name: &str, url: &str, rounds: u64) -> Result<Mea
     })
 }
 
-/// This process's CPU time so far (user and system), from /proc (10 ms
-/// ticks: meaningful over runs of a second or more).
+/// A process's parent and CPU time (user and system) in 10 ms ticks, from
+/// `/proc/{pid}/stat`: the fields after the command's closing parenthesis,
+/// of which the parent is the 2nd and utime and stime the 12th and 13th.
+fn proc_stat(pid: &str) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((fields.get(1)?.parse().ok()?, ticks))
+}
+
 /// The CPU time (user and system) of every process started under this one
 /// (the store's servers), read from `/proc`.
 fn servers_cpu_time() -> Duration {
-    let stat_of = |pid: &str| -> Option<(u32, u32, u64)> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        Some((pid.parse().ok()?, fields.get(1)?.parse().ok()?, ticks))
-    };
     let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|entry| stat_of(entry.file_name().to_str()?))
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let pid = name.to_str()?;
+            let (ppid, ticks) = proc_stat(pid)?;
+            Some((pid.parse().ok()?, ppid, ticks))
+        })
         .collect();
     let mut ours = vec![std::process::id()];
     let mut ticks = 0;
@@ -1145,17 +1152,10 @@ fn servers_cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// This process's CPU time so far (user and system), from /proc (10 ms
+/// ticks: meaningful over runs of a second or more).
 fn cpu_time() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            // The fields after the command's closing parenthesis; utime and
-            // stime are the 12th and 13th of them.
-            let after = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = after.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0);
+    let ticks = proc_stat("self").map_or(0, |(_, ticks)| ticks);
     Duration::from_millis(ticks * 10)
 }
 

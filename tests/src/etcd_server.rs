@@ -152,6 +152,28 @@ pub fn etcd_lock_range(key: &str) -> String {
     format!("locks/{key}\0")
 }
 
+/// The entries of `key`'s lock (see [`etcd_lock_range`]), oldest first:
+/// its holder's, then its waiters' in queue order.
+pub async fn etcd_lock_entries(
+    client: &mut etcd_client::Client,
+    key: &str,
+) -> Vec<etcd_client::KeyValue> {
+    let oldest_first = etcd_client::GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let got = client.get(etcd_lock_range(key), Some(oldest_first)).await;
+    got.expect("read a lock's entries").kvs().to_vec()
+}
+
+/// Deletes every entry of `key`'s lock behind the store's back; returns
+/// how many there were.
+pub async fn etcd_delete_lock(client: &mut etcd_client::Client, key: &str) -> i64 {
+    let prefixed = etcd_client::DeleteOptions::new().with_prefix();
+    let deleted = client.delete(etcd_lock_range(key), Some(prefixed)).await;
+    deleted.expect("delete a lock's entries").deleted()
+}
+
 impl EtcdCluster {
     /// One member.
     pub fn single() -> EtcdCluster {

@@ -15,7 +15,9 @@ mod server_process;
 mod worker;
 mod zookeeper_server;
 
-pub use etcd_server::{EtcdCerts, EtcdCluster, etcd_lock_range};
+pub use etcd_server::{
+    EtcdCerts, EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range,
+};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
 pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};

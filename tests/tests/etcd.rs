@@ -64,20 +64,14 @@ async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    let range = lock_tests::etcd_lock_range(&key);
-    let prefixed = || Some(etcd_client::GetOptions::new().with_prefix());
-    let entry = client.get(range.as_str(), prefixed()).await.unwrap();
-    let lease = entry.kvs()[0].lease();
+    let lease = lock_tests::etcd_lock_entries(&mut client, &key).await[0].lease();
     let left = client.lease_time_to_live(lease, None).await.unwrap();
     assert_eq!(left.granted_ttl(), 3);
     assert!(left.ttl() <= 3 && left.ttl() >= 2, "{}", left.ttl());
     guard.release().await.unwrap();
     assert!(
-        client
-            .get(range.as_str(), prefixed())
+        lock_tests::etcd_lock_entries(&mut client, &key)
             .await
-            .unwrap()
-            .kvs()
             .is_empty()
     );
 }
@@ -126,15 +120,8 @@ async fn queued(cluster: &EtcdCluster, key: &str) -> Vec<String> {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    let prefixed = etcd_client::GetOptions::new().with_prefix().with_sort(
-        etcd_client::SortTarget::Create,
-        etcd_client::SortOrder::Ascend,
-    );
-    let got = client
-        .get(lock_tests::etcd_lock_range(key), Some(prefixed))
+    lock_tests::etcd_lock_entries(&mut client, key)
         .await
-        .unwrap();
-    got.kvs()
         .iter()
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
         .collect()
@@ -351,15 +338,10 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
 /// Undoes a held lock behind its holder's back: deletes its key, or
 /// revokes the lease the key is attached to.
 async fn undo(admin: &mut etcd_client::Client, key: &str, how: &str) {
-    let full = lock_tests::etcd_lock_range(key);
     if how == "delete" {
-        let prefixed = Some(etcd_client::DeleteOptions::new().with_prefix());
-        let deleted = admin.delete(full.as_str(), prefixed).await.unwrap();
-        assert_eq!(deleted.deleted(), 1);
+        assert_eq!(lock_tests::etcd_delete_lock(admin, key).await, 1);
     } else {
-        let prefixed = Some(etcd_client::GetOptions::new().with_prefix());
-        let entry = admin.get(full.as_str(), prefixed).await.unwrap();
-        let lease = entry.kvs()[0].lease();
+        let lease = lock_tests::etcd_lock_entries(admin, key).await[0].lease();
         admin.lease_revoke(lease).await.unwrap();
     }
 }

@@ -25,15 +25,8 @@ async fn cancellation_and_panic_release_at_once(client: &mut etcd_client::Client
         async move { enter_then(&key, entered_tx, panic).await }
     });
     entered_rx.await.unwrap();
-    let full = lock_tests::etcd_lock_range(&key);
-    let held = client
-        .get(
-            full.as_str(),
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(held.kvs().len(), 1, "the key is held while the body runs");
+    let held = lock_tests::etcd_lock_entries(client, &key).await;
+    assert_eq!(held.len(), 1, "the key is held while the body runs");
     let ended_at = Instant::now();
     if panic {
         assert!(call.await.unwrap_err().is_panic());
@@ -42,14 +35,7 @@ async fn cancellation_and_panic_release_at_once(client: &mut etcd_client::Client
         assert!(call.await.unwrap_err().is_cancelled());
     }
     loop {
-        let entry = client
-            .get(
-                full.as_str(),
-                Some(etcd_client::GetOptions::new().with_prefix()),
-            )
-            .await
-            .unwrap();
-        if entry.kvs().is_empty() {
+        if lock_tests::etcd_lock_entries(client, &key).await.is_empty() {
             break;
         }
         assert!(

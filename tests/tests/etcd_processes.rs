@@ -83,23 +83,14 @@ fn undone_under_a_running_body(undo: &str) {
             let runtime = tokio::runtime::Runtime::new().unwrap();
             runtime.block_on(async {
                 let mut client = servers.client().await;
-                let full = lock_tests::etcd_lock_range(key);
                 match undo {
                     "deleted" => {
-                        let deleted = client
-                            .delete(full, Some(etcd_client::DeleteOptions::new().with_prefix()))
-                            .await
-                            .unwrap();
-                        assert_eq!(deleted.deleted(), 1);
+                        assert_eq!(lock_tests::etcd_delete_lock(&mut client, key).await, 1);
                     }
                     _ => {
-                        let kv = client
-                            .get(full, Some(etcd_client::GetOptions::new().with_prefix()))
-                            .await
-                            .unwrap()
-                            .kvs()[0]
-                            .clone();
-                        client.lease_revoke(kv.lease()).await.unwrap();
+                        let lease =
+                            lock_tests::etcd_lock_entries(&mut client, key).await[0].lease();
+                        client.lease_revoke(lease).await.unwrap();
                     }
                 }
             });

@@ -1036,26 +1036,28 @@ impl Backend for EtcdBackend {
         Box::pin(async move {
             let queue = self.queue_of(request.key);
             let secs = whole_seconds(request.ttl);
-            let known = self.inner.shared.queued().get(&request.token).cloned();
-            if let Some(mut entry) = known.filter(|e| e.queue == queue && e.secs == secs) {
-                let place = entry.place;
-                match place {
-                    // Told by the waiter's watch: no round trip.
-                    Place::Head if entry.lease.fresh_at.elapsed() < request.ttl / 2 => {
-                        self.inner.shared.queued().remove(&request.token);
-                        let lease = self.granted(entry, request.token, true, request.loss);
-                        return Ok(Acquire::Acquired {
-                            fencing: lease.created.max(0).unsigned_abs(),
-                            lease: Box::new(lease),
-                        });
-                    }
-                    Place::Behind if self.keep_queued(request.token, &mut entry).await? => {
-                        return Ok(Acquire::Held { remaining: None });
-                    }
-                    _ => {}
-                }
+            // A waiter asks again with the entry it has.
+            let mut known = self.inner.shared.queued().get(&request.token).cloned();
+            known = known.filter(|e| e.queue == queue);
+            let placed = |e: &Queued, place| e.secs == secs && e.place == place;
+            let fresh = |e: &Queued| e.lease.fresh_at.elapsed() < request.ttl / 2;
+            // Told by the waiter's watch: no round trip.
+            if let Some(entry) = known.take_if(|e| placed(e, Place::Head) && fresh(e)) {
+                self.inner.shared.queued().remove(&request.token);
+                let lease = self.granted(entry, request.token, true, request.loss);
+                return Ok(Acquire::Acquired {
+                    fencing: lease.created.max(0).unsigned_abs(),
+                    lease: Box::new(lease),
+                });
             }
-            self.attempt(request, queue, secs).await
+            if let Some(entry) = known.as_mut().filter(|e| placed(e, Place::Behind)) {
+                if self.keep_queued(request.token, entry).await? {
+                    return Ok(Acquire::Held { remaining: None });
+                }
+                // Its lease ended (and it is forgotten): queue again.
+                known = None;
+            }
+            self.attempt(request, queue, secs, known).await
         })
     }
 
@@ -1173,16 +1175,15 @@ impl Backend for EtcdBackend {
 
 impl EtcdBackend {
     /// An attempt by transaction (see the module's documentation).
+    /// `known` is the entry a waiter asks again with, if any, in `queue`.
     async fn attempt(
         &self,
         request: AcquireRequest<'_>,
         queue: Vec<u8>,
         secs: i64,
+        mut known: Option<Queued>,
     ) -> Result<Acquire, BackendError> {
         let token = request.token.to_string();
-        // A waiter asks again with the entry it has.
-        let known = self.inner.shared.queued().get(&request.token).cloned();
-        let mut known = known.filter(|known| known.queue == queue);
         // A prepared lease (or a waiter's) may have expired meanwhile: then
         // once more with a new one.
         let mut tries = 0;
@@ -1338,7 +1339,7 @@ impl EtcdBackend {
                 .insert(request.token, ours.clone());
             if !self.keep_queued(request.token, &mut ours).await? {
                 // Its lease ended: queue again.
-                return Box::pin(self.attempt(request, ours.queue, secs)).await;
+                return Box::pin(self.attempt(request, ours.queue, secs, None)).await;
             }
             Ok(Acquire::Held { remaining: None })
         }
