@@ -31,7 +31,8 @@ async fn handoff(
     waiter: &LockRegistry,
     key: &str,
 ) -> Duration {
-    let attempts = || server.statement_calls("INSERT INTO lock_leases");
+    // The acquire statement (it begins with the key's turn).
+    let attempts = || server.statement_calls("WITH acquiring AS");
     let held = holder.lock(key, LockOptions::default()).await.unwrap();
     let before = attempts();
     let waiting = tokio::spawn({
@@ -269,7 +270,8 @@ async fn every_waiter_is_notified_even_when_another_took_the_key_first() {
     );
     let key = unique_key("queue");
     let held = a.lock(&key, LockOptions::default()).await.unwrap();
-    let attempts = || server.statement_calls("INSERT INTO lock_leases");
+    // The acquire statement (it begins with the key's turn).
+    let attempts = || server.statement_calls("WITH acquiring AS");
     let before = attempts();
     // B and C wait; each subscribed and was refused twice.
     let waiters: Vec<_> = [b, c]
@@ -335,5 +337,103 @@ async fn tls_is_a_builder_option() {
     assert!(
         encrypted.parse::<u32>().unwrap() >= 2,
         "{encrypted} TLS sessions"
+    );
+}
+
+/// Sends `signal` to server process `pid` (a backend) with `kill`.
+fn signal_backend(pid: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// An acquire whose statement waits on the row (another transaction's
+/// insert of it, rolled back) and whose backend then runs late (frozen)
+/// still gets a fencing token below that of any acquire granted after it:
+/// tokens follow grant order. Without the key's turn, the late statement
+/// wrote the value it drew before waiting, after a second acquire had
+/// drawn a greater one, been granted and released.
+#[tokio::test]
+async fn fencing_follows_grant_order_when_a_waiting_statement_runs_late() {
+    let server = PostgresServer::new();
+    let (late, other) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("late");
+    // The table exists once a lock was taken.
+    lock_and_release(&late, &unique_key("warm")).await;
+    let (blocker, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .execute(
+            "INSERT INTO lock_leases (id, key, token, fencing, expires_at) \
+             VALUES (sha256($1), $1, 'blocker', 0, now() + interval '1 hour')",
+            &[&key.as_bytes()],
+        )
+        .await
+        .unwrap();
+    let blocker_pid: i32 = blocker
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let first = tokio::spawn({
+        let (late, key) = (late.clone(), key.clone());
+        async move {
+            let guard = late.lock(&key, LockOptions::default()).await.unwrap();
+            let granted = (Instant::now(), guard.fencing_token());
+            guard.release().await.unwrap();
+            granted
+        }
+    });
+    // The first acquire's statement waits on the blocker's row: freeze it.
+    let waiting = format!(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%lock_leases%' AND pid <> {blocker_pid}"
+    );
+    lock_tests::wait_until("the first acquire waits on the row", || {
+        !server.psql(&waiting).is_empty()
+    })
+    .await;
+    let late_pid = server.psql(&waiting);
+    signal_backend(&late_pid, "-STOP");
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    // A second acquire: granted at once (then released), or waiting for
+    // the key's turn, which the frozen statement holds.
+    let second = tokio::spawn({
+        let (other, key) = (other.clone(), key.clone());
+        async move {
+            let guard = other
+                .try_lock(&key, LockOptions::default())
+                .await
+                .unwrap()?;
+            let granted = (Instant::now(), guard.fencing_token());
+            guard.release().await.unwrap();
+            Some(granted)
+        }
+    });
+    let turns = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
+    lock_tests::wait_until("the second acquire ends or waits for its turn", || {
+        second.is_finished() || server.psql(turns) != "0"
+    })
+    .await;
+    signal_backend(&late_pid, "-CONT");
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the late acquire ends")
+        .unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second acquire ends")
+        .unwrap();
+    let mut grants: Vec<(Instant, u64)> = std::iter::once(first).chain(second).collect();
+    grants.sort();
+    let tokens: Vec<u64> = grants.iter().map(|(_, token)| *token).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens in grant order: {tokens:?}"
     );
 }

@@ -31,10 +31,14 @@
 //!
 //! - acquire inserts the row, or takes over an expired one, with the next
 //!   value of the sequence, and returns the fencing value: the statement of
-//!   a plain lock table, nothing more, so an uncontended lock costs what the
-//!   raw SQL costs. Refused, it asks a second statement for the holder's
-//!   remaining time (and marks the row when the caller waits): only a
-//!   contended attempt pays two round trips;
+//!   a plain lock table, plus a transaction-scoped advisory lock on the key
+//!   taken before the value is drawn. Without it, a statement that drew its
+//!   value and then waited on the row (a release in progress) could, if its
+//!   backend ran late, write that value after a later statement had drawn a
+//!   greater one, been granted and released: a fencing token going back
+//!   (a hand-over draws its value the same way). Refused, it asks a second
+//!   statement for the holder's remaining time (and marks the row when the
+//!   caller waits): only a contended attempt pays two round trips;
 //! - renew, release and hand-over are owner-checked by token; release
 //!   deletes the row and, if someone waits for it, sends `NOTIFY` in the
 //!   same statement; a release that must linger (`hold_at_least`) shortens
@@ -462,11 +466,19 @@ impl Table {
             // as the first run did (same fencing). The statement a plain
             // lock table needs and no more: the common path pays for
             // nothing else.
+            //
+            // The key's turn first ($5, see `turn`), then the fencing
+            // value: a statement that waits on the row (a release in
+            // progress) keeps its turn, so no later statement on the key
+            // takes a value, is granted and releases before this one
+            // writes its earlier value.
             acquire: client
                 .prepare(&format!(
-                    "INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
-                     VALUES ($1, $2, $3, nextval('{t}_fencing'),
-                             clock_timestamp() + $4::bigint * interval '1 millisecond')
+                    "WITH acquiring AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
+                     INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
+                     SELECT $1, $2, $3, nextval('{t}_fencing'),
+                            clock_timestamp() + $4::bigint * interval '1 millisecond'
+                     FROM acquiring
                      ON CONFLICT (id) DO UPDATE
                          SET token = excluded.token,
                              fencing = CASE WHEN l.token = excluded.token
@@ -518,11 +530,14 @@ impl Table {
                      RETURNING (CASE WHEN waiting THEN pg_notify($3, encode(id, 'hex')) END) IS NULL"
                 ))
                 .await?,
-            // $1 id, $2 token, $3 next token, $4 ttl ms.
+            // $1 id, $2 token, $3 next token, $4 ttl ms, $5 the key's turn
+            // (as in `acquire`).
             hand_over: client
                 .prepare(&format!(
-                    "UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
+                    "WITH handing_over AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
+                     UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
                          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+                     FROM handing_over
                      WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
                      RETURNING fencing"
                 ))
@@ -555,6 +570,17 @@ pub(super) fn pg_error(err: tokio_postgres::Error) -> BackendError {
 }
 
 /// The row id of `key`: its SHA-256.
+/// The advisory lock a key's fencing values are drawn under (with the
+/// table's name): the first four bytes of its row id. Keys that share them
+/// only take turns.
+fn turn(id: &[u8]) -> i32 {
+    let mut first = [0u8; 4];
+    for (to, from) in first.iter_mut().zip(id) {
+        *to = *from;
+    }
+    i32::from_be_bytes(first)
+}
+
 fn row_id(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()
 }
@@ -597,7 +623,7 @@ impl Lease for PostgresLease {
                 .query_opt(
                     &self.id,
                     |s| &s.hand_over,
-                    &[&self.id, &token, &next_text, &ttl],
+                    &[&self.id, &token, &next_text, &ttl, &turn(&self.id)],
                 )
                 .await?;
             let fencing: Option<i64> = row.map(|row| row.get(0));
@@ -633,7 +659,7 @@ impl Backend for PostgresBackend {
             for _ in 0..REFUSALS_RETRIED {
                 let granted = self
                     .shared
-                    .query_opt(&id, |s| &s.acquire, &[&id, &key, &token, &ttl])
+                    .query_opt(&id, |s| &s.acquire, &[&id, &key, &token, &ttl, &turn(&id)])
                     .await?;
                 if let Some(row) = granted {
                     let fencing: i64 = row.get(0);
