@@ -39,12 +39,24 @@ struct Server {
     child: Option<Child>,
 }
 
+/// The JVM the tests run servers on: quick to start (the first compiler
+/// tier only, a small heap), which is what a test suite starting dozens of
+/// servers needs and not how a server is deployed.
+const TEST_JVM: &str = "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1";
+
+/// The JVM as ZooKeeper's own scripts deploy a server: both compiler tiers,
+/// the default collector and ZooKeeper's default heap (`zkEnv.sh`'s
+/// `ZK_SERVER_HEAP` of 1000 MB). For measurements.
+const DEPLOYED_JVM: &str = "-Xmx1000m";
+
 /// A ZooKeeper ensemble of one or more servers on `127.0.0.1`, with a
 /// 200 ms tick (sessions of 400 ms to 60 s). Every server is killed
 /// (SIGKILL) and its directory removed on drop.
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     servers: Vec<Server>,
+    /// `JVMFLAGS` for every server.
+    jvm: &'static str,
 }
 
 impl ZooKeeperEnsemble {
@@ -53,12 +65,23 @@ impl ZooKeeperEnsemble {
         ZooKeeperEnsemble::spawn(1)
     }
 
+    /// One server, standalone, on the JVM as ZooKeeper deploys it rather
+    /// than the tests' quick-starting one: slower to start and to warm up,
+    /// for the benchmark.
+    pub fn single_deployed() -> ZooKeeperEnsemble {
+        ZooKeeperEnsemble::start_all(1, DEPLOYED_JVM)
+    }
+
     /// `n` servers, started together; returns once every one serves (a
     /// leader is elected).
     pub fn spawn(n: usize) -> ZooKeeperEnsemble {
+        ZooKeeperEnsemble::start_all(n, TEST_JVM)
+    }
+
+    fn start_all(n: usize, jvm: &'static str) -> ZooKeeperEnsemble {
         let mut last_log = String::new();
         for _ in 0..3 {
-            let mut ensemble = ZooKeeperEnsemble::planned(n);
+            let mut ensemble = ZooKeeperEnsemble::planned(n, jvm);
             for i in 0..n {
                 ensemble.start(i);
             }
@@ -73,7 +96,7 @@ impl ZooKeeperEnsemble {
         panic!("ZooKeeper did not start in 3 attempts; last logs:\n{last_log}");
     }
 
-    fn planned(n: usize) -> ZooKeeperEnsemble {
+    fn planned(n: usize, jvm: &'static str) -> ZooKeeperEnsemble {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let servers: Vec<Server> = (0..n)
             .map(|_| {
@@ -92,7 +115,7 @@ impl ZooKeeperEnsemble {
                 }
             })
             .collect();
-        let ensemble = ZooKeeperEnsemble { servers };
+        let ensemble = ZooKeeperEnsemble { servers, jvm };
         for i in 0..n {
             ensemble.configure(i);
         }
@@ -133,10 +156,7 @@ impl ZooKeeperEnsemble {
         let child = Command::new(script())
             .arg("start-foreground")
             .arg(server.dir.join("zoo.cfg"))
-            .env(
-                "JVMFLAGS",
-                "-Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-            )
+            .env("JVMFLAGS", self.jvm)
             .env("ZOO_LOG_DIR", &server.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
