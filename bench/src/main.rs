@@ -159,7 +159,7 @@ impl ZkFloor {
         let container =
             zookeeper_client::CreateMode::Container.with_acls(zookeeper_client::Acls::anyone_all());
         loop {
-            let prefix = format!("{dir}/{}n-", std::env::var("ZK_PAD").unwrap_or_default());
+            let prefix = format!("{dir}/n-");
             if self.multi {
                 let mut multi = self.client.new_multi_writer();
                 multi.add_create(&prefix, &[], &sequential)?;
