@@ -1421,7 +1421,6 @@ async fn store_rows(
     // (ZooKeeper's) has compiled the hot paths of each contender's requests
     // before any round is measured.
     for (_, lib) in &contenders {
-        run_tasks(lib, "warm-up", "", 1, 100, false).await?;
         run_tasks(lib, "warm-up", "", 64, store.distinct_ops / scale, false).await?;
     }
     let mut rows = Vec::new();
@@ -1599,7 +1598,9 @@ async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
 /// `--profile LIBS OPS [TASKS [ROUNDS [hot]]]`: scenario 1 (or 2 with
 /// TASKS = 64; with `hot`, all tasks on one key, as in 3 and 6b)
 /// for perf, callgrind or strace; the contenders (comma-separated) in turn
-/// on one server, each round printing its throughput and this process's
+/// on one server, after one unmeasured round each at the same scale (so a
+/// callgrind total counts every lock twice), each round printing its
+/// throughput and this process's
 /// CPU per lock (the client's: the server is a process of its own), then
 /// the server's time per command. Redis: floor, lock-runtime, raw (the
 /// store through the `Backend` trait alone), rslock; memory (scenario
@@ -1632,7 +1633,6 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     let mut libs = Vec::new();
     for name in names.split(',') {
         let lib = make_lib(name, &url).await?;
-        run_tasks(&lib, "warm-up", name, 1, 100, false).await?;
         run_tasks(&lib, "warm-up", name, tasks, ops, hot).await?;
         libs.push((name, lib));
     }
