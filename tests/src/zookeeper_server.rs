@@ -205,6 +205,18 @@ impl ZooKeeperEnsemble {
             .map(|mode| mode.trim().to_owned())
     }
 
+    /// The zxid of the last transaction server `i` has applied, by its
+    /// `srvr` report; `None` if it does not answer. Every write request
+    /// (one transaction, however many operations; a failed one too) takes
+    /// the next zxid; reads, watches and pings take none.
+    pub fn last_zxid(&self, i: usize) -> Option<i64> {
+        let answer = four_letters(self.servers[i].client, "srvr");
+        let hex = answer
+            .lines()
+            .find_map(|line| line.strip_prefix("Zxid: 0x"))?;
+        i64::from_str_radix(hex.trim(), 16).ok()
+    }
+
     /// The index of the server that leads now, if one does.
     pub fn leader(&self) -> Option<usize> {
         (0..self.servers.len())

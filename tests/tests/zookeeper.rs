@@ -214,6 +214,89 @@ async fn the_fencing_token_is_the_held_nodes_czxid() {
     }
 }
 
+/// Releases asked for while one is in flight reach the ensemble together,
+/// in one transaction, so many releases cost far fewer transactions than
+/// locks. A transaction is all or nothing: when one of its deletions fails
+/// (a forced release deleted the node first), that release alone hears it,
+/// and the others still go through.
+#[tokio::test]
+async fn releases_in_flight_together_share_requests_and_fail_alone() {
+    const KEYS: usize = 40;
+    let zk = ZooKeeperEnsemble::single();
+    let registry = registry(&zk, SESSION).await;
+    let client = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let base = unique_key("together");
+    let options = LockOptions::default().ttl(SESSION);
+    let mut guards = Vec::new();
+    for i in 0..KEYS {
+        guards.push(
+            registry
+                .lock(&format!("{base}-{i}"), options.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let before = zk.last_zxid(0).unwrap();
+    // Every fourth key is also forced free, in the same burst: each of its
+    // node's two deletions comes after the other or fails in the same
+    // transaction as the other releases.
+    let mut releases = tokio::task::JoinSet::new();
+    for (i, guard) in guards.into_iter().enumerate() {
+        releases.spawn(async move { (i, Some(guard.release().await), None) });
+        if i % 4 == 0 {
+            let (registry, key) = (registry.clone(), format!("{base}-{i}"));
+            releases.spawn(async move { (i, None, Some(registry.force_release(&key).await)) });
+        }
+    }
+    let mut released: Vec<_> = (0..KEYS).map(|_| None).collect();
+    let mut forced: Vec<_> = (0..KEYS).map(|_| None).collect();
+    while let Some(joined) = releases.join_next().await {
+        match joined.unwrap() {
+            (i, Some(release), _) => released[i] = Some(release),
+            (i, _, force) => forced[i] = force,
+        }
+    }
+    let transactions = zk.last_zxid(0).unwrap() - before;
+    // The ensemble removes empty key nodes (containers) now and then, one
+    // transaction each: not ours.
+    let mut swept = 0;
+    for i in 0..KEYS {
+        let parent = format!("/locks/{base}-{i}");
+        let left = match client.list_children(&parent).await {
+            Ok(left) => left,
+            Err(zookeeper_client::Error::NoNode) => {
+                swept += 1;
+                Vec::new()
+            }
+            Err(err) => panic!("{err}"),
+        };
+        assert!(left.is_empty(), "key {i} still has {left:?}");
+        let release = released[i].take().unwrap();
+        let Some(force) = forced[i].take() else {
+            release.unwrap_or_else(|err| panic!("release {i}: {err:?}"));
+            continue;
+        };
+        // Exactly one of the two deleted the node.
+        match (release, force.unwrap()) {
+            (Ok(()), false) | (Err(LockError::Lost { .. }), true) => {}
+            other => panic!("key {i}: release and forced release: {other:?}"),
+        }
+    }
+    let ours = transactions - swept;
+    eprintln!(
+        "{KEYS} releases and {} forced: {ours} transactions",
+        KEYS / 4
+    );
+    // One each would be 50; together, about 2 for the releases and one
+    // per failed deletion of a forced release.
+    assert!(
+        ours < KEYS as i64 / 2,
+        "{ours} transactions for {KEYS} releases: they did not go together"
+    );
+}
+
 /// An error and its sources, as one line.
 fn chain(err: &dyn std::error::Error) -> String {
     let mut line = err.to_string();

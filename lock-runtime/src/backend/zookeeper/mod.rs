@@ -30,7 +30,8 @@
 //!   a lock whose session the ensemble may already have expired. An expired
 //!   session is pushed to every holder (body cancelled, `Lost`).
 //! - **Release** deletes our child; `hold_at_least` deletes it later (if
-//!   the session dies first, it goes with it).
+//!   the session dies first, it goes with it). Deletions asked for while
+//!   one is in flight go together, as one transaction (see [`deletions`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -51,6 +52,8 @@ use super::{
 };
 use crate::error::{BackendError, LockError};
 use crate::registry::LockRegistry;
+
+mod deletions;
 
 impl LockRegistry {
     /// A registry over the ZooKeeper ensemble at `connect_string`
@@ -208,6 +211,7 @@ impl ZooKeeperBackendBuilder {
                 timeout: self.response_timeout,
                 held: Mutex::default(),
                 created: Mutex::default(),
+                deletions: deletions::Deletions::default(),
             }),
             capabilities: capabilities(session_timeout),
             shown,
@@ -338,6 +342,7 @@ struct Shared {
     /// Our children, by token: created, or possibly created (a create
     /// whose reply was lost: `None` until found by name).
     created: Mutex<HashMap<LockToken, Option<Child>>>,
+    deletions: deletions::Deletions,
 }
 
 /// One of our children: its path (its key's node, `/`, its name), built
@@ -595,13 +600,10 @@ impl Shared {
         }
     }
 
-    /// Deletes `path`; `Ok(false)` if it was gone.
-    async fn delete(&self, path: &str) -> Result<bool, BackendError> {
-        match self.call(self.client().delete(path, None)).await {
-            Ok(()) => Ok(true),
-            Err(Failed::Refused(ZkError::NoNode)) => Ok(false),
-            Err(err) => Err(err.into()),
-        }
+    /// Deletes `path`, in one request with the deletions asked for
+    /// meanwhile (see [`deletions`]); `Ok(false)` if it was gone.
+    async fn delete(self: &Arc<Self>, path: &str) -> Result<bool, BackendError> {
+        Ok(deletions::delete(self, path).await?)
     }
 
     /// Deletes our node at `path`, now or, if the ensemble does not answer,
