@@ -31,7 +31,7 @@
 //!   session is pushed to every holder (body cancelled, `Lost`).
 //! - **Release** deletes our child; `hold_at_least` deletes it later (if
 //!   the session dies first, it goes with it). Deletions asked for while
-//!   one is in flight go together, as one transaction (see [`deletions`]).
+//!   one is in flight go together, as one transaction (a group commit).
 
 use std::collections::HashMap;
 use std::fmt;
