@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockOptions, LockRegistry, ZooKeeperBackend};
+use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperBackend};
 use lock_tests::contract::Store;
 use lock_tests::{Proxy, ZooKeeperEnsemble, backend_contract, lock_and_release, unique_key};
 
@@ -295,6 +295,40 @@ async fn releases_in_flight_together_share_requests_and_fail_alone() {
         ours < KEYS as i64 / 2,
         "{ours} transactions for {KEYS} releases: they did not go together"
     );
+}
+
+/// Releases of keys at the length limit, each byte written `%XX` (a path
+/// of 192 KiB), in flight together: they go in as many requests as keep
+/// within ZooKeeper's request size limit (1 MB; a server closes the
+/// connection of a request above it), and every one goes through.
+#[tokio::test]
+async fn releases_of_the_longest_keys_together_keep_within_the_request_limit() {
+    let zk = ZooKeeperEnsemble::single();
+    let registry = registry(&zk, SESSION).await;
+    let base = unique_key("long");
+    let options = LockOptions::default().ttl(SESSION);
+    let keys: Vec<String> = (0..8)
+        .map(|i| {
+            let mut key = format!("{base}-{i}-");
+            key.extend(std::iter::repeat_n('/', MAX_KEY_LEN - key.len()));
+            key
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(registry.lock(key, options.clone()).await.unwrap());
+    }
+    let mut releases = tokio::task::JoinSet::new();
+    for guard in guards {
+        releases.spawn(guard.release());
+    }
+    while let Some(released) = releases.join_next().await {
+        released.unwrap().expect("a release of a long key");
+    }
+    for key in &keys {
+        let again = registry.try_lock(key, options.clone()).await.unwrap();
+        again.expect("released").release().await.unwrap();
+    }
 }
 
 /// An error and its sources, as one line.

@@ -17,9 +17,15 @@ use zookeeper_client::{Error as ZkError, MultiWriteError};
 
 use super::{Failed, Shared};
 
-/// The most deletions in one transaction: far below ZooKeeper's request
-/// size limit (1 MB by default) with the longest key's path.
+/// The most deletions in one transaction.
 const MOST: usize = 64;
+
+/// The most path bytes in one transaction, a quarter of ZooKeeper's
+/// request size limit (`jute.maxbuffer`, 1 MB by default), which a
+/// server meets by closing the connection. A key's path may be far longer
+/// than most (a key of `MAX_KEY_LEN` bytes each written `%XX` is 192 KiB),
+/// so a deletion goes alone when it does not fit with others.
+const MOST_BYTES: usize = 256 * 1024;
 
 /// What a deletion learns: `Ok(true)` if it deleted the child, `Ok(false)`
 /// if the child was gone.
@@ -104,7 +110,17 @@ impl Sender {
         };
         let batch: Vec<Pending> = {
             let mut state = shared.deletions.state();
-            let take = state.queued.len().min(MOST);
+            let mut bytes = 0;
+            let take = state
+                .queued
+                .iter()
+                .take(MOST)
+                .take_while(|pending| {
+                    bytes += pending.path.len();
+                    bytes <= MOST_BYTES
+                })
+                .count()
+                .max(usize::from(!state.queued.is_empty()));
             if take == 0 {
                 state.sending = false;
                 self.shared = None;
