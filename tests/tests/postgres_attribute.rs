@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockRegistry, distributed_lock};
+use lock_tests::attribute::an_ended_body_frees_its_key_at_once;
 use lock_tests::{PostgresServer, unique_key};
 use tokio::sync::oneshot;
 
@@ -15,27 +16,12 @@ async fn long_body(key: &str, entered: oneshot::Sender<()>) -> &'static str {
     "finished"
 }
 
-#[distributed_lock(key = "{key}", ttl = "30s")]
-async fn enter_then(key: &str, entered: oneshot::Sender<()>, panic: bool) {
-    entered.send(()).unwrap();
-    if panic {
-        panic!("body failed");
-    }
-    std::future::pending::<()>().await;
-}
-
 /// Rows of `key`'s lease.
 fn rows(server: &PostgresServer, key: &str) -> String {
     let key = key.replace('\'', "''");
     server.psql(&format!(
         "SELECT count(*) FROM lock_leases WHERE key = convert_to('{key}', 'UTF8')"
     ))
-}
-
-/// How long until `key`'s row is gone after `since`.
-async fn freed_after(server: &PostgresServer, key: &str, since: Instant) -> Duration {
-    lock_tests::wait_until("the row is deleted", || rows(server, key) == "0").await;
-    since.elapsed()
 }
 
 /// Deletes the lease row under a running body: the next renewal finds
@@ -63,33 +49,12 @@ async fn row_deleted_under_the_body(server: &PostgresServer) {
     );
 }
 
-async fn cancellation_and_panic_release_at_once(server: &PostgresServer, panic: bool) {
-    let key = unique_key("exit");
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let call = tokio::spawn({
-        let key = key.clone();
-        async move { enter_then(&key, entered_tx, panic).await }
-    });
-    entered_rx.await.unwrap();
-    let ended_at = Instant::now();
-    if panic {
-        assert!(call.await.unwrap_err().is_panic());
-    } else {
-        call.abort();
-        assert!(call.await.unwrap_err().is_cancelled());
-    }
-    let freed = freed_after(server, &key, ended_at).await;
-    assert!(
-        freed < Duration::from_millis(500),
-        "freed {freed:?} after; ttl is 30s"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attribute_over_postgres() {
     let server = PostgresServer::new();
     lock_runtime::init(LockRegistry::postgres(&server.url()).await.unwrap()).unwrap();
     row_deleted_under_the_body(&server).await;
-    cancellation_and_panic_release_at_once(&server, false).await;
-    cancellation_and_panic_release_at_once(&server, true).await;
+    let mut entries = async |key: &str| rows(&server, key).parse::<usize>().unwrap();
+    an_ended_body_frees_its_key_at_once(false, &mut entries).await;
+    an_ended_body_frees_its_key_at_once(true, &mut entries).await;
 }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockRegistry, distributed_lock};
+use lock_tests::attribute::{an_ended_body_frees_its_key_at_once, enter_then};
 use lock_tests::{RedisServer, unique_key};
 use redis::Commands;
 use tokio::sync::oneshot;
@@ -14,15 +15,6 @@ async fn long_body(key: &str, entered: oneshot::Sender<()>) -> &'static str {
     entered.send(()).unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
     "finished"
-}
-
-#[distributed_lock(key = "{key}", ttl = "30s")]
-async fn enter_then(key: &str, entered: oneshot::Sender<()>, panic: bool) {
-    entered.send(()).unwrap();
-    if panic {
-        panic!("body failed");
-    }
-    std::future::pending::<()>().await;
 }
 
 #[distributed_lock(key = "{key}", mode = "skip", ttl = "30s")]
@@ -82,47 +74,12 @@ async fn freed_after(server: &RedisServer, key: &str, since: Instant) -> Duratio
     }
 }
 
-async fn cancellation_releases_promptly(server: &RedisServer) {
-    let key = unique_key("cancel");
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let call = tokio::spawn({
-        let key = key.clone();
-        async move { enter_then(&key, entered_tx, false).await }
-    });
-    entered_rx.await.unwrap();
-    let dropped_at = Instant::now();
-    call.abort();
-    assert!(call.await.unwrap_err().is_cancelled());
-    let freed = freed_after(server, &key, dropped_at).await;
-    assert!(
-        freed < Duration::from_millis(500),
-        "freed {freed:?} after the drop; ttl is 30s"
-    );
-}
-
-async fn panic_releases_promptly(server: &RedisServer) {
-    let key = unique_key("panic");
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let call = tokio::spawn({
-        let key = key.clone();
-        async move { enter_then(&key, entered_tx, true).await }
-    });
-    entered_rx.await.unwrap();
-    let panicked_at = Instant::now();
-    assert!(call.await.unwrap_err().is_panic());
-    let freed = freed_after(server, &key, panicked_at).await;
-    assert!(
-        freed < Duration::from_millis(500),
-        "freed {freed:?} after the panic; ttl is 30s"
-    );
-}
-
 async fn skip_while_held(server: &RedisServer) {
     let key = unique_key("skip");
     let (entered_tx, entered_rx) = oneshot::channel();
     let holder = tokio::spawn({
         let key = key.clone();
-        async move { enter_then(&key, entered_tx, false).await }
+        async move { enter_then(&key, entered_tx, None).await }
     });
     entered_rx.await.unwrap();
     assert_eq!(skip_job(&key).await.unwrap(), None);
@@ -149,7 +106,10 @@ async fn the_attribute_over_redis() {
     lock_runtime::init(LockRegistry::redis(&server.url()).await.unwrap()).unwrap();
     lease_removed_under_the_body(&server, false).await;
     lease_removed_under_the_body(&server, true).await;
-    cancellation_releases_promptly(&server).await;
-    panic_releases_promptly(&server).await;
+    let mut conn = server.connection();
+    let mut entries =
+        async |key: &str| usize::from(conn.exists::<_, bool>(lock_name(key)).unwrap());
+    an_ended_body_frees_its_key_at_once(false, &mut entries).await;
+    an_ended_body_frees_its_key_at_once(true, &mut entries).await;
     skip_while_held(&server).await;
 }
