@@ -1,9 +1,10 @@
 //! ZooKeeper for tests: one server or an ensemble of several, on free
 //! loopback ports with temporary data directories (a generated `zoo.cfg` and
 //! `myid`, the admin server off, the four-letter words `ruok` and `srvr`
-//! allowed for readiness); servers are killed, frozen and restarted by pid
+//! allowed for readiness, `wchp` for the watches); servers are killed, frozen and restarted by pid
 //! on purpose, and all of them killed on drop.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -128,7 +129,7 @@ impl ZooKeeperEnsemble {
         let mut conf = format!(
             "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\n\
              clientPort={}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr\nminSessionTimeout={}\nmaxSessionTimeout=60000\n",
+             4lw.commands.whitelist=ruok,srvr,wchp\nminSessionTimeout={}\nmaxSessionTimeout=60000\n",
             server.dir.join("data").display(),
             server.client,
             2 * TICK_MS,
@@ -215,6 +216,27 @@ impl ZooKeeperEnsemble {
             .lines()
             .find_map(|line| line.strip_prefix("Zxid: 0x"))?;
         i64::from_str_radix(hex.trim(), 16).ok()
+    }
+
+    /// The watches server `i` keeps, by its `wchp` report: each watched
+    /// path with the sessions watching it (ids as the server prints them),
+    /// data and child watches alike. Empty if it does not answer.
+    pub fn watches(&self, i: usize) -> BTreeMap<String, Vec<String>> {
+        let mut watches: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut path = None;
+        for line in four_letters(self.servers[i].client, "wchp").lines() {
+            if let Some(session) = line.strip_prefix('\t') {
+                if let Some(path) = &path {
+                    watches
+                        .entry(String::clone(path))
+                        .or_default()
+                        .push(session.trim().to_owned());
+                }
+            } else if line.starts_with('/') {
+                path = Some(line.trim_end().to_owned());
+            }
+        }
+        watches
     }
 
     /// The index of the server that leads now, if one does.

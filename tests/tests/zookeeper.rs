@@ -133,6 +133,79 @@ async fn waiters_get_the_lock_in_the_order_they_queued() {
     }
 }
 
+/// No herd: each waiter watches only the child just ahead of its own, so
+/// a release wakes one waiter. With a holder and three waiters in four
+/// sessions, the key's node has no watch (a child watch would wake them
+/// all), the last child has none, the second and third have one session
+/// each, and no session watches two children. (The holder watches its own
+/// child too, to hear of a forced release.)
+#[tokio::test(flavor = "multi_thread")]
+async fn each_waiter_watches_only_the_child_ahead_of_it() {
+    let zk = ZooKeeperEnsemble::single();
+    let observer = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let key = unique_key("herd");
+    let parent = format!("/locks/{key}");
+    let options = LockOptions::default().ttl(Duration::from_secs(10));
+    let holder = registry(&zk, SESSION).await;
+    let first = holder.lock(&key, options.clone()).await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 2..=4 {
+        let registry = registry(&zk, SESSION).await;
+        let (key, options) = (key.clone(), options.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = registry.lock(&key, options).await.unwrap();
+            guard.release().await.unwrap();
+        }));
+        // The next waiter starts once this one has its place.
+        let since = Instant::now();
+        while observer.list_children(&parent).await.unwrap().len() < queued {
+            assert!(since.elapsed() < Duration::from_secs(5), "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut queue = observer.list_children(&parent).await.unwrap();
+    // `<token>-<sequence>`: ten digits, so their text sorts by sequence.
+    queue.sort_by(|a, b| a.rsplit('-').next().cmp(&b.rsplit('-').next()));
+    let child = |i: usize| format!("{parent}/{}", queue[i]);
+    // The waiters' watches are set in the background once they queue.
+    let ours = || {
+        let mut watches = zk.watches(0);
+        watches.retain(|path, _| *path == parent || path.starts_with(&format!("{parent}/")));
+        watches
+    };
+    lock_tests::wait_until("the waiters watch", || {
+        let watches = ours();
+        watches.contains_key(&child(1)) && watches.contains_key(&child(2))
+    })
+    .await;
+    let watches = ours();
+    eprintln!("queue {queue:?}, watches {watches:#?}");
+    assert!(!watches.contains_key(&parent), "the key's node is watched");
+    assert!(
+        !watches.contains_key(&child(3)),
+        "the last child is watched"
+    );
+    for path in watches.keys() {
+        assert!(
+            (0..3).any(|i| child(i) == *path),
+            "{path} is not a child in the queue"
+        );
+    }
+    assert_eq!(watches[&child(1)].len(), 1, "{watches:?}");
+    assert_eq!(watches[&child(2)].len(), 1, "{watches:?}");
+    let mut sessions: Vec<&String> = watches.values().flatten().collect();
+    let watching = sessions.len();
+    sessions.sort();
+    sessions.dedup();
+    assert_eq!(sessions.len(), watching, "a session watches two children");
+    first.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+}
+
 /// The holder's connection is black-holed until the server expires its
 /// session: the holder gives up (its guard says lost) before another
 /// client gets the lock, and once the network heals the store opens a new
@@ -463,6 +536,52 @@ async fn a_release_lost_on_the_way_frees_the_lock_once_the_client_is_back() {
         back.elapsed()
     );
     next.release().await.unwrap();
+}
+
+/// The holder's connection is cut, and while it is away its node is
+/// deleted by hand. The session lives on, so nothing expires; once the
+/// client is back within the session, the holder checks its node, finds it
+/// gone and reports the lease lost, long before its ttl would have run out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_deleted_while_the_holder_was_away_is_lost_once_it_is_back() {
+    let zk = ZooKeeperEnsemble::single();
+    let proxy = Proxy::start(zk.client_port(0));
+    let holder = registry_at(&format!("127.0.0.1:{}", proxy.port()), SESSION).await;
+    let observer = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let key = unique_key("away");
+    let ttl = Duration::from_secs(10);
+    let guard = holder
+        .lock(&key, LockOptions::default().ttl(ttl))
+        .await
+        .unwrap();
+    let held_at = Instant::now();
+    // Away: the connection closed and reconnecting held back.
+    proxy.black_hole();
+    proxy.reset();
+    let parent = format!("/locks/{key}");
+    let queue = observer.list_children(&parent).await.unwrap();
+    assert_eq!(queue.len(), 1, "{queue:?}");
+    observer
+        .delete(&format!("{parent}/{}", queue[0]), None)
+        .await
+        .unwrap();
+    let lost_while_away = tokio::time::timeout(Duration::from_millis(500), guard.lost()).await;
+    assert!(lost_while_away.is_err(), "told before the client was back");
+    proxy.forward();
+    let back_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the holder was told once it was back");
+    eprintln!(
+        "lost {:?} after the client was back, {:?} after the lock was taken (ttl {ttl:?})",
+        back_at.elapsed(),
+        held_at.elapsed()
+    );
+    assert!(held_at.elapsed() < ttl, "the ttl ran out first");
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "{err}");
 }
 
 /// Two of three servers die: a lock attempt fails with a clear error
