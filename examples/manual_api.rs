@@ -96,7 +96,7 @@ async fn main() -> Result<(), Error> {
     // runs out while A is paused.
     let store = FencedStore::default();
     let ttl = registry
-        .backend()
+        .store()
         .capabilities()
         .min_ttl
         .max(Duration::from_millis(300));

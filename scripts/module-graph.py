@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that the modules of each crate import one another one way only.
+"""Checks that the modules of each crate import one another one way only,
+and that lock-runtime's modules keep to their layers (ARCHITECTURE.md).
 
 For every `.rs` file under `<crate>/src` it collects the paths the code names
 through `crate::`, `super::` or `self::` (in `use` items and in expressions),
@@ -11,7 +12,13 @@ end of the file) are left out. It fails when:
 - the graph has a cycle (a module imports one that imports it back,
   directly or through others), or
 - a module other than the crate root names an item through the root
-  (`crate::Item`), which would hide where the item really lives.
+  (`crate::Item`), which would hide where the item really lives, or
+- (lock-runtime) a module imports one its layer may not: the API may use
+  the engine, the engine the contract, a store only the contract, the
+  stores' shared helpers and the errors; only `registry::stores` names a
+  store; and no file of the API, the engine, the contract or the errors
+  mentions a store's cargo feature (but `lib.rs`, which re-exports the
+  stores, `store/mod.rs`, which declares them, and `registry/stores.rs`).
 
 Usage: scripts/module-graph.py [--print] CRATE_DIR...
 """
@@ -80,6 +87,83 @@ def resolve(path: str, here: tuple, modules: set):
     return target, len(segments) > 0
 
 
+# lock-runtime's layers, top to bottom, by module path (the first rule
+# that matches a module wins). A module may import its own layer and the
+# layers listed for it.
+LAYERS = [
+    ("api", lambda m: m == () or m[0] in ("registry", "guard", "multi", "context", "private", "options")),
+    ("engine", lambda m: m[0] in ("acquire", "local_queue", "renewal", "telemetry")),
+    ("support", lambda m: m[:2] == ("store", "support")),
+    ("store", lambda m: m[0] == "store" and len(m) > 1 and m[1] in STORES),
+    ("contract", lambda m: m[0] == "store"),
+    ("error", lambda m: m[0] == "error"),
+]
+STORES = ("memory", "redis", "redlock", "postgres", "etcd", "zookeeper")
+MAY_USE = {
+    "api": {"engine", "contract", "support", "error"},
+    # The options are the API's plain data, which the engine reads.
+    "engine": {"contract", "support", "error", "options"},
+    "contract": {"error"},
+    "support": {"contract", "error"},
+    "store": {"contract", "support", "error"},
+    "error": set(),
+}
+# The one module of the API that names stores: the one-line constructors.
+NAMES_STORES = ("registry", "stores")
+# Redlock is N Redis stores.
+STORE_USES_STORE = {("redlock", "redis")}
+STORE_FEATURES = re.compile(r'feature\s*=\s*"(redis|postgres|etcd|etcd-tls|zookeeper)"')
+
+
+def layer_of(module: tuple) -> str:
+    for name, matches in LAYERS:
+        if matches(module):
+            return name
+    return "?"
+
+
+def allowed(here: tuple, target: tuple) -> bool:
+    """Whether lock-runtime's module `here` may import `target`."""
+    mine, theirs = layer_of(here), layer_of(target)
+    if theirs == "store":
+        if here == NAMES_STORES:
+            return True
+        return mine == "store" and (here[1] == target[1] or (here[1], target[1]) in STORE_USES_STORE)
+    if mine == theirs:
+        return True
+    if mine == "engine" and target[:1] == ("options",):
+        return True
+    return theirs in MAY_USE[mine]
+
+
+def check_layers(crate: Path, files: dict, edges: dict) -> bool:
+    ok = True
+    name = lambda m: "::".join(m) or "(root)"
+    for module in sorted(edges):
+        if layer_of(module) == "?":
+            print(f"{crate.name}: layer: {name(module)} is in no layer (see LAYERS and ARCHITECTURE.md)")
+            ok = False
+    if not ok:
+        return False
+    for here in sorted(edges):
+        for target in sorted(edges[here]):
+            if not allowed(here, target):
+                print(f"{crate.name}: layer: {name(here)} ({layer_of(here)}) may not import "
+                      f"{name(target)} ({layer_of(target)})")
+                ok = False
+    for module, file in sorted(files.items()):
+        # The crate root re-exports the stores, `store/mod.rs` declares
+        # them, and their helpers are built for the stores that use them.
+        if module in ((), ("store",), NAMES_STORES) or layer_of(module) in ("store", "support"):
+            continue
+        for line_no, line in enumerate(file.read_text().splitlines(), 1):
+            feature = STORE_FEATURES.search(line)
+            if feature:
+                print(f"{crate.name}: layer: {file}:{line_no} names the store feature `{feature.group(1)}`")
+                ok = False
+    return ok
+
+
 def check(crate: Path, show: bool) -> bool:
     src = crate / "src"
     files = {module_of(src, f): f for f in sorted(src.rglob("*.rs"))}
@@ -128,6 +212,11 @@ def check(crate: Path, show: bool) -> bool:
     for m in sorted(edges):
         if m not in state:
             visit(m)
+    if crate.resolve().name == "lock-runtime":
+        ok = check_layers(crate, files, edges) and ok
+        if show:
+            for m in sorted(edges):
+                print(f"{crate.name}: layer of {name(m)}: {layer_of(m)}")
     return ok
 
 
@@ -137,7 +226,7 @@ def main() -> int:
     crates = [Path(a) for a in args if a != "--print"]
     results = [check(c, show) for c in crates]
     if all(results):
-        print(f"module graph: no cycles in {', '.join(c.name for c in crates)}")
+        print(f"module graph: no cycles in {', '.join(c.name for c in crates)}; lock-runtime keeps its layers")
         return 0
     return 1
 

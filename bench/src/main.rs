@@ -79,9 +79,9 @@ enum Lib {
     PeerRedis(Arc<distributed_lock_redis::RedisLockProvider>),
     /// The `distributed-lock` crate (0.2) on PostgreSQL: advisory locks.
     PeerPostgres(Arc<distributed_lock_postgres::PostgresLockProvider>),
-    /// A store driven through the `Backend` trait alone, without the
+    /// A store driven through the `Store` trait alone, without the
     /// runtime (profiling only).
-    Raw(Arc<dyn lock_runtime::Backend>),
+    Raw(Arc<dyn lock_runtime::store::Store>),
     /// In-process baseline: one tokio mutex per key.
     TokioMutex(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>),
     /// `#[distributed_lock]` over the global (memory) registry.
@@ -480,14 +480,14 @@ impl Lib {
             }
             Lib::Attribute => Err("the attribute runs its own body".into()),
             Lib::Raw(backend) => {
-                let loss = lock_runtime::LossSignal::new();
-                let request = lock_runtime::AcquireRequest::new(
+                let loss = lock_runtime::store::LossSignal::new();
+                let request = lock_runtime::store::AcquireRequest::new(
                     key,
-                    lock_runtime::LockToken::random(),
+                    lock_runtime::store::LockToken::random(),
                     TTL,
                     &loss,
                 );
-                let lock_runtime::Acquire::Acquired { mut lease, .. } =
+                let lock_runtime::store::Acquire::Acquired { mut lease, .. } =
                     backend.acquire(request).await?
                 else {
                     return Err("held".into());
@@ -552,7 +552,7 @@ impl Lib {
 }
 
 fn rand_u128() -> u128 {
-    lock_runtime::LockToken::random().as_u128()
+    lock_runtime::store::LockToken::random().as_u128()
 }
 
 /// The result of one contender in one scenario.
@@ -652,7 +652,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "lock-runtime" => Lib::Ours(LockRegistry::redis(url).await?),
         "lock-runtime-fair" => Lib::Ours(
             LockRegistry::builder(
-                lock_runtime::RedisBackend::builder(url)
+                lock_runtime::RedisStore::builder(url)
                     .fair(FAIR_GRANT_TIMEOUT)
                     .connect()
                     .await?,
@@ -660,11 +660,11 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
             .build()?,
         ),
         "raw" => Lib::Raw(Arc::new(
-            lock_runtime::RedisBackend::builder(url).connect().await?,
+            lock_runtime::RedisStore::builder(url).connect().await?,
         )),
         "raw-nofence" => Lib::Raw(Arc::new(
-            lock_runtime::RedisBackend::builder(url)
-                .fencing(lock_runtime::backend::redis::Fencing::Off)
+            lock_runtime::RedisStore::builder(url)
+                .fencing(lock_runtime::store::redis::Fencing::Off)
                 .connect()
                 .await?,
         )),
@@ -687,7 +687,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         "pg-raw" => Lib::Raw(Arc::new(
-            lock_runtime::PostgresBackend::builder(url)
+            lock_runtime::PostgresStore::builder(url)
                 .connect()
                 .await?,
         )),
@@ -701,7 +701,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "etcd-raw" => {
             let endpoints: Vec<&str> = url.split(',').collect();
             Lib::Raw(Arc::new(
-                lock_runtime::EtcdBackend::builder(&endpoints)
+                lock_runtime::EtcdStore::builder(&endpoints)
                     .connect()
                     .await?,
             ))
@@ -717,7 +717,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         }
         "zk-lock-runtime" => Lib::Ours(LockRegistry::zookeeper(url).await?),
         "zk-raw" => Lib::Raw(Arc::new(
-            lock_runtime::ZooKeeperBackend::builder(url)
+            lock_runtime::ZooKeeperStore::builder(url)
                 .connect()
                 .await?,
         )),
@@ -939,16 +939,16 @@ impl Releaser {
 /// redis-rs's pubsub stream alone (`wake-raw`).
 enum Waiter {
     Store {
-        watch: lock_runtime::backend::ReleaseWatch,
+        watch: lock_runtime::store::ReleaseWatch,
         /// Kept as long as its watch (its subscriber task).
-        _store: Arc<dyn lock_runtime::backend::Backend>,
+        _store: Arc<dyn lock_runtime::store::Store>,
     },
     Stream(futures_util::stream::BoxStream<'static, redis::Msg>),
 }
 
 impl Waiter {
     async fn subscribe(kind: &str, url: &str, key: &str) -> Result<Waiter, Error> {
-        let store: Arc<dyn lock_runtime::backend::Backend> = match kind {
+        let store: Arc<dyn lock_runtime::store::Store> = match kind {
             "wake-raw" => {
                 let mut pubsub = redis::Client::open(url)?.get_async_pubsub().await?;
                 pubsub.subscribe(format!("lock:{{{key}}}:released")).await?;
@@ -958,12 +958,12 @@ impl Waiter {
             "wake-etcd" => {
                 let endpoints: Vec<&str> = url.split(',').collect();
                 Arc::new(
-                    lock_runtime::EtcdBackend::builder(&endpoints)
+                    lock_runtime::EtcdStore::builder(&endpoints)
                         .connect()
                         .await?,
                 )
             }
-            _ => Arc::new(lock_runtime::RedisBackend::builder(url).connect().await?),
+            _ => Arc::new(lock_runtime::RedisStore::builder(url).connect().await?),
         };
         let watch = store.watch(key).await?;
         Ok(Waiter::Store {
@@ -1603,7 +1603,7 @@ async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
 /// throughput and this process's
 /// CPU per lock (the client's: the server is a process of its own), then
 /// the server's time per command. Redis: floor, lock-runtime, raw (the
-/// store through the `Backend` trait alone), rslock; memory (scenario
+/// store through the `Store` trait alone), rslock; memory (scenario
 /// 6a or 6b): memory, tokio-mutex; PostgreSQL:
 /// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
 /// pg_stat_statements); etcd: etcd-floor, etcd-lock-runtime, etcd-raw

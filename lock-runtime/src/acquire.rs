@@ -14,12 +14,13 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Span;
 
-use crate::backend::{Acquire, AcquireRequest, Backend, LockToken, LossSignal, ReleaseWatch};
 use crate::error::LockError;
-use crate::guard::{Context, Grant, LockGuard};
-use crate::local_queue::{LocalPermit, LocalQueues};
+use crate::local_queue::{Grant, LocalPermit, LocalQueues};
 use crate::options::{LockOptions, Mode};
-use crate::telemetry::{self, Outcome};
+use crate::store::{
+    Acquire, AcquireRequest, Capabilities, LockToken, LossSignal, ReleaseWatch, Store,
+};
+use crate::telemetry::{self, Labels, Outcome};
 
 /// The longest a waiter sleeps between attempts when no release arrives.
 pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
@@ -30,12 +31,20 @@ const UNKNOWN_HOLD_DELAY: Duration = Duration::from_millis(50);
 
 /// What the loop needs of a registry.
 pub(crate) struct Parts<'a> {
-    pub(crate) backend: &'a Arc<dyn Backend>,
+    pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) local: &'a LocalQueues,
-    pub(crate) context: Context<'a>,
+    pub(crate) capabilities: &'a Capabilities,
+    /// The lock's `distributed_lock` span.
+    pub(crate) span: &'a Span,
+    /// The lock's metric labels.
+    pub(crate) labels: Labels,
 }
 
-/// Queues locally, then contends in the store; `None` only in skip mode.
+/// A lease that is ours, and this process's turn at its key.
+pub(crate) type Granted = (Grant, LocalPermit);
+
+/// Queues locally, then contends in the store: the lease and the turn,
+/// for the caller to hold; `None` only in skip mode.
 /// `key` is the user's key (for messages), `full_key` the namespaced one.
 /// The wait runs in a `lock_wait` span; how it ended is recorded on the
 /// lock's span and in the metrics.
@@ -45,14 +54,13 @@ pub(crate) async fn acquire(
     full_key: &Arc<str>,
     opts: &LockOptions,
     mode: Mode,
-) -> Result<Option<LockGuard>, LockError> {
-    let context = &parts.context;
+) -> Result<Option<Granted>, LockError> {
     let started = Instant::now();
     let mut contended = false;
     // Not `instrument`ed: moving the large wait future into a wrapper
     // cost more than everything else the spans add. Its events name the
     // span as their parent instead.
-    let wait = telemetry::wait_span(context.span);
+    let wait = telemetry::wait_span(parts.span);
     let result = contend(
         parts,
         key,
@@ -66,14 +74,14 @@ pub(crate) async fn acquire(
     .await;
     drop(wait);
     let (outcome, fencing) = match &result {
-        Ok(Some(guard)) => (Outcome::Acquired, Some(guard.fencing_token())),
+        Ok(Some((grant, _))) => (Outcome::Acquired, Some(grant.fencing)),
         Ok(None) => (Outcome::Skipped, None),
         Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
         Err(_) => (Outcome::Error, None),
     };
     telemetry::acquire_ended(
-        context.span,
-        context.labels,
+        parts.span,
+        parts.labels,
         outcome,
         fencing,
         contended,
@@ -94,10 +102,9 @@ async fn contend(
     started: Instant,
     contended: &mut bool,
     wait: &Span,
-) -> Result<Option<LockGuard>, LockError> {
+) -> Result<Option<Granted>, LockError> {
     opts.validate(key, mode)?;
     parts
-        .context
         .capabilities
         .check(opts.ttl, opts.hold_at_least)
         .map_err(|reason| LockError::invalid_options(key, reason))?;
@@ -118,39 +125,32 @@ async fn contend(
             within(deadline, slot.lock()).await.ok_or_else(timed_out)?
         }
     };
-    if let Some(baton) = permit.take_baton() {
-        if baton.ttl == opts.ttl && !baton.loss.is_raised() {
+    if let Some(handed) = permit.take_handed() {
+        if handed.ttl == opts.ttl && !handed.loss.is_raised() {
             tracing::debug!(
                 parent: wait,
                 key,
-                fencing = baton.fencing,
+                fencing = handed.fencing,
                 waited_ms = started.elapsed().as_millis() as u64,
                 "lock handed over by the previous holder in this process"
             );
-            let grant = Grant {
-                lease: baton.lease,
-                loss: baton.loss,
-                fencing: baton.fencing,
-                sent_at: baton.sent_at,
-                chain: baton.chain,
-            };
-            return Ok(Some(LockGuard::new(&parts.context, grant, opts, permit)));
+            return Ok(Some((handed, permit)));
         }
         // Handed over with another ttl (or lost meanwhile): give it back
         // and take our own.
-        let mut lease = baton.lease;
+        let mut lease = handed.lease;
         lease
             .release(Duration::ZERO)
             .await
             .map_err(|source| LockError::backend(key, "release", source))?;
     }
-    let backend = &**parts.backend;
+    let store = &**parts.store;
     let token = LockToken::random();
     // A waiter's place in a store's queue: given up if the wait ends
     // without the lock.
-    let queue_poll = parts.context.capabilities.waiter_queue;
+    let queue_poll = parts.capabilities.waiter_queue;
     let queued = Attempt::armed(
-        parts.backend,
+        parts.store,
         &permit,
         token,
         queue_poll.is_some() && mode == Mode::Wait,
@@ -162,10 +162,10 @@ async fn contend(
     let mut first_sent_at = (!*contended).then_some(started);
     loop {
         let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-        let attempt = Attempt::start(parts.backend, &permit, token);
+        let attempt = Attempt::start(parts.store, &permit, token);
         let request = AcquireRequest::shared(permit.key(), token, opts.ttl, &loss)
             .waiting(mode == Mode::Wait);
-        let answer = within(deadline, backend.acquire(request))
+        let answer = within(deadline, store.acquire(request))
             .await
             .ok_or_else(timed_out)?
             .map_err(|source| LockError::backend(key, "acquire", source))?;
@@ -186,10 +186,11 @@ async fn contend(
                     lease,
                     loss,
                     fencing,
+                    ttl: opts.ttl,
                     sent_at,
                     chain: 0,
                 };
-                return Ok(Some(LockGuard::new(&parts.context, grant, opts, permit)));
+                return Ok(Some((grant, permit)));
             }
             Acquire::Held { remaining } => remaining,
         };
@@ -201,7 +202,7 @@ async fn contend(
         let Some(watch) = watch.as_mut() else {
             // Subscribe, then retry at once: a release that happened
             // between the attempt and the subscription is not missed.
-            let subscribed = within(deadline, backend.watch(permit.key()))
+            let subscribed = within(deadline, store.watch(permit.key()))
                 .await
                 .ok_or_else(timed_out)?
                 .map_err(|source| LockError::backend(key, "watch", source))?;
@@ -234,7 +235,7 @@ async fn contend(
 /// a waiter's place in a store's queue, given up the same way if the wait
 /// ends without the lock.
 struct Attempt<'a> {
-    backend: &'a Arc<dyn Backend>,
+    store: &'a Arc<dyn Store>,
     permit: &'a LocalPermit,
     token: LockToken,
     answered: bool,
@@ -242,21 +243,21 @@ struct Attempt<'a> {
 
 impl<'a> Attempt<'a> {
     /// An attempt about to be sent.
-    fn start(backend: &'a Arc<dyn Backend>, permit: &'a LocalPermit, token: LockToken) -> Self {
-        Attempt::armed(backend, permit, token, true)
+    fn start(store: &'a Arc<dyn Store>, permit: &'a LocalPermit, token: LockToken) -> Self {
+        Attempt::armed(store, permit, token, true)
     }
 
     /// `token`'s stake in the store, given up when dropped unanswered if
     /// `armed` (a waiter's place in a store's queue: armed only for a store
     /// that queues waiters, in wait mode).
     fn armed(
-        backend: &'a Arc<dyn Backend>,
+        store: &'a Arc<dyn Store>,
         permit: &'a LocalPermit,
         token: LockToken,
         armed: bool,
     ) -> Self {
         Attempt {
-            backend,
+            store,
             permit,
             token,
             answered: !armed,
@@ -276,9 +277,9 @@ impl Drop for Attempt<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (backend, key, token) = (self.backend.clone(), self.permit.key().clone(), self.token);
+        let (store, key, token) = (self.store.clone(), self.permit.key().clone(), self.token);
         runtime.spawn(async move {
-            match backend.abandon(&key, token).await {
+            match store.abandon(&key, token).await {
                 Ok(true) => tracing::debug!(%key, "released a lease granted after its caller gave up"),
                 Ok(false) => {}
                 Err(error) => {

@@ -12,11 +12,11 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use crate::backend::{BoxFuture, Capabilities, HandOver, Lease, LossListener, LossSignal};
 use crate::error::{BackendError, LockError};
-use crate::local_queue::{LocalPermit, MAX_HAND_OVERS};
+use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::renewal::{Renewable, Renewal, Schedule};
+use crate::store::{BoxFuture, Capabilities, HandOver, Lease, LossListener, LossSignal};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -33,22 +33,11 @@ use crate::telemetry::{self, Labels};
 /// the lease ends when its TTL passes, as for a crashed process.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    held: Option<Held>,
+    held: Option<Holding>,
 }
 
-/// A lease the store granted, as the acquire loop hands it to a guard.
-pub(crate) struct Grant {
-    pub(crate) lease: Box<dyn Lease>,
-    pub(crate) loss: LossSignal,
-    pub(crate) fencing: u64,
-    /// When the request that granted (or last extended) it was sent.
-    pub(crate) sent_at: Instant,
-    /// How many hand-overs in a row led to it.
-    pub(crate) chain: u32,
-}
-
-/// What a guard needs of its registry.
-pub(crate) struct Context<'a> {
+/// What a guard needs of the registry that granted it.
+pub(crate) struct Owner<'a> {
     /// Tells registries apart, for re-entrancy.
     pub(crate) registry: usize,
     /// Identifies the registry to the per-thread renewers.
@@ -62,7 +51,7 @@ pub(crate) struct Context<'a> {
     pub(crate) labels: Labels,
 }
 
-struct Held {
+struct Holding {
     registry: usize,
     fencing: u64,
     acquired_at: Instant,
@@ -172,27 +161,27 @@ impl LossListener for State {
 
 impl LockGuard {
     pub(crate) fn new(
-        context: &Context<'_>,
+        owner: &Owner<'_>,
         grant: Grant,
         opts: &LockOptions,
         permit: LocalPermit,
     ) -> LockGuard {
-        let caps = context.capabilities;
+        let caps = owner.capabilities;
         let state = Arc::new(State {
             full_key: permit.key().clone(),
-            prefix_len: context.prefix_len,
+            prefix_len: owner.prefix_len,
             lease: AsyncMutex::new(Some(grant.lease)),
             loss: grant.loss,
             permit: Mutex::new(Some(permit)),
-            span: context.span.clone(),
-            labels: context.labels,
+            span: owner.span.clone(),
+            labels: owner.labels,
             acquired_at: grant.sent_at,
             ended: AtomicBool::new(false),
         });
         let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
         state.loss.listen(listener);
         let renewal = Renewal::start(
-            context.renewal_owner,
+            owner.renewal_owner,
             Schedule {
                 ttl: opts.ttl,
                 valid_for: caps.valid_for(opts.ttl),
@@ -203,8 +192,8 @@ impl LockGuard {
             state.clone(),
         );
         LockGuard {
-            held: Some(Held {
-                registry: context.registry,
+            held: Some(Holding {
+                registry: owner.registry,
                 fencing: grant.fencing,
                 acquired_at: grant.sent_at,
                 ttl: opts.ttl,
@@ -218,7 +207,7 @@ impl LockGuard {
         }
     }
 
-    fn held(&self) -> &Held {
+    fn held(&self) -> &Holding {
         // `held` is taken only by `release` and `drop`, which consume the guard.
         self.held.as_ref().expect("LockGuard used after release")
     }
@@ -230,7 +219,7 @@ impl LockGuard {
 
     /// The fencing token of this lease: larger than that of every earlier
     /// holder of the key (as far as the store promises; see
-    /// [`FencingPromise`](crate::backend::FencingPromise)). Pass it to
+    /// [`FencingPromise`](crate::store::FencingPromise)). Pass it to
     /// storage that should refuse writes from a holder whose lease has since
     /// been lost.
     pub fn fencing_token(&self) -> u64 {
@@ -298,7 +287,7 @@ impl LockGuard {
     }
 }
 
-impl Held {
+impl Holding {
     async fn release(self) -> Result<(), LockError> {
         self.renewal.stop();
         let state = &self.state;
@@ -315,9 +304,15 @@ impl Held {
             && self.chain < MAX_HAND_OVERS
             && let Some(permit) = state.take_permit_if(LocalPermit::has_waiters)
         {
-            let handed = permit
-                .hand_over(lease, state.loss.clone(), self.ttl, self.chain)
-                .await;
+            let grant = Grant {
+                lease,
+                loss: state.loss.clone(),
+                fencing: self.fencing,
+                ttl: self.ttl,
+                sent_at: self.acquired_at,
+                chain: self.chain,
+            };
+            let handed = permit.hand_over(grant).await;
             return match handed {
                 Ok(HandOver::Moved { .. }) => {
                     telemetry::handed_over(state.labels);

@@ -33,27 +33,29 @@
 //! Without the attribute, [`LockRegistry::lock`] and
 //! [`LockRegistry::try_lock`] return a [`LockGuard`].
 //!
-//! # Backends
+//! # Stores
 //!
 //! A [`LockRegistry`] wraps one store. [`LockRegistry::memory`] keeps
 //! locks in this process (tests, single-instance services);
 //! [`LockRegistry::redis`] shares them between every process that uses one
 //! Redis server, [`LockRegistry::redlock`] between those that use N
-//! independent ones. Every store implements the contract in [`backend`]
-//! ([`Backend`], [`Lease`], [`Capabilities`], [`LossSignal`]); everything
+//! independent ones; PostgreSQL, etcd and ZooKeeper are behind their
+//! features. Each has a builder for its settings, and
+//! [`LockRegistry::new`] or [`LockRegistry::builder`] takes the store it
+//! builds. Every store implements the contract in [`store`]; everything
 //! else (waiting, renewal, re-entrancy, release on every exit) is written
 //! once on top of it.
 //!
 //! # Features
 //!
 //! - `macros` (default): the `#[distributed_lock]` attribute.
-//! - `redis` (default): [`RedisBackend`], [`RedlockBackend`],
+//! - `redis` (default): [`RedisStore`], [`RedlockStore`],
 //!   [`LockRegistry::redis`] and [`LockRegistry::redlock`].
-//! - `postgres`: `PostgresBackend` and `LockRegistry::postgres`, a lease
+//! - `postgres`: `PostgresStore` and `LockRegistry::postgres`, a lease
 //!   table in a PostgreSQL database.
-//! - `etcd`: `EtcdBackend` and `LockRegistry::etcd`, leases on an etcd
+//! - `etcd`: `EtcdStore` and `LockRegistry::etcd`, leases on an etcd
 //!   cluster with its revisions as fencing tokens (its build needs `protoc`).
-//! - `zookeeper`: `ZooKeeperBackend` and `LockRegistry::zookeeper`, a FIFO
+//! - `zookeeper`: `ZooKeeperStore` and `LockRegistry::zookeeper`, a FIFO
 //!   queue of ephemeral sequential nodes per key, czxid fencing.
 //! - `metrics`: counters and histograms of every lock through the
 //!   [`metrics`](https://docs.rs/metrics) facade (`distributed_lock_acquired_total`,
@@ -80,41 +82,64 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
-mod acquire;
-pub mod backend;
+// The API: what users of locks call.
 mod context;
 mod error;
 mod guard;
-mod keyed;
-mod local_queue;
 mod multi;
 mod options;
 mod private;
 mod registry;
+// The engine: written once over the contract, names no store.
+mod acquire;
+mod local_queue;
 mod renewal;
 mod telemetry;
+// The contract, and the stores under it.
+pub mod store;
 
-#[cfg(feature = "etcd")]
-pub use backend::etcd::EtcdBackend;
-pub use backend::memory::MemoryBackend;
-#[cfg(feature = "postgres")]
-pub use backend::postgres::PostgresBackend;
-#[cfg(feature = "redis")]
-pub use backend::redis::RedisBackend;
-#[cfg(feature = "redis")]
-pub use backend::redlock::RedlockBackend;
-#[cfg(feature = "zookeeper")]
-pub use backend::zookeeper::ZooKeeperBackend;
-pub use backend::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
-};
 pub use context::{fencing_token, fencing_token_for};
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use multi::LockGuards;
 pub use options::{LockOptions, MAX_DURATION};
 pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
+
+#[cfg(feature = "etcd")]
+pub use store::etcd::EtcdStore;
+pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::redis::RedisStore;
+#[cfg(feature = "redis")]
+pub use store::redlock::RedlockStore;
+#[cfg(feature = "zookeeper")]
+pub use store::zookeeper::ZooKeeperStore;
+
+/// The memory store's former name.
+#[deprecated(since = "0.2.0", note = "renamed to `MemoryStore`")]
+pub type MemoryBackend = MemoryStore;
+/// The Redis store's former name.
+#[cfg(feature = "redis")]
+#[deprecated(since = "0.2.0", note = "renamed to `RedisStore`")]
+pub type RedisBackend = RedisStore;
+/// The Redlock store's former name.
+#[cfg(feature = "redis")]
+#[deprecated(since = "0.2.0", note = "renamed to `RedlockStore`")]
+pub type RedlockBackend = RedlockStore;
+/// The PostgreSQL store's former name.
+#[cfg(feature = "postgres")]
+#[deprecated(since = "0.2.0", note = "renamed to `PostgresStore`")]
+pub type PostgresBackend = PostgresStore;
+/// The etcd store's former name.
+#[cfg(feature = "etcd")]
+#[deprecated(since = "0.2.0", note = "renamed to `EtcdStore`")]
+pub type EtcdBackend = EtcdStore;
+/// The ZooKeeper store's former name.
+#[cfg(feature = "zookeeper")]
+#[deprecated(since = "0.2.0", note = "renamed to `ZooKeeperStore`")]
+pub type ZooKeeperBackend = ZooKeeperStore;
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

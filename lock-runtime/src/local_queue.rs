@@ -4,10 +4,10 @@
 //!
 //! A holder that releases while other tasks of its process queue behind it
 //! asks the store to move the lease to a new token ([`Lease::hand_over`]),
-//! one round trip instead of a release and an acquire, and leaves it as a
-//! [`Baton`] for the next task, which takes it up at the front of the queue.
+//! one round trip instead of a release and an acquire, and leaves the
+//! [`Grant`] for the next task, which takes it up at the front of the queue.
 //! At most [`MAX_HAND_OVERS`] in a row, so other processes get their turn.
-//! A baton left behind by a waiter that went away is released.
+//! A grant left behind for a waiter that went away is released.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::backend::{HandOver, Lease, LossSignal};
 use crate::error::BackendError;
-use crate::keyed::{HashedKey, KeyHashing, KeyMap};
+use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
+use crate::store::{HandOver, Lease, LossSignal};
 
 /// How many times in a row a lease may be handed to the next task of this
 /// process before it is released in the store, so that other processes get
@@ -76,12 +76,12 @@ impl LocalQueues {
         map.remove(&slot.key);
         drop(map);
         // Rather than let it block other processes until its ttl.
-        let Some(mut baton) = slot.baton().take() else {
+        let Some(mut handed) = slot.handed().take() else {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = baton.lease.release(Duration::ZERO).await;
+                let _ = handed.lease.release(Duration::ZERO).await;
             });
         }
     }
@@ -93,18 +93,18 @@ impl LocalQueues {
     }
 }
 
-/// A lease handed over by the previous holder in this process, waiting for
-/// the next one at the front of the local queue.
+/// A lease the store granted (to an acquire, or by a hand-over), on its
+/// way to the guard that will hold it.
 #[derive(Debug)]
-pub(crate) struct Baton {
+pub(crate) struct Grant {
     pub(crate) lease: Box<dyn Lease>,
     pub(crate) loss: LossSignal,
     pub(crate) fencing: u64,
     pub(crate) ttl: Duration,
-    /// When the hand-over request was sent: the lease is good for `ttl`
-    /// from then.
+    /// When the request that granted (or last extended) it was sent: the
+    /// lease is good for `ttl` from then.
     pub(crate) sent_at: Instant,
-    /// How many hand-overs in a row led to this one.
+    /// How many hand-overs in a row led to it.
     pub(crate) chain: u32,
 }
 
@@ -118,7 +118,8 @@ struct Slot {
     users: AtomicUsize,
     /// The turn: one permit, taken by the front of the queue.
     queue: Semaphore,
-    baton: Mutex<Option<Baton>>,
+    /// A lease handed over for the next holder, until it takes it up.
+    handed: Mutex<Option<Grant>>,
 }
 
 impl Slot {
@@ -127,13 +128,13 @@ impl Slot {
             key,
             users: AtomicUsize::new(0),
             queue: Semaphore::new(1),
-            baton: Mutex::new(None),
+            handed: Mutex::new(None),
         }
     }
 
-    fn baton(&self) -> MutexGuard<'_, Option<Baton>> {
+    fn handed(&self) -> MutexGuard<'_, Option<Grant>> {
         // Only `take` and `replace`: consistent after a panic.
-        self.baton
+        self.handed
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
@@ -208,8 +209,8 @@ impl LocalPermit {
     }
 
     /// Takes up the lease the previous holder handed over, if any.
-    pub(crate) fn take_baton(&self) -> Option<Baton> {
-        self.slot.slot.baton().take()
+    pub(crate) fn take_handed(&self) -> Option<Grant> {
+        self.slot.slot.handed().take()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
@@ -223,10 +224,13 @@ impl LocalPermit {
     /// dropped unless it was moved.
     pub(crate) async fn hand_over(
         self,
-        mut lease: Box<dyn Lease>,
-        loss: LossSignal,
-        ttl: Duration,
-        chain: u32,
+        Grant {
+            mut lease,
+            loss,
+            ttl,
+            chain,
+            ..
+        }: Grant,
     ) -> Result<HandOver, BackendError> {
         let sent_at = Instant::now();
         let handed = lease.hand_over().await?;
@@ -237,7 +241,7 @@ impl LocalPermit {
         // A lease the store could not renew with the move counts from its
         // last renewal.
         let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-        *self.slot.slot.baton() = Some(Baton {
+        *self.slot.slot.handed() = Some(Grant {
             lease,
             loss,
             fencing,

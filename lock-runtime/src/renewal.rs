@@ -27,8 +27,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::backend::BoxFuture;
 use crate::error::BackendError;
+use crate::store::BoxFuture;
 use crate::telemetry::reason;
 
 /// How long the renewer task keeps waking on its own while idle, so that

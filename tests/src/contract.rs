@@ -1,4 +1,4 @@
-//! The contract every [`Backend`] must keep, as public test functions, and
+//! The contract every [`Store`] must keep, as public test functions, and
 //! [`backend_contract!`](crate::backend_contract) to expand them into one
 //! module of tests per store.
 //!
@@ -10,8 +10,8 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{
-    Acquire, AcquireRequest, Backend, Capabilities, HandOver, Lease, LockToken, LossSignal,
+use lock_runtime::store::{
+    Acquire, AcquireRequest, Capabilities, HandOver, Lease, LockToken, LossSignal, Store,
 };
 
 /// A long lease: never expires during a case.
@@ -19,18 +19,18 @@ const TTL: Duration = Duration::from_secs(10);
 
 /// Two clients of one store (two "processes"), and whatever keeps the store
 /// alive (a server) until the case ends.
-pub struct Store {
+pub struct Clients {
     /// The first client.
-    pub a: Arc<dyn Backend>,
+    pub a: Arc<dyn Store>,
     /// A second client of the same store.
-    pub b: Arc<dyn Backend>,
+    pub b: Arc<dyn Store>,
     _keep: Box<dyn Any + Send>,
 }
 
-impl Store {
+impl Clients {
     /// Two clients of one store; `keep` lives as long as they are used.
-    pub fn new(a: Arc<dyn Backend>, b: Arc<dyn Backend>, keep: impl Any + Send) -> Self {
-        Store {
+    pub fn new(a: Arc<dyn Store>, b: Arc<dyn Store>, keep: impl Any + Send) -> Self {
+        Clients {
             a,
             b,
             _keep: Box::new(keep),
@@ -50,9 +50,9 @@ impl Store {
     }
 }
 
-impl std::fmt::Debug for Store {
+impl std::fmt::Debug for Clients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
+        f.debug_struct("Clients")
             .field("a", &self.a)
             .field("b", &self.b)
             .finish_non_exhaustive()
@@ -60,17 +60,12 @@ impl std::fmt::Debug for Store {
 }
 
 /// One attempt by `token`; panics on a store error.
-async fn attempt(
-    backend: &Arc<dyn Backend>,
-    key: &str,
-    token: LockToken,
-    ttl: Duration,
-) -> Acquire {
+async fn attempt(backend: &Arc<dyn Store>, key: &str, token: LockToken, ttl: Duration) -> Acquire {
     attempt_with(backend, key, token, ttl, &LossSignal::new()).await
 }
 
 async fn attempt_with(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     key: &str,
     token: LockToken,
     ttl: Duration,
@@ -112,7 +107,7 @@ fn short_ttl(caps: &Capabilities) -> Duration {
 
 /// Only one holder at a time; a repeated attempt by the holder's token gets
 /// the same answer; a refusal says how long the lease has left.
-pub async fn acquire_is_exclusive(store: &Store) {
+pub async fn acquire_is_exclusive(store: &Clients) {
     let key = crate::unique_key("contract");
     let (a, b) = (LockToken::random(), LockToken::random());
     let (mut lease, first) = granted(attempt(&store.a, &key, a, TTL).await);
@@ -131,7 +126,7 @@ pub async fn acquire_is_exclusive(store: &Store) {
 }
 
 /// Two clients race for one key many times: exactly one wins each round.
-pub async fn racing_clients_never_both_win(store: &Store) {
+pub async fn racing_clients_never_both_win(store: &Clients) {
     let key = crate::unique_key("contract");
     for round in 0..40 {
         let (ta, tb) = (LockToken::random(), LockToken::random());
@@ -154,7 +149,7 @@ pub async fn racing_clients_never_both_win(store: &Store) {
 /// An expired lease can be taken by another holder, with a larger fencing
 /// token (where the store promises that), and its old handle can no longer
 /// renew or release it.
-pub async fn an_expired_lease_is_free_and_stale(store: &Store) {
+pub async fn an_expired_lease_is_free_and_stale(store: &Clients) {
     let key = crate::unique_key("contract");
     let short = short_ttl(store.caps());
     let (mut stale, first) = granted(attempt(&store.a, &key, LockToken::random(), short).await);
@@ -175,7 +170,7 @@ pub async fn an_expired_lease_is_free_and_stale(store: &Store) {
 
 /// Another token cannot undo the lease; the holder's renewal extends it;
 /// a second release is refused.
-pub async fn only_the_holder_renews_or_releases(store: &Store) {
+pub async fn only_the_holder_renews_or_releases(store: &Clients) {
     let key = crate::unique_key("contract");
     let (owner, other) = (LockToken::random(), LockToken::random());
     let short = short_ttl(store.caps()) * 4;
@@ -200,7 +195,7 @@ pub async fn only_the_holder_renews_or_releases(store: &Store) {
 }
 
 /// A release with a linger keeps the lease for that long, then frees it.
-pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Store) {
+pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
     if !store.caps().linger {
         return store.skip("a_lingering_release_keeps_the_lease_that_long", "linger");
     }
@@ -219,7 +214,7 @@ pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Store) {
 
 /// Fencing tokens strictly increase from one holder to the next, across
 /// both clients, where the store promises that.
-pub async fn fencing_tokens_increase_across_holders(store: &Store) {
+pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
     if !store.caps().fencing.increasing {
         return store.skip("fencing_tokens_increase_across_holders", "fencing order");
     }
@@ -236,7 +231,7 @@ pub async fn fencing_tokens_increase_across_holders(store: &Store) {
 
 /// A watch made before a release reports it; one made when nothing is
 /// released stays quiet (while the holder renews and others are refused).
-pub async fn a_watch_fires_on_release_and_only_then(store: &Store) {
+pub async fn a_watch_fires_on_release_and_only_then(store: &Clients) {
     let key = crate::unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let mut watch = store.b.watch(&key).await.unwrap();
@@ -254,7 +249,7 @@ pub async fn a_watch_fires_on_release_and_only_then(store: &Store) {
 /// A hand-over moves the lease to a new token with a larger fencing token:
 /// the old token is refused from then on, the handle goes on as the new
 /// holder.
-pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Store) {
+pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
     if !store.caps().hand_over {
         return store.skip("a_hand_over_moves_the_lease_to_a_new_token", "hand-over");
     }
@@ -279,7 +274,7 @@ pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Store) {
 
 /// A forced release frees the key and wakes waiters; a store that pushes
 /// losses raises the holder's loss signal; the holder's handle is refused.
-pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Store) {
+pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Clients) {
     let key = crate::unique_key("contract");
     let loss = LossSignal::new();
     let (mut lease, _) =
@@ -319,7 +314,7 @@ pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Store) 
 
 /// An acquire whose answer nobody took up is undone by its token, and only
 /// by its token: the key is free at once, not after the ttl.
-pub async fn an_abandoned_acquire_leaves_no_lease(store: &Store) {
+pub async fn an_abandoned_acquire_leaves_no_lease(store: &Clients) {
     let key = crate::unique_key("contract");
     let token = LockToken::random();
     // The answer is dropped unread, as when the caller gave up.
@@ -338,7 +333,7 @@ pub async fn an_abandoned_acquire_leaves_no_lease(store: &Store) {
 /// Inspection reports the live holder from either client (its token, its
 /// fencing token, what its lease has left), follows a hand-over, and finds
 /// the key free after a release or a forced release.
-pub async fn inspect_reports_the_holder(store: &Store) {
+pub async fn inspect_reports_the_holder(store: &Clients) {
     let key = crate::unique_key("contract");
     assert_eq!(store.b.inspect(&key).await.unwrap(), None, "never taken");
     let token = LockToken::random();
@@ -375,7 +370,7 @@ pub async fn inspect_reports_the_holder(store: &Store) {
 
 /// The capabilities make sense together: a linger or margin no larger than
 /// the shortest ttl, a ttl unit that divides it.
-pub async fn the_capabilities_are_consistent(store: &Store) {
+pub async fn the_capabilities_are_consistent(store: &Clients) {
     let caps = store.caps();
     assert_eq!(caps, store.b.capabilities(), "two clients, one store");
     assert!(!caps.store.is_empty());
@@ -387,7 +382,7 @@ pub async fn the_capabilities_are_consistent(store: &Store) {
 
 /// Expands the contract into a module of tests, one per case:
 /// `backend_contract!(memory_contract, make)` where `make` is an async fn
-/// returning a [`Store`](crate::contract::Store).
+/// returning a [`Clients`](crate::contract::Clients).
 #[macro_export]
 macro_rules! backend_contract {
     ($module:ident, $make:path) => {

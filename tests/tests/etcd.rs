@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{EtcdBackend, LockError, LockOptions, LockRegistry};
-use lock_tests::contract::Store;
+use lock_runtime::{EtcdStore, LockError, LockOptions, LockRegistry};
+use lock_tests::contract::Clients;
 use lock_tests::{
     EtcdCluster, Proxy, backend_contract, lock_and_release, time_to_lock, unique_key, wait_until,
 };
 
-async fn etcd_store() -> Store {
+async fn etcd_store() -> Clients {
     let cluster = EtcdCluster::single();
     let endpoints = cluster.endpoints();
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let connect = || EtcdBackend::builder(&endpoints).connect();
+    let connect = || EtcdStore::builder(&endpoints).connect();
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Store::new(Arc::new(a), Arc::new(b), cluster)
+    Clients::new(Arc::new(a), Arc::new(b), cluster)
 }
 
 backend_contract!(etcd_contract, etcd_store);
@@ -36,7 +36,7 @@ fn ms(ms: u64) -> Duration {
 async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
     let cluster = EtcdCluster::single();
     let registry = registry(&cluster).await;
-    let caps = registry.backend().capabilities().clone();
+    let caps = registry.store().capabilities().clone();
     // With 100 ms elections etcd's shortest lease is 1 s (2 s by default).
     assert_eq!(caps.min_ttl, Duration::from_secs(1), "{caps:?}");
     assert_eq!(caps.ttl_granularity, Duration::from_secs(1));
@@ -317,7 +317,7 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
     admin.auth_enable().await.unwrap();
     let endpoints = cluster.endpoints();
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let err = EtcdBackend::builder(&endpoints)
+    let err = EtcdStore::builder(&endpoints)
         .user("root", "wrong-secret-2")
         .connect()
         .await
@@ -325,7 +325,7 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
         .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert!(!err.contains("wrong-secret-2"), "{err}");
-    let backend = EtcdBackend::builder(&endpoints)
+    let backend = EtcdStore::builder(&endpoints)
         .user("root", "root-secret-1")
         .connect()
         .await
@@ -478,7 +478,7 @@ async fn tls_with_a_client_certificate_locks_and_releases() {
     let certs = cluster.certs().unwrap();
     let endpoint = cluster.endpoint(0);
     assert!(endpoint.starts_with("https://"), "{endpoint}");
-    let backend = EtcdBackend::builder(&[&endpoint])
+    let backend = EtcdStore::builder(&[&endpoint])
         .tls_ca(certs.pem("ca.crt"))
         .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
         .connect()
@@ -509,7 +509,7 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     let cluster = EtcdCluster::single_tls();
     let certs = cluster.certs().unwrap();
     let endpoint = cluster.endpoint(0);
-    let error = |result: Result<EtcdBackend, lock_runtime::BackendError>| {
+    let error = |result: Result<EtcdStore, lock_runtime::BackendError>| {
         let err = result.map(|_| ()).unwrap_err().to_string();
         eprintln!("{err}");
         err
@@ -517,7 +517,7 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     let started = Instant::now();
     // No client certificate, for a member that asks for one.
     let err = error(
-        EtcdBackend::builder(&[&endpoint])
+        EtcdStore::builder(&[&endpoint])
             .tls_ca(certs.pem("ca.crt"))
             .connect()
             .await,
@@ -529,7 +529,7 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     assert!(err.contains("`tls_identity`"), "{err}");
     // A CA that did not sign the member's certificate.
     let err = error(
-        EtcdBackend::builder(&[&endpoint])
+        EtcdStore::builder(&[&endpoint])
             .tls_ca(certs.pem("other-ca.crt"))
             .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
             .connect()
@@ -548,7 +548,7 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     // Schemes that contradict the settings, refused before connecting.
     let plain = endpoint.replace("https://", "http://");
     let err = error(
-        EtcdBackend::builder(&[&plain])
+        EtcdStore::builder(&[&plain])
             .tls_ca(certs.pem("ca.crt"))
             .connect()
             .await,
@@ -557,10 +557,10 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
         err.contains(&plain) && err.contains("use https://"),
         "{err}"
     );
-    let err = error(EtcdBackend::builder(&[&endpoint]).connect().await);
+    let err = error(EtcdStore::builder(&[&endpoint]).connect().await);
     assert!(err.contains(&endpoint) && err.contains("tls_ca"), "{err}");
     let err = error(
-        EtcdBackend::builder(&[&endpoint])
+        EtcdStore::builder(&[&endpoint])
             .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
             .connect()
             .await,

@@ -6,9 +6,8 @@
 
 use std::time::Duration;
 
-use lock_runtime::{
-    Acquire, AcquireRequest, LockError, LockOptions, LockRegistry, LockToken, LossSignal,
-};
+use lock_runtime::store::{Acquire, AcquireRequest, LockToken, LossSignal};
+use lock_runtime::{LockError, LockOptions, LockRegistry};
 use lock_tests::{on_memory_and_redis, unique_key};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -37,7 +36,7 @@ async fn a_lease_of_another_process_is_not_ours(locks: LockRegistry) {
     assert!(!theirs.is_from_this_process());
     let loss = LossSignal::new();
     let answer = locks
-        .backend()
+        .store()
         .acquire(AcquireRequest::new(&key, theirs, TTL, &loss))
         .await
         .unwrap();

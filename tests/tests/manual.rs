@@ -1,24 +1,24 @@
 //! The manual API (`lock`, `try_lock`, guards) on the memory backend, and
-//! the backend contract for `MemoryBackend`.
+//! the backend contract for `MemoryStore`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryBackend};
-use lock_tests::contract::Store;
+use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryStore};
+use lock_tests::contract::Clients;
 use lock_tests::{backend_contract, is_held, unique_key};
 use tokio::time::Instant;
 
-async fn memory() -> Store {
-    let store = MemoryBackend::new();
-    Store::new(Arc::new(store.clone()), Arc::new(store), ())
+async fn memory() -> Clients {
+    let store = MemoryStore::new();
+    Clients::new(Arc::new(store.clone()), Arc::new(store), ())
 }
 
 backend_contract!(memory_contract, memory);
 
 /// Two registries over one store: two "processes" sharing a lock server.
 fn two_processes() -> (LockRegistry, LockRegistry) {
-    let store = MemoryBackend::new();
+    let store = MemoryStore::new();
     let a = LockRegistry::builder(store.clone()).build().unwrap();
     let b = LockRegistry::builder(store).build().unwrap();
     (a, b)
@@ -144,7 +144,7 @@ async fn tasks_of_one_process_queue_locally_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn cancelled_waiters_leave_no_state_behind() {
-    let store = MemoryBackend::new();
+    let store = MemoryStore::new();
     let registry = LockRegistry::builder(store.clone()).build().unwrap();
     let key = unique_key("cancelled");
     let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
@@ -175,7 +175,7 @@ async fn cancelled_waiters_leave_no_state_behind() {
 
 #[tokio::test]
 async fn a_namespace_separates_registries_on_one_store() {
-    let store = MemoryBackend::new();
+    let store = MemoryStore::new();
     let shop = LockRegistry::builder(store.clone())
         .namespace("shop")
         .build()
@@ -199,7 +199,7 @@ async fn a_namespace_separates_registries_on_one_store() {
             .is_none()
     );
     // ...because namespaced keys are `ns:key` and a namespace has no colon.
-    let bad = LockRegistry::builder(MemoryBackend::new())
+    let bad = LockRegistry::builder(MemoryStore::new())
         .namespace("a:b")
         .build();
     assert!(matches!(bad, Err(LockError::InvalidKey { .. })));
@@ -296,7 +296,7 @@ async fn hand_overs_within_a_process_give_other_processes_their_turn() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_handed_to_a_waiter_that_left_is_released() {
-    let store = MemoryBackend::new();
+    let store = MemoryStore::new();
     let registry = LockRegistry::builder(store.clone()).build().unwrap();
     let other = LockRegistry::builder(store.clone()).build().unwrap();
     let key = unique_key("baton");

@@ -211,7 +211,7 @@ async fn expired_holder_without_watchdog_gets_lost_and_spares_the_next_holder() 
     // does, and releases it then.
     let second = registry.lock(&key, LockOptions::default()).await.unwrap();
     let ttl = Duration::from_millis(200);
-    let margin = registry.backend().capabilities().margin.of(ttl);
+    let margin = registry.store().capabilities().margin.of(ttl);
     assert!(started.elapsed() >= ttl - margin, "{:?}", started.elapsed());
     match first.await.unwrap() {
         Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),

@@ -1,7 +1,7 @@
 //! Per-key state is freed when nobody holds or waits: many distinct keys
 //! leave nothing behind, in the registry or in the store.
 
-use lock_runtime::{LockRegistry, MemoryBackend, distributed_lock};
+use lock_runtime::{LockRegistry, MemoryStore, distributed_lock};
 
 #[distributed_lock(key = "growth:{id}", ttl = "5s")]
 async fn touch(id: u64) -> u64 {
@@ -11,7 +11,7 @@ async fn touch(id: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_leave_no_state_behind() {
-    let store = MemoryBackend::new();
+    let store = MemoryStore::new();
     lock_runtime::init(LockRegistry::builder(store.clone()).build().unwrap()).unwrap();
     let registry = lock_runtime::registry().unwrap();
     const KEYS: u64 = 1_000_000;

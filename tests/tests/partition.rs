@@ -13,9 +13,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{
-    Acquire, AcquireRequest, Backend, Lease, LockOptions, LockRegistry, LockToken, LossSignal,
-};
+use lock_runtime::store::{Acquire, AcquireRequest, Lease, LockToken, LossSignal, Store};
+use lock_runtime::{LockOptions, LockRegistry};
 use lock_tests::{EtcdCluster, PostgresServer, Proxy, RedisServer, unique_key};
 use tokio::sync::Mutex;
 
@@ -40,7 +39,7 @@ struct Won {
 }
 
 /// One attempt by a competitor; the lease if it won.
-async fn attempt(backend: &Arc<dyn Backend>, key: &str) -> Result<Won, Option<Duration>> {
+async fn attempt(backend: &Arc<dyn Store>, key: &str) -> Result<Won, Option<Duration>> {
     let (token, loss) = (LockToken::random(), LossSignal::new());
     let request = AcquireRequest::new(key, token, TTL, &loss);
     let sent_us = now_us();
@@ -57,7 +56,7 @@ async fn attempt(backend: &Arc<dyn Backend>, key: &str) -> Result<Won, Option<Du
 
 /// A competitor that, while the key is held, sleeps exactly the holder's
 /// remaining time (the store's own answer) before asking again.
-async fn at_expiry(backend: Arc<dyn Backend>, key: String) -> Won {
+async fn at_expiry(backend: Arc<dyn Store>, key: String) -> Won {
     loop {
         match attempt(&backend, &key).await {
             Ok(won) => return won,
@@ -69,7 +68,7 @@ async fn at_expiry(backend: Arc<dyn Backend>, key: String) -> Won {
 }
 
 /// A competitor that tries again after random pauses of up to 3 ms.
-async fn at_random(backend: Arc<dyn Backend>, key: String) -> Won {
+async fn at_random(backend: Arc<dyn Store>, key: String) -> Won {
     loop {
         tokio::time::sleep(Duration::from_micros(rand::random_range(0..3_000))).await;
         if let Ok(won) = attempt(&backend, &key).await {
@@ -127,8 +126,8 @@ async fn partitions<C, CF, G, GF>(
         tokio::time::sleep(ttl * (trial as u32 % 5) / 4).await;
         proxy.black_hole();
         let mut won = tokio::select! {
-            won = at_expiry(a.backend().clone(), key.clone()) => won,
-            won = at_random(b.backend().clone(), key.clone()) => won,
+            won = at_expiry(a.store().clone(), key.clone()) => won,
+            won = at_random(b.store().clone(), key.clone()) => won,
         };
         let granted = granted_at(key.clone(), won.fencing, won.sent_us).await;
         won.lease.release(Duration::ZERO).await.unwrap();

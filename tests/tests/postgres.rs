@@ -4,17 +4,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresBackend};
-use lock_tests::contract::Store;
+use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresStore};
+use lock_tests::contract::Clients;
 use lock_tests::{
     PostgresServer, backend_contract, is_held, lock_and_release, time_to_lock, unique_key,
 };
 
-async fn postgres_store() -> Store {
+async fn postgres_store() -> Clients {
     let server = PostgresServer::new();
-    let connect = || PostgresBackend::builder(&server.url()).connect();
+    let connect = || PostgresStore::builder(&server.url()).connect();
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Store::new(Arc::new(a), Arc::new(b), server)
+    Clients::new(Arc::new(a), Arc::new(b), server)
 }
 
 backend_contract!(postgres_contract, postgres_store);
@@ -65,7 +65,7 @@ async fn the_table_is_created_once_and_shared() {
     assert_eq!(server.psql("SELECT count(*) FROM lock_leases"), "1");
     guard.release().await.unwrap();
     assert_eq!(server.psql("SELECT count(*) FROM lock_leases"), "0");
-    let custom = PostgresBackend::builder(&server.url())
+    let custom = PostgresStore::builder(&server.url())
         .table("shop_locks")
         .connect()
         .await
@@ -73,7 +73,7 @@ async fn the_table_is_created_once_and_shared() {
     let shop = LockRegistry::builder(custom).build().unwrap();
     lock_and_release(&shop, &key).await;
     assert_eq!(server.psql("SELECT count(*) FROM shop_locks"), "0");
-    let err = PostgresBackend::builder(&server.url())
+    let err = PostgresStore::builder(&server.url())
         .table("locks; DROP TABLE lock_leases")
         .connect()
         .await
@@ -316,7 +316,7 @@ async fn tls_is_a_builder_option() {
     builder.set_verify(openssl::ssl::SslVerifyMode::NONE);
     let tls = postgres_openssl::MakeTlsConnector::new(builder.build());
     let connect = || {
-        PostgresBackend::builder(&format!("{url}?sslmode=require"))
+        PostgresStore::builder(&format!("{url}?sslmode=require"))
             .tls(tls.clone())
             .connect()
     };

@@ -4,20 +4,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::backend::redis::Fencing;
-use lock_runtime::{LockError, LockOptions, LockRegistry, RedisBackend};
-use lock_tests::contract::Store;
+use lock_runtime::store::redis::Fencing;
+use lock_runtime::{LockError, LockOptions, LockRegistry, RedisStore};
+use lock_tests::contract::Clients;
 use lock_tests::{
     RedisServer, backend_contract, is_held, lock_and_release, measure_handoff, time_to_lock,
     unique_key, wait_for_waiter, wait_until,
 };
 use redis::Commands;
 
-async fn redis_store() -> Store {
+async fn redis_store() -> Clients {
     let server = RedisServer::new();
-    let connect = || RedisBackend::builder(&server.url()).connect();
+    let connect = || RedisStore::builder(&server.url()).connect();
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Store::new(Arc::new(a), Arc::new(b), server)
+    Clients::new(Arc::new(a), Arc::new(b), server)
 }
 
 backend_contract!(redis_contract, redis_store);
@@ -221,7 +221,7 @@ async fn connecting_to_a_down_server_is_a_redacted_backend_error() {
     let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
     for retries in [0, 2] {
         let started = Instant::now();
-        let err = RedisBackend::builder(&url)
+        let err = RedisStore::builder(&url)
             .connection_retries(retries)
             .connect()
             .await
@@ -422,7 +422,7 @@ async fn fencing_counters_can_be_bounded_or_turned_off() {
     let build = |fencing| {
         let url = server.url();
         async move {
-            let backend = RedisBackend::builder(&url)
+            let backend = RedisStore::builder(&url)
                 .fencing(fencing)
                 .connect()
                 .await
@@ -617,7 +617,7 @@ async fn an_acquire_given_up_in_flight_leaves_no_lease() {
 async fn every_call_against_a_frozen_server_returns_within_its_timeout() {
     let server = RedisServer::new();
     let timeout = Duration::from_millis(800);
-    let backend = RedisBackend::builder(&server.url())
+    let backend = RedisStore::builder(&server.url())
         .response_timeout(timeout)
         .connect()
         .await
@@ -725,8 +725,8 @@ async fn fencing_counters_end_with_their_leases() {
 }
 
 /// Fair mode, with a grant timeout of `grant_ms`.
-async fn fair_backend(server: &RedisServer, grant_ms: u64) -> RedisBackend {
-    RedisBackend::builder(&server.url())
+async fn fair_backend(server: &RedisServer, grant_ms: u64) -> RedisStore {
+    RedisStore::builder(&server.url())
         .fair(Duration::from_millis(grant_ms))
         .connect()
         .await
@@ -740,13 +740,13 @@ async fn fair_registry(server: &RedisServer, grant_ms: u64) -> LockRegistry {
         .unwrap()
 }
 
-async fn redis_fair_store() -> Store {
+async fn redis_fair_store() -> Clients {
     let server = RedisServer::new();
     let (a, b) = (
         fair_backend(&server, 500).await,
         fair_backend(&server, 500).await,
     );
-    Store::new(Arc::new(a), Arc::new(b), server)
+    Clients::new(Arc::new(a), Arc::new(b), server)
 }
 
 backend_contract!(redis_fair_contract, redis_fair_store);
@@ -764,7 +764,7 @@ async fn fair_mode_refuses_a_grant_timeout_too_short_to_keep_a_place() {
     let secret = "s3cret-Pa55word";
     let server = RedisServer::with_password(secret);
     let url = format!("redis://:{secret}@127.0.0.1:{}", server.port());
-    let err = RedisBackend::builder(&url)
+    let err = RedisStore::builder(&url)
         .fair(Duration::from_millis(10))
         .connect()
         .await

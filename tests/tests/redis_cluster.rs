@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use lock_runtime::backend::redis::Fencing;
-use lock_runtime::{LockOptions, LockRegistry, RedisBackend};
+use lock_runtime::store::redis::Fencing;
+use lock_runtime::{LockOptions, LockRegistry, RedisStore};
 use lock_tests::{RedisCluster, is_held, measure_handoff, unique_key};
 
 async fn cluster_registry(cluster: &RedisCluster) -> LockRegistry {
@@ -17,7 +17,7 @@ async fn cluster_registry(cluster: &RedisCluster) -> LockRegistry {
     // Pub/sub messages are broadcast over the cluster bus: one node's
     // subscriber connection hears releases published on every node.
     let pubsub = redis::Client::open(urls[0].as_str()).unwrap();
-    let backend = RedisBackend::with_connection(conn, pubsub, Fencing::PerKey);
+    let backend = RedisStore::with_connection(conn, pubsub, Fencing::PerKey);
     LockRegistry::builder(backend).build().unwrap()
 }
 

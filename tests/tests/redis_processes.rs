@@ -157,7 +157,7 @@ fn fair_mode_passes_over_a_dead_waiter_within_the_grant_timeout() {
     let mut conn = server.connection();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let holder = runtime.block_on(async {
-        let backend = lock_runtime::RedisBackend::builder(&server.url())
+        let backend = lock_runtime::RedisStore::builder(&server.url())
             .fair(Duration::from_millis(500))
             .connect()
             .await

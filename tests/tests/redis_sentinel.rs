@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{
-    LockError, LockOptions, LockRegistry, RedisBackend, distributed_lock, fencing_token,
+    LockError, LockOptions, LockRegistry, RedisStore, distributed_lock, fencing_token,
 };
 use lock_tests::{RedisSentinels, RedisServer, time_to_lock, unique_key};
 use tokio::sync::Mutex;
@@ -128,7 +128,7 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
     let timeout = Duration::from_secs(1);
     // It must be shorter than the response timeout (default 2 s), or the
     // reply could come too late to undo the grant.
-    let err = RedisBackend::builder(&master.url())
+    let err = RedisStore::builder(&master.url())
         .replica_acks(1, Duration::from_secs(2))
         .connect()
         .await
@@ -141,7 +141,7 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
         err.contains("must be shorter than the response timeout"),
         "{err}"
     );
-    let backend = RedisBackend::builder(&master.url())
+    let backend = RedisStore::builder(&master.url())
         .replica_acks(1, timeout)
         .connect()
         .await

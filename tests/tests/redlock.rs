@@ -4,17 +4,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockBackend};
-use lock_tests::contract::Store;
+use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockStore};
+use lock_tests::contract::Clients;
 use lock_tests::{RedisServers, backend_contract, is_held, measure_handoff, unique_key};
 
-async fn redlock_store() -> Store {
+async fn redlock_store() -> Clients {
     let servers = RedisServers::spawn(3);
     let urls = servers.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let a = RedlockBackend::connect(&urls).await.unwrap();
-    let b = RedlockBackend::connect(&urls).await.unwrap();
-    Store::new(Arc::new(a), Arc::new(b), servers)
+    let a = RedlockStore::connect(&urls).await.unwrap();
+    let b = RedlockStore::connect(&urls).await.unwrap();
+    Clients::new(Arc::new(a), Arc::new(b), servers)
 }
 
 backend_contract!(redlock_contract, redlock_store);

@@ -4,22 +4,22 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperBackend};
-use lock_tests::contract::Store;
+use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperStore};
+use lock_tests::contract::Clients;
 use lock_tests::{Proxy, ZooKeeperEnsemble, backend_contract, lock_and_release, unique_key};
 
 /// The session timeout the tests ask for: above the contract's 10 s ttl.
 const SESSION: Duration = Duration::from_secs(20);
 
-async fn zookeeper_store() -> Store {
+async fn zookeeper_store() -> Clients {
     let zk = ZooKeeperEnsemble::single();
     let connect = || {
-        ZooKeeperBackend::builder(&zk.connect_string())
+        ZooKeeperStore::builder(&zk.connect_string())
             .session_timeout(SESSION)
             .connect()
     };
     let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Store::new(Arc::new(a), Arc::new(b), zk)
+    Clients::new(Arc::new(a), Arc::new(b), zk)
 }
 
 backend_contract!(zookeeper_contract, zookeeper_store);
@@ -29,7 +29,7 @@ async fn registry(zk: &ZooKeeperEnsemble, session: Duration) -> LockRegistry {
 }
 
 async fn registry_at(connect_string: &str, session: Duration) -> LockRegistry {
-    let backend = ZooKeeperBackend::builder(connect_string)
+    let backend = ZooKeeperStore::builder(connect_string)
         .session_timeout(session)
         .connect()
         .await
@@ -420,7 +420,7 @@ fn chain(err: &dyn std::error::Error) -> String {
 #[tokio::test]
 async fn a_chroot_confines_every_node_under_it() {
     let zk = ZooKeeperEnsemble::single();
-    let builder = ZooKeeperBackend::builder(&zk.connect_string())
+    let builder = ZooKeeperStore::builder(&zk.connect_string())
         .chroot("/apps/orders")
         .session_timeout(SESSION);
     let confined = LockRegistry::builder(builder.connect().await.unwrap())
@@ -446,7 +446,7 @@ async fn a_chroot_confines_every_node_under_it() {
     guard.release().await.unwrap();
     other.release().await.unwrap();
 
-    let bad = ZooKeeperBackend::builder(&zk.connect_string())
+    let bad = ZooKeeperStore::builder(&zk.connect_string())
         .chroot("apps/")
         .connect()
         .await
@@ -462,7 +462,7 @@ async fn a_chroot_confines_every_node_under_it() {
 async fn digest_credentials_admit_only_the_same_credentials() {
     let zk = ZooKeeperEnsemble::single();
     let with = |password: &'static str| {
-        ZooKeeperBackend::builder(&zk.connect_string())
+        ZooKeeperStore::builder(&zk.connect_string())
             .digest("orders", password)
             .session_timeout(SESSION)
     };
@@ -509,7 +509,7 @@ async fn digest_credentials_admit_only_the_same_credentials() {
 async fn a_release_lost_on_the_way_frees_the_lock_once_the_client_is_back() {
     let zk = ZooKeeperEnsemble::single();
     let proxy = Proxy::start(zk.client_port(0));
-    let backend = ZooKeeperBackend::builder(&format!("127.0.0.1:{}", proxy.port()))
+    let backend = ZooKeeperStore::builder(&format!("127.0.0.1:{}", proxy.port()))
         .session_timeout(Duration::from_secs(30))
         .response_timeout(Duration::from_millis(300))
         .connect()

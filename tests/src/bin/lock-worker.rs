@@ -198,7 +198,7 @@ async fn main() -> Result<(), LockError> {
             .split_once("?session_ms=")
             .unwrap_or((servers, "30000"));
         let session = std::time::Duration::from_millis(session.parse().expect("session_ms"));
-        let backend = lock_runtime::ZooKeeperBackend::builder(servers)
+        let backend = lock_runtime::ZooKeeperStore::builder(servers)
             .session_timeout(session)
             .connect()
             .await
@@ -214,7 +214,7 @@ async fn main() -> Result<(), LockError> {
     } else if let Some((server, grant_ms)) = url.split_once("?fair_grant_ms=") {
         // `redis://host:port?fair_grant_ms=N`: the Redis store in fair mode.
         let grant = Duration::from_millis(grant_ms.parse().expect("fair_grant_ms"));
-        let backend = lock_runtime::RedisBackend::builder(server)
+        let backend = lock_runtime::RedisStore::builder(server)
             .fair(grant)
             .connect()
             .await?;

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Client, Config, Error, NoTls, Socket};
 
-use crate::backend::BoxFuture;
+use crate::store::BoxFuture;
 
 /// What a session's connection delivers besides replies: notifications and
 /// notices; `None` once it ended.

@@ -47,31 +47,17 @@ use zookeeper_client::{
 };
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, LossSignal, Place, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin, Store,
 };
-use crate::error::{BackendError, LockError};
-use crate::registry::LockRegistry;
+use crate::error::BackendError;
+use crate::store::support::queue::Place;
 
 mod deletions;
 
-impl LockRegistry {
-    /// A registry over the ZooKeeper ensemble at `connect_string`
-    /// (`10.0.0.7:2181,10.0.0.8:2181`, optionally ending in a chroot path),
-    /// with the [`ZooKeeperBackend`] defaults.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Backend`] naming the servers when none answers.
-    pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
-        let backend = ZooKeeperBackend::builder(connect_string).connect().await;
-        LockRegistry::connected(connect_string, backend)
-    }
-}
-
-/// Configures and connects a [`ZooKeeperBackend`].
+/// Configures and connects a [`ZooKeeperStore`].
 #[derive(Debug)]
-pub struct ZooKeeperBackendBuilder {
+pub struct ZooKeeperStoreBuilder {
     connect_string: String,
     chroot: Option<String>,
     digest: Option<Digest>,
@@ -94,7 +80,7 @@ impl fmt::Debug for Digest {
     }
 }
 
-impl ZooKeeperBackendBuilder {
+impl ZooKeeperStoreBuilder {
     /// The node every key's queue lives under (default `/locks`).
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
@@ -149,7 +135,7 @@ impl ZooKeeperBackendBuilder {
     /// # Errors
     ///
     /// No server answers, or the root cannot be created.
-    pub async fn connect(self) -> Result<ZooKeeperBackend, BackendError> {
+    pub async fn connect(self) -> Result<ZooKeeperStore, BackendError> {
         let shown = self.connect_string.clone();
         let (servers, chroot) = match self.connect_string.split_once('/') {
             Some((servers, path)) => (servers.to_owned(), Some(format!("/{path}"))),
@@ -203,7 +189,7 @@ impl ZooKeeperBackendBuilder {
         }
         let client = settings.confine(unconfined)?;
         let session_timeout = client.session_timeout();
-        let store = ZooKeeperBackend {
+        let store = ZooKeeperStore {
             shared: Arc::new(Shared {
                 session: RwLock::new(client),
                 settings,
@@ -298,15 +284,15 @@ fn capabilities(session_timeout: Duration) -> Capabilities {
 
 /// The ZooKeeper store. Cheap to clone; clones share the session.
 #[derive(Clone)]
-pub struct ZooKeeperBackend {
+pub struct ZooKeeperStore {
     shared: Arc<Shared>,
     capabilities: Capabilities,
     shown: String,
 }
 
-impl fmt::Debug for ZooKeeperBackend {
+impl fmt::Debug for ZooKeeperStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZooKeeperBackend")
+        f.debug_struct("ZooKeeperStore")
             .field("servers", &self.shown)
             .field("root", &self.shared.root)
             .field("session_timeout", &self.capabilities.max_ttl)
@@ -314,10 +300,10 @@ impl fmt::Debug for ZooKeeperBackend {
     }
 }
 
-impl ZooKeeperBackend {
+impl ZooKeeperStore {
     /// Starts configuring a store for the ensemble at `connect_string`.
-    pub fn builder(connect_string: &str) -> ZooKeeperBackendBuilder {
-        ZooKeeperBackendBuilder {
+    pub fn builder(connect_string: &str) -> ZooKeeperStoreBuilder {
+        ZooKeeperStoreBuilder {
             connect_string: connect_string.to_owned(),
             chroot: None,
             digest: None,
@@ -1043,7 +1029,7 @@ impl Lease for ZooKeeperLease {
     }
 }
 
-impl Backend for ZooKeeperBackend {
+impl Store for ZooKeeperStore {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
     }

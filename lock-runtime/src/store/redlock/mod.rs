@@ -55,13 +55,13 @@ use futures_util::future::join_all;
 use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout};
 
-use super::redis::RedisBackend;
+use super::redis::RedisStore;
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo,
-    LockToken, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
+    ReleaseWatch, SafetyMargin, Store,
 };
-use crate::error::{BackendError, LockError, redact};
-use crate::registry::LockRegistry;
+use crate::error::BackendError;
+use crate::store::support::redact::redact;
 
 /// What Redlock can do. The shortest lease leaves room for the node round
 /// trips and the margin: the drift allowance (1 % of the ttl plus 2 ms) plus
@@ -72,48 +72,32 @@ const CAPABILITIES: Capabilities = Capabilities::new("redlock")
     .with_margin(SafetyMargin::new(Duration::from_millis(12), 10_000))
     .with_fencing(FencingPromise::new(true, false, true));
 
-impl LockRegistry {
-    /// A registry over N ≥ 3 independent Redis masters with the Redlock
-    /// algorithm; see [`RedlockBackend`] for what it promises and what it
-    /// needs.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Backend`] naming the nodes (passwords redacted) for fewer
-    /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
-    /// majority reachable.
-    pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
-        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
-        LockRegistry::connected(&shown.join(", "), RedlockBackend::connect(urls).await)
-    }
-}
-
 /// One Redis master, connected on first use (so a node that is down when the
 /// registry is built can join later).
 struct Node {
     url: String,
     shown: String,
-    backend: OnceCell<RedisBackend>,
+    backend: OnceCell<RedisStore>,
 }
 
 impl Node {
-    async fn backend(&self) -> Result<&RedisBackend, BackendError> {
+    async fn backend(&self) -> Result<&RedisStore, BackendError> {
         self.backend
-            .get_or_try_init(|| RedisBackend::builder(&self.url).connect_backend())
+            .get_or_try_init(|| RedisStore::builder(&self.url).connect_backend())
             .await
     }
 }
 
 /// The Redlock backend over N ≥ 3 independent Redis masters. Cheap to clone.
 #[derive(Clone)]
-pub struct RedlockBackend {
+pub struct RedlockStore {
     nodes: Arc<[Node]>,
 }
 
 /// A node's answer, or why there was none.
 type NodeResult<T> = Result<T, BackendError>;
 
-impl RedlockBackend {
+impl RedlockStore {
     /// Connects to the nodes at `urls`.
     ///
     /// # Errors
@@ -122,7 +106,7 @@ impl RedlockBackend {
     /// database), an invalid URL, or fewer than a majority of the nodes
     /// reachable now. Nodes that are down but not a majority are connected
     /// when they come back.
-    pub async fn connect(urls: &[&str]) -> Result<RedlockBackend, BackendError> {
+    pub async fn connect(urls: &[&str]) -> Result<RedlockStore, BackendError> {
         if urls.len() < 3 {
             return Err(format!(
                 "redlock needs at least 3 independent Redis masters, got {}",
@@ -144,7 +128,7 @@ impl RedlockBackend {
                 .into());
             }
         }
-        let backend = RedlockBackend {
+        let backend = RedlockStore {
             nodes: urls
                 .iter()
                 .map(|url| Node {
@@ -185,7 +169,7 @@ impl RedlockBackend {
     /// Runs `op` on every node at once, each within `limit`.
     async fn on_all<'a, T, F, Fut>(&'a self, limit: Duration, op: F) -> Vec<NodeResult<T>>
     where
-        F: Fn(&'a RedisBackend) -> Fut,
+        F: Fn(&'a RedisStore) -> Fut,
         Fut: std::future::Future<Output = NodeResult<T>> + 'a,
     {
         join_all(self.nodes.iter().map(|node| on_node(node, limit, &op))).await
@@ -226,7 +210,7 @@ impl RedlockBackend {
 /// Runs `op` on one node (connecting it if need be) within `limit`.
 async fn on_node<'a, T, F, Fut>(node: &'a Node, limit: Duration, op: &F) -> NodeResult<T>
 where
-    F: Fn(&'a RedisBackend) -> Fut,
+    F: Fn(&'a RedisStore) -> Fut,
     Fut: std::future::Future<Output = NodeResult<T>> + 'a,
 {
     let call = async move { op(node.backend().await?).await };
@@ -249,7 +233,7 @@ fn split_vote_delay(ttl: Duration) -> Duration {
     Duration::from_micros(rand::random_range(1_000..=max.as_micros() as u64))
 }
 
-impl Backend for RedlockBackend {
+impl Store for RedlockStore {
     fn capabilities(&self) -> &Capabilities {
         &CAPABILITIES
     }
@@ -408,7 +392,7 @@ impl Backend for RedlockBackend {
 /// may take the lock again on nodes that lost it, and a release cannot
 /// report a loss.
 struct RedlockLease {
-    redlock: RedlockBackend,
+    redlock: RedlockStore,
     key: String,
     token: LockToken,
     ttl: Duration,
@@ -427,7 +411,7 @@ impl Lease for RedlockLease {
             let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
             let redlock = &self.redlock;
             let started = Instant::now();
-            let limit = RedlockBackend::node_timeout(ttl);
+            let limit = RedlockStore::node_timeout(ttl);
             let mut results = redlock
                 .on_all(limit, |node| node.renew_token(key, token, ttl))
                 .await;
@@ -444,7 +428,7 @@ impl Lease for RedlockLease {
                     .zip(results.iter_mut())
                     .filter(|(_, r)| matches!(r, Ok(false)));
                 join_all(retake.map(|(node, result)| async move {
-                    let acquire = |node| RedisBackend::try_acquire(node, key, token, ttl);
+                    let acquire = |node| RedisStore::try_acquire(node, key, token, ttl);
                     if let Ok(Ok(_)) = on_node(node, limit, &acquire).await {
                         *result = Ok(true);
                     }
@@ -452,7 +436,7 @@ impl Lease for RedlockLease {
                 .await;
             }
             let (ours, not_ours) = tally(&results);
-            let drift = RedlockBackend::drift(ttl);
+            let drift = RedlockStore::drift(ttl);
             if ours >= redlock.quorum() && started.elapsed() + drift < ttl {
                 self.valid_until = started + ttl - drift;
                 return Ok(true);
@@ -470,7 +454,7 @@ impl Lease for RedlockLease {
             let (key, token) = (self.key.as_str(), self.token);
             let redlock = &self.redlock;
             let was_valid = self.is_valid();
-            let limit = RedlockBackend::node_timeout(linger.max(Duration::from_secs(1)));
+            let limit = RedlockStore::node_timeout(linger.max(Duration::from_secs(1)));
             let results = redlock
                 .on_all(limit, |node| node.release_token(key, token, linger))
                 .await;
@@ -512,10 +496,10 @@ async fn forward(mut inner: ReleaseWatch, tx: watch::Sender<()>) {
     }
 }
 
-impl fmt::Debug for RedlockBackend {
+impl fmt::Debug for RedlockStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let nodes: Vec<&str> = self.nodes.iter().map(|node| node.shown.as_str()).collect();
-        f.debug_struct("RedlockBackend")
+        f.debug_struct("RedlockStore")
             .field("nodes", &nodes)
             .field("quorum", &self.quorum())
             .finish()

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::WATCH_RETRY;
-use crate::backend::LossSignal;
+use crate::store::LossSignal;
 
 /// The watch that opens a stream: on a key no lock uses, reporting nothing.
 const OPENER_ID: i64 = i64::MAX;

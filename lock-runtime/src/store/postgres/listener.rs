@@ -18,8 +18,8 @@ use tokio_postgres::{AsyncMessage, Config};
 
 use super::session::Opener;
 use super::{CHANNEL, pg_error};
-use crate::backend::{BoxFuture, ReleaseWatch};
 use crate::error::BackendError;
+use crate::store::{BoxFuture, ReleaseWatch};
 
 /// The listening connection and who waits for which row.
 pub(super) struct Listener {

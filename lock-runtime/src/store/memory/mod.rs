@@ -9,12 +9,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, LossSignal, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin, Store,
 };
 use crate::error::BackendError;
-use crate::keyed::{HashedKey, KeyHashing, KeyMap};
-use crate::registry::LockRegistry;
+use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
 
 /// Below this many keys the table is never swept.
 const SWEEP_FLOOR: usize = 1024;
@@ -27,18 +26,10 @@ const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .with_margin(SafetyMargin::new(Duration::from_millis(2), 0))
     .with_fencing(FencingPromise::new(true, false, true));
 
-impl LockRegistry {
-    /// An in-process registry over a fresh [`MemoryBackend`]: locks exclude
-    /// tasks of this process only.
-    pub fn memory() -> LockRegistry {
-        LockRegistry::over(MemoryBackend::new())
-    }
-}
-
 /// An in-process lock store.
 ///
 /// Clones share one table, so several registries built on clones of one
-/// `MemoryBackend` contend for the same locks, as processes sharing one Redis
+/// `MemoryStore` contend for the same locks, as processes sharing one Redis
 /// do. Expiry uses Tokio's clock, so tests with paused time run instantly.
 ///
 /// Fencing tokens come from one counter per store: strictly increasing per
@@ -49,10 +40,10 @@ impl LockRegistry {
 /// since the last sweep.
 ///
 /// The store tells a holder at once when its lease is lost to
-/// [`force_release`](Backend::force_release) or, after it expired, to the
+/// [`force_release`](Store::force_release) or, after it expired, to the
 /// next holder.
 #[derive(Clone, Default)]
-pub struct MemoryBackend {
+pub struct MemoryStore {
     shared: Arc<Mutex<Table>>,
 }
 
@@ -123,7 +114,7 @@ impl Slot {
     }
 }
 
-impl MemoryBackend {
+impl MemoryStore {
     /// Creates an empty store.
     pub fn new() -> Self {
         Self::default()
@@ -363,7 +354,7 @@ impl fmt::Debug for MemoryLease {
 
 /// Frees the key's slot when its last watcher goes away.
 struct Unwatch {
-    store: MemoryBackend,
+    store: MemoryStore,
     key: HashedKey,
 }
 
@@ -381,15 +372,15 @@ impl Drop for Unwatch {
     }
 }
 
-impl fmt::Debug for MemoryBackend {
+impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryBackend")
+        f.debug_struct("MemoryStore")
             .field("tracked_keys", &self.tracked_keys())
             .finish()
     }
 }
 
-impl Backend for MemoryBackend {
+impl Store for MemoryStore {
     fn capabilities(&self) -> &Capabilities {
         &CAPABILITIES
     }

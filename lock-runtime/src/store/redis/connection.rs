@@ -22,7 +22,7 @@ use crate::error::BackendError;
 /// The shortest pause between two questions to the Sentinels.
 const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 
-/// The connection a [`RedisBackend`](super::RedisBackend) sends its commands
+/// The connection a [`RedisStore`](super::RedisStore) sends its commands
 /// on: to one server (`redis://`), or to the current master of a Sentinel
 /// group (`redis+sentinel://`). Cheap to clone; clones share it.
 #[derive(Clone)]
@@ -254,7 +254,7 @@ impl SentinelUrl {
         let invalid = |why: &str| -> BackendError {
             format!(
                 "invalid Sentinel URL `{}`: {why}; expected redis+sentinel://host:port[,host:port...]/master-name[/db]",
-                crate::error::redact(url)
+                crate::store::support::redact::redact(url)
             )
             .into()
         };

@@ -78,11 +78,11 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row, Socket, Statement};
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo,
+    LockToken, ReleaseWatch, SafetyMargin, Store,
 };
-use crate::error::{BackendError, LockError, redact};
-use crate::registry::LockRegistry;
+use crate::error::BackendError;
+use crate::store::support::redact::redact;
 use listener::Listener;
 use session::Opener;
 
@@ -100,26 +100,9 @@ const REFUSALS_RETRIED: usize = 3;
 /// The channel releases are announced on.
 const CHANNEL: &str = "lock_leases_released";
 
-impl LockRegistry {
-    /// A registry over a PostgreSQL database
-    /// (`postgres://user:password@host:port/dbname`, or `host=.. user=..`),
-    /// with the [`PostgresBackend`] defaults: table `lock_leases`, created if
-    /// missing.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Backend`] naming the connect string (password redacted)
-    /// when it is invalid, the server cannot be reached, refuses the
-    /// credentials, or the table cannot be created.
-    pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
-        let backend = PostgresBackend::builder(url).connect().await;
-        LockRegistry::connected(&redact(url), backend)
-    }
-}
-
-/// Configures and connects a [`PostgresBackend`].
+/// Configures and connects a [`PostgresStore`].
 #[derive(Debug)]
-pub struct PostgresBackendBuilder {
+pub struct PostgresStoreBuilder {
     url: String,
     table: String,
     connections: usize,
@@ -128,7 +111,7 @@ pub struct PostgresBackendBuilder {
     opener: Opener,
 }
 
-impl PostgresBackendBuilder {
+impl PostgresStoreBuilder {
     /// Connects through `tls`, any `tokio-postgres` TLS connector
     /// (`postgres_openssl::MakeTlsConnector`,
     /// `tokio_postgres_rustls::MakeRustlsConnect`, ...): every session of
@@ -182,7 +165,7 @@ impl PostgresBackendBuilder {
     /// An invalid connect string or table name, an unreachable server,
     /// refused credentials, or no right to create the table. Never contains
     /// the password.
-    pub async fn connect(self) -> Result<PostgresBackend, BackendError> {
+    pub async fn connect(self) -> Result<PostgresStore, BackendError> {
         let table = Table::new(&self.table)?;
         let mut config: Config = self
             .url
@@ -203,7 +186,7 @@ impl PostgresBackendBuilder {
         let first = shared.prepared(client).await?;
         *shared.slots[0].lock().await = Some(first);
         let listener = Listener::new(shared.config.clone(), self.opener, self.connection_timeout);
-        Ok(PostgresBackend {
+        Ok(PostgresStore {
             shared,
             listener,
             shown: redact(&self.url),
@@ -227,16 +210,16 @@ impl PostgresBackendBuilder {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct PostgresBackend {
+pub struct PostgresStore {
     shared: Arc<Shared>,
     listener: Arc<Listener>,
     shown: String,
 }
 
-impl PostgresBackend {
+impl PostgresStore {
     /// Starts configuring a store for `url`.
-    pub fn builder(url: &str) -> PostgresBackendBuilder {
-        PostgresBackendBuilder {
+    pub fn builder(url: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
             url: url.to_owned(),
             table: "lock_leases".to_owned(),
             connections: 4,
@@ -641,7 +624,7 @@ impl fmt::Debug for PostgresLease {
     }
 }
 
-impl Backend for PostgresBackend {
+impl Store for PostgresStore {
     fn capabilities(&self) -> &Capabilities {
         &CAPABILITIES
     }
@@ -744,9 +727,9 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-impl fmt::Debug for PostgresBackend {
+impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresBackend")
+        f.debug_struct("PostgresStore")
             .field("url", &self.shown)
             .field("table", &self.shared.table.name)
             .field("sessions", &self.shared.opener)

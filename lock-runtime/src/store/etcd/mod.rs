@@ -64,9 +64,9 @@
 //!
 //! # TLS
 //!
-//! With the `etcd-tls` feature, [`EtcdBackendBuilder::tls_ca`] turns TLS on
-//! (rustls, through the etcd client), [`EtcdBackendBuilder::tls_identity`]
-//! presents a client certificate and [`EtcdBackendBuilder::tls_domain`]
+//! With the `etcd-tls` feature, [`EtcdStoreBuilder::tls_ca`] turns TLS on
+//! (rustls, through the etcd client), [`EtcdStoreBuilder::tls_identity`]
+//! presents a client certificate and [`EtcdStoreBuilder::tls_domain`]
 //! names the certificates' host when it is not the endpoints'.
 
 use std::collections::{HashMap, HashSet};
@@ -84,12 +84,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Backend, BoxFuture, Capabilities, FencingPromise, HandOver, Lease,
-    LeaseInfo, LockToken, Place, ReleaseWatch, SafetyMargin,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo,
+    LockToken, LossSignal, ReleaseWatch, SafetyMargin, Store,
 };
-use crate::backend::LossSignal;
-use crate::error::{BackendError, LockError};
-use crate::registry::LockRegistry;
+
+use crate::error::BackendError;
+use crate::store::support::queue::Place;
 
 mod held;
 mod queues;
@@ -106,21 +106,8 @@ const WATCH_RETRY: Duration = Duration::from_millis(100);
 /// How long a call no member could take waits before it is sent again.
 const RETRY: Duration = Duration::from_millis(10);
 
-impl LockRegistry {
-    /// A registry over the etcd cluster at `endpoints`
-    /// (`http://127.0.0.1:2379`, ...), with the [`EtcdBackend`] defaults.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Backend`] naming the endpoints when none answers.
-    pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
-        let backend = EtcdBackend::builder(endpoints).connect().await;
-        LockRegistry::connected(&endpoints.join(","), backend)
-    }
-}
-
-/// Configures and connects an [`EtcdBackend`].
-pub struct EtcdBackendBuilder {
+/// Configures and connects an [`EtcdStore`].
+pub struct EtcdStoreBuilder {
     endpoints: Vec<String>,
     prefix: String,
     user: Option<(String, String)>,
@@ -130,7 +117,7 @@ pub struct EtcdBackendBuilder {
     tls: Option<Tls>,
 }
 
-/// The TLS settings of [`EtcdBackendBuilder::tls_ca`] and its siblings.
+/// The TLS settings of [`EtcdStoreBuilder::tls_ca`] and its siblings.
 #[cfg(feature = "etcd-tls")]
 #[derive(Default)]
 struct Tls {
@@ -139,7 +126,7 @@ struct Tls {
     has_identity: bool,
 }
 
-impl EtcdBackendBuilder {
+impl EtcdStoreBuilder {
     /// The prefix of every lock's key in etcd (default `locks/`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -220,7 +207,7 @@ impl EtcdBackendBuilder {
             if !tls && endpoint.starts_with("https://") {
                 return Err(format!(
                     "etcd endpoint {endpoint} is https: give the members' CA certificate \
-                     with `EtcdBackendBuilder::tls_ca` (feature `etcd-tls`)"
+                     with `EtcdStoreBuilder::tls_ca` (feature `etcd-tls`)"
                 )
                 .into());
             }
@@ -234,7 +221,7 @@ impl EtcdBackendBuilder {
     ///
     /// No endpoint given or none answers, refused credentials. Never
     /// contains the password.
-    pub async fn connect(self) -> Result<EtcdBackend, BackendError> {
+    pub async fn connect(self) -> Result<EtcdStore, BackendError> {
         let shown = self.endpoints.join(",");
         if self.endpoints.is_empty() {
             return Err("no etcd endpoint given".into());
@@ -257,7 +244,7 @@ impl EtcdBackendBuilder {
         let client = within(self.response_timeout + self.connection_timeout, connect)
             .await
             .map_err(|err| format!("cannot connect to etcd at {shown}: {err}"))?;
-        let store = Store {
+        let store = Inner {
             kv: client.kv_client(),
             leases: client.lease_client(),
             watches: client.watch_client(),
@@ -273,7 +260,7 @@ impl EtcdBackendBuilder {
         };
         // The first call: with a lazy connection, a refused handshake or
         // an unreachable cluster shows here.
-        let mut store = EtcdBackend {
+        let mut store = EtcdStore {
             inner: Arc::new(store),
             capabilities: capabilities(Duration::from_secs(1)),
         };
@@ -288,7 +275,7 @@ impl EtcdBackendBuilder {
     }
 }
 
-impl EtcdBackendBuilder {
+impl EtcdStoreBuilder {
     fn tls_on(&self) -> bool {
         #[cfg(feature = "etcd-tls")]
         return self.tls.is_some();
@@ -308,9 +295,9 @@ impl EtcdBackendBuilder {
     }
 }
 
-impl fmt::Debug for EtcdBackendBuilder {
+impl fmt::Debug for EtcdStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdBackendBuilder")
+        f.debug_struct("EtcdStoreBuilder")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(name, _)| name))
@@ -352,15 +339,15 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct EtcdBackend {
+pub struct EtcdStore {
     /// One allocation for every clone: a held lock keeps a clone, and
     /// cloning the clients themselves allocates.
-    inner: Arc<Store>,
+    inner: Arc<Inner>,
     capabilities: Capabilities,
 }
 
-/// An [`EtcdBackend`]'s clients and settings.
-struct Store {
+/// An [`EtcdStore`]'s clients and settings.
+struct Inner {
     kv: KvClient,
     leases: LeaseClient,
     watches: WatchClient,
@@ -466,10 +453,10 @@ impl Shared {
     }
 }
 
-impl EtcdBackend {
+impl EtcdStore {
     /// Starts configuring a store for the cluster at `endpoints`.
-    pub fn builder(endpoints: &[&str]) -> EtcdBackendBuilder {
-        EtcdBackendBuilder {
+    pub fn builder(endpoints: &[&str]) -> EtcdStoreBuilder {
+        EtcdStoreBuilder {
             endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
             prefix: "locks/".to_owned(),
             user: None,
@@ -849,7 +836,7 @@ fn whole_seconds(duration: Duration) -> i64 {
 
 /// One held entry and the lease it is attached to.
 struct EtcdLease {
-    store: EtcdBackend,
+    store: EtcdStore,
     /// The start of the key's range.
     queue: Vec<u8>,
     /// Our entry.
@@ -1024,7 +1011,7 @@ impl fmt::Debug for EtcdLease {
     }
 }
 
-impl Backend for EtcdBackend {
+impl Store for EtcdStore {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
     }
@@ -1173,7 +1160,7 @@ impl Backend for EtcdBackend {
     }
 }
 
-impl EtcdBackend {
+impl EtcdStore {
     /// An attempt by transaction (see the module's documentation).
     /// `known` is the entry a waiter asks again with, if any, in `queue`.
     async fn attempt(
@@ -1389,7 +1376,7 @@ impl EtcdBackend {
 /// queue again. `placed` is told once the first listing is made (or what
 /// failed).
 async fn follow(
-    store: EtcdBackend,
+    store: EtcdStore,
     queue: Vec<u8>,
     tx: watch::Sender<()>,
     placed: tokio::sync::oneshot::Sender<Result<(), BackendError>>,
@@ -1513,9 +1500,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
-impl fmt::Debug for EtcdBackend {
+impl fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdBackend")
+        f.debug_struct("EtcdStore")
             .field("endpoints", &self.inner.shown)
             .field("prefix", &self.inner.prefix)
             .field("min_ttl", &self.capabilities.min_ttl)

@@ -11,8 +11,8 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
 
 use super::connection::Source;
-use crate::backend::{LockToken, ReleaseWatch};
 use crate::error::BackendError;
+use crate::store::{LockToken, ReleaseWatch};
 
 /// The one subscriber connection of a backend: per-key channels subscribed
 /// while someone waits on the key, and a task that dispatches messages.

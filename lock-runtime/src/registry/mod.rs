@@ -1,8 +1,8 @@
 //! The registry: one store, a namespace and the local queues; its builder;
 //! and the process-wide registry behind the attribute.
 //!
-//! Each store's constructor (`LockRegistry::memory()`, `::redis(url)`, ...)
-//! lives in that store's module.
+//! The one-line constructors over each store (`LockRegistry::memory()`,
+//! `::redis(url)`, ...) are in [`stores`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use once_cell::sync::OnceCell;
 
+mod stores;
+
 use crate::acquire::{self, Parts};
-use crate::backend::{Backend, LockToken};
-use crate::error::{BackendError, LockError};
-use crate::guard::{Context, LockGuard};
+use crate::error::LockError;
+use crate::guard::{LockGuard, Owner};
 use crate::local_queue::LocalQueues;
 use crate::options::{LockOptions, Mode};
+use crate::store::{LockToken, Store};
 use crate::telemetry::{self, Labels};
 
 /// The longest key accepted, in bytes (namespace not included).
@@ -78,7 +80,7 @@ pub struct LockRegistry {
 }
 
 struct Inner {
-    backend: Arc<dyn Backend>,
+    store: Arc<dyn Store>,
     /// `"ns:"`, or empty without a namespace.
     prefix: String,
     local: LocalQueues,
@@ -86,10 +88,10 @@ struct Inner {
     renewal_owner: Arc<()>,
 }
 
-/// Builds a [`LockRegistry`] over any [`Backend`].
+/// Builds a [`LockRegistry`] over any [`Store`].
 #[derive(Debug)]
 pub struct RegistryBuilder {
-    backend: Arc<dyn Backend>,
+    store: Arc<dyn Store>,
     namespace: Option<String>,
 }
 
@@ -123,47 +125,29 @@ impl RegistryBuilder {
                 format!("{ns}:")
             }
         };
-        Ok(LockRegistry::with_prefix(self.backend, prefix))
+        Ok(LockRegistry::with_prefix(self.store, prefix))
     }
 }
 
 impl LockRegistry {
-    /// Starts building a registry over `backend`.
-    pub fn builder(backend: impl Backend) -> RegistryBuilder {
+    /// Starts building a registry over `store`.
+    pub fn builder(store: impl Store) -> RegistryBuilder {
         RegistryBuilder {
-            backend: Arc::new(backend),
+            store: Arc::new(store),
             namespace: None,
         }
     }
 
-    /// A registry over a store just connected to `address` (the stores'
-    /// constructors): a failed connect is a [`LockError::Backend`] naming
-    /// the address, password redacted.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "etcd")),
-        allow(dead_code)
-    )]
-    pub(crate) fn connected<B: Backend>(
-        address: &str,
-        backend: Result<B, BackendError>,
-    ) -> Result<LockRegistry, LockError> {
-        let backend = backend.map_err(|source| LockError::Backend {
-            key: address.to_owned(),
-            action: "connect to",
-            source,
-        })?;
-        Ok(LockRegistry::over(backend))
+    /// A registry over `store`, without a namespace: the constructors'
+    /// base (`LockRegistry::new(RedisStore::builder(url).connect().await?)`).
+    pub fn new(store: impl Store) -> LockRegistry {
+        LockRegistry::with_prefix(Arc::new(store), String::new())
     }
 
-    /// A registry over `backend` without a namespace.
-    pub(crate) fn over(backend: impl Backend) -> LockRegistry {
-        LockRegistry::with_prefix(Arc::new(backend), String::new())
-    }
-
-    fn with_prefix(backend: Arc<dyn Backend>, prefix: String) -> LockRegistry {
+    fn with_prefix(store: Arc<dyn Store>, prefix: String) -> LockRegistry {
         LockRegistry {
             inner: Arc::new(Inner {
-                backend,
+                store,
                 prefix,
                 local: LocalQueues::default(),
                 renewal_owner: Arc::default(),
@@ -172,8 +156,14 @@ impl LockRegistry {
     }
 
     /// The store this registry uses.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.inner.backend
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The store this registry uses.
+    #[deprecated(since = "0.2.0", note = "renamed to `store()`")]
+    pub fn backend(&self) -> &Arc<dyn Store> {
+        self.store()
     }
 
     /// Waits for the lock on `key` and returns its guard.
@@ -252,7 +242,7 @@ impl LockRegistry {
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let full_key = self.full_key(key)?;
         self.inner
-            .backend
+            .store
             .force_release(&full_key)
             .await
             .map_err(|source| LockError::backend(key, "force-release", source))
@@ -290,7 +280,7 @@ impl LockRegistry {
         let full_key = self.full_key(key)?;
         let lease = self
             .inner
-            .backend
+            .store
             .inspect(&full_key)
             .await
             .map_err(|source| LockError::backend(key, "inspect", source))?;
@@ -309,21 +299,29 @@ impl LockRegistry {
         mode: Mode,
     ) -> Result<Option<LockGuard>, LockError> {
         let inner = &*self.inner;
-        let capabilities = inner.backend.capabilities();
+        let capabilities = inner.store.capabilities();
         let span = telemetry::lock_span(key, mode, capabilities.store);
+        let labels = Labels::new(capabilities.store, opts.name.unwrap_or(telemetry::UNNAMED));
         let parts = Parts {
-            backend: &inner.backend,
+            store: &inner.store,
             local: &inner.local,
-            context: Context {
-                registry: self.id(),
-                renewal_owner: &inner.renewal_owner,
-                capabilities,
-                prefix_len: inner.prefix.len(),
-                span: &span,
-                labels: Labels::new(capabilities.store, opts.name.unwrap_or(telemetry::UNNAMED)),
-            },
+            capabilities,
+            span: &span,
+            labels,
         };
-        acquire::acquire(&parts, key, full_key, opts, mode).await
+        let Some((grant, permit)) = acquire::acquire(&parts, key, full_key, opts, mode).await?
+        else {
+            return Ok(None);
+        };
+        let owner = Owner {
+            registry: self.id(),
+            renewal_owner: &inner.renewal_owner,
+            capabilities,
+            prefix_len: inner.prefix.len(),
+            span: &span,
+            labels,
+        };
+        Ok(Some(LockGuard::new(&owner, grant, opts, permit)))
     }
 
     /// An id that tells registries apart (clones share it).
@@ -389,7 +387,7 @@ pub struct LockInfo {
 impl fmt::Debug for LockRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockRegistry")
-            .field("backend", &self.inner.backend)
+            .field("store", &self.inner.store)
             .field("prefix", &self.inner.prefix)
             .finish_non_exhaustive()
     }

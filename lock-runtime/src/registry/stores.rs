@@ -1,0 +1,125 @@
+//! The one-line constructors: a registry over each store with its defaults.
+//! The only part of the API that names stores; each is
+//! [`LockRegistry::new`] over the store's own `connect`.
+
+#[cfg(feature = "etcd")]
+use crate::store::etcd::EtcdStore;
+use crate::store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+use crate::store::postgres::PostgresStore;
+#[cfg(feature = "redis")]
+use crate::store::redis::RedisStore;
+#[cfg(feature = "redis")]
+use crate::store::redlock::RedlockStore;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+use crate::store::support::redact::redact;
+#[cfg(feature = "zookeeper")]
+use crate::store::zookeeper::ZooKeeperStore;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+use crate::{error::LockError, store::Store};
+
+use super::LockRegistry;
+
+impl LockRegistry {
+    /// An in-process registry over a fresh [`MemoryStore`]: locks exclude
+    /// tasks of this process only.
+    pub fn memory() -> LockRegistry {
+        LockRegistry::new(MemoryStore::new())
+    }
+
+    /// A registry over one Redis server (`redis://[:password@]host:port[/db]`),
+    /// with the [`RedisStore`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the URL (password redacted) when the URL
+    /// is invalid or the server cannot be reached or refuses the credentials.
+    #[cfg(feature = "redis")]
+    pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
+        Ok(LockRegistry::new(RedisStore::builder(url).connect().await?))
+    }
+
+    /// A registry over N ≥ 3 independent Redis masters with the Redlock
+    /// algorithm; see [`RedlockStore`] for what it promises and what it
+    /// needs.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the nodes (passwords redacted) for fewer
+    /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
+    /// majority reachable.
+    #[cfg(feature = "redis")]
+    pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
+        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+        connected(&shown.join(", "), RedlockStore::connect(urls).await)
+    }
+
+    /// A registry over a PostgreSQL database
+    /// (`postgres://user:password@host:port/dbname`, or `host=.. user=..`),
+    /// with the [`PostgresStore`] defaults: table `lock_leases`, created if
+    /// missing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the connect string (password redacted)
+    /// when it is invalid, the server cannot be reached, refuses the
+    /// credentials, or the table cannot be created.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
+        connected(&redact(url), PostgresStore::builder(url).connect().await)
+    }
+
+    /// A registry over the etcd cluster at `endpoints`
+    /// (`http://127.0.0.1:2379`, ...), with the [`EtcdStore`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the endpoints when none answers.
+    #[cfg(feature = "etcd")]
+    pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
+        connected(
+            &endpoints.join(","),
+            EtcdStore::builder(endpoints).connect().await,
+        )
+    }
+
+    /// A registry over the ZooKeeper ensemble at `connect_string`
+    /// (`10.0.0.7:2181,10.0.0.8:2181`, optionally ending in a chroot path),
+    /// with the [`ZooKeeperStore`] defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the servers when none answers.
+    #[cfg(feature = "zookeeper")]
+    pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
+        connected(
+            connect_string,
+            ZooKeeperStore::builder(connect_string).connect().await,
+        )
+    }
+}
+
+/// A registry over a store just connected to `address`: a failed connect
+/// is a [`LockError::Backend`] naming the address, password redacted.
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+fn connected<S: Store>(
+    address: &str,
+    store: Result<S, crate::error::BackendError>,
+) -> Result<LockRegistry, LockError> {
+    let store = store.map_err(|source| LockError::Backend {
+        key: address.to_owned(),
+        action: "connect to",
+        source,
+    })?;
+    Ok(LockRegistry::new(store))
+}

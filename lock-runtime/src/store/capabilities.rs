@@ -1,0 +1,228 @@
+//! What a store says it can do, and what its fencing tokens promise.
+
+use std::time::Duration;
+
+/// What a store can do, checked against every lock's options before the
+/// first attempt: an option the store cannot honour is an
+/// [`InvalidOptions`](crate::LockError::InvalidOptions) error naming the
+/// store and the reason, never silently changed.
+///
+/// Built with [`Capabilities::new`] and the `with_*` methods, so stores
+/// outside this crate can describe themselves too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The store's name in messages: "memory", "redis", "redlock", ...
+    pub store: &'static str,
+    /// The shortest ttl the store can honour.
+    pub min_ttl: Duration,
+    /// The unit the store counts ttls in; a ttl must be a whole number of
+    /// them. Lingers (`hold_at_least`) are rounded up to it.
+    pub ttl_granularity: Duration,
+    /// The longest ttl the store can honour, if it has a limit (ZooKeeper:
+    /// the session timeout).
+    pub max_ttl: Option<Duration>,
+    /// Whether a release can keep the lease for a while (`hold_at_least`).
+    pub linger: bool,
+    /// Whether a refused acquire says how long the holder's lease has left.
+    pub remaining_time: bool,
+    /// Whether [`Lease::hand_over`] is implemented.
+    pub hand_over: bool,
+    /// Whether the store raises a lease's [`LossSignal`] by itself (a
+    /// session expired, a lease revoked, a lock forcibly released), rather
+    /// than only answering renewals.
+    pub pushes_loss: bool,
+    /// Whether a refused attempt of a waiter (one that
+    /// [waits](AcquireRequest::waits)) keeps a place for its token in a
+    /// queue in the store, and if so how often the waiter must ask again to
+    /// keep it: the runtime's waiters then never sleep longer between
+    /// attempts. A waiter that stops waiting without the lock (a timeout, a
+    /// cancellation) gives its place up through [`Store::abandon`], so no
+    /// release is granted to it.
+    pub waiter_queue: Option<Duration>,
+    /// How long before the store can expire a lease the holder gives up.
+    pub margin: SafetyMargin,
+    /// What the fencing tokens promise.
+    pub fencing: FencingPromise,
+}
+
+impl Capabilities {
+    /// A store that honours ttls from 1 ms in whole milliseconds, with no
+    /// linger, no remaining time, no hand-over, no pushed losses, a 2 ms
+    /// safety margin and no fencing promise: change what yours does better.
+    pub const fn new(store: &'static str) -> Self {
+        Capabilities {
+            store,
+            min_ttl: Duration::from_millis(1),
+            ttl_granularity: Duration::from_millis(1),
+            max_ttl: None,
+            linger: false,
+            remaining_time: false,
+            hand_over: false,
+            pushes_loss: false,
+            waiter_queue: None,
+            margin: SafetyMargin::new(Duration::from_millis(2), 0),
+            fencing: FencingPromise::NONE,
+        }
+    }
+
+    /// Sets the shortest ttl and the unit ttls are counted in.
+    pub const fn with_ttl(mut self, min: Duration, granularity: Duration) -> Self {
+        self.min_ttl = min;
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Sets the longest ttl the store can honour.
+    pub const fn with_max_ttl(mut self, max: Duration) -> Self {
+        self.max_ttl = Some(max);
+        self
+    }
+
+    /// Says which optional features the store has.
+    pub const fn with_features(
+        mut self,
+        linger: bool,
+        remaining_time: bool,
+        hand_over: bool,
+        pushes_loss: bool,
+    ) -> Self {
+        self.linger = linger;
+        self.remaining_time = remaining_time;
+        self.hand_over = hand_over;
+        self.pushes_loss = pushes_loss;
+        self
+    }
+
+    /// Says that waiters keep a place in a queue in the store by asking
+    /// again at least every `poll` (see [`waiter_queue`](Self::waiter_queue)).
+    pub const fn with_waiter_queue(mut self, poll: Duration) -> Self {
+        self.waiter_queue = Some(poll);
+        self
+    }
+
+    /// Sets the safety margin.
+    pub const fn with_margin(mut self, margin: SafetyMargin) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// Sets what the fencing tokens promise.
+    pub const fn with_fencing(mut self, fencing: FencingPromise) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// How long a lease of `ttl` can be counted on after its request was
+    /// sent: the ttl less the safety margin.
+    pub fn valid_for(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.margin.of(ttl))
+    }
+
+    /// Checks a ttl and a linger against what the store can do; the error is
+    /// the reason, to be shown with the key.
+    pub fn check(&self, ttl: Duration, hold_at_least: Option<Duration>) -> Result<(), String> {
+        let store = self.store;
+        if ttl < self.min_ttl {
+            return Err(format!(
+                "ttl {ttl:?} is shorter than the {store} store's minimum {:?}",
+                self.min_ttl
+            ));
+        }
+        if let Some(max) = self.max_ttl
+            && ttl > max
+        {
+            return Err(format!(
+                "ttl {ttl:?} is longer than the {store} store allows ({max:?}, its session timeout): \
+                 a holder could go on believing in a lock the store has already given up"
+            ));
+        }
+        let unit = self.ttl_granularity.as_nanos().max(1);
+        if !ttl.as_nanos().is_multiple_of(unit) {
+            return Err(format!(
+                "ttl {ttl:?} is not a whole number of {:?}, the unit the {store} store counts ttls in",
+                self.ttl_granularity
+            ));
+        }
+        let margin = self.margin.of(ttl);
+        if margin * 2 > ttl {
+            return Err(format!(
+                "ttl {ttl:?} is too short for the {store} store's safety margin of {margin:?}; use at least {:?}",
+                margin * 2
+            ));
+        }
+        if hold_at_least.is_some() && !self.linger {
+            return Err(format!(
+                "hold_at_least needs a store that can keep a released lease for a while; the {store} store cannot"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long before the store can expire a lease the runtime treats it as
+/// ended: `fixed + ttl × parts_per_million / 1 000 000`.
+///
+/// It covers what separates the holder's clock from the store's expiry: the
+/// rate at which the two clocks drift apart (the `ttl`-proportional part),
+/// the timer granularity and the time it takes to cancel the body (the fixed
+/// part). The holder counts its lease from when the request was *sent*, so
+/// network latency only helps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SafetyMargin {
+    /// The part that does not depend on the ttl.
+    pub fixed: Duration,
+    /// The part proportional to the ttl, in millionths of it.
+    pub parts_per_million: u32,
+}
+
+impl SafetyMargin {
+    /// A margin of `fixed` plus `parts_per_million` millionths of the ttl.
+    pub const fn new(fixed: Duration, parts_per_million: u32) -> Self {
+        SafetyMargin {
+            fixed,
+            parts_per_million,
+        }
+    }
+
+    /// The margin for a lease of `ttl`.
+    pub fn of(&self, ttl: Duration) -> Duration {
+        let proportional = ttl.as_nanos() * u128::from(self.parts_per_million) / 1_000_000;
+        self.fixed + Duration::from_nanos(u64::try_from(proportional).unwrap_or(u64::MAX))
+    }
+}
+
+/// What a store's fencing tokens promise. The contract tests read it, and
+/// check exactly what it claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FencingPromise {
+    /// Tokens strictly increase per key, from one holder to the next.
+    pub increasing: bool,
+    /// They keep increasing when the store loses data it was allowed to
+    /// lose (a restart without persistence, a failover to a replica that
+    /// missed the last writes).
+    pub survives_data_loss: bool,
+    /// The store keeps no per-key fencing state once a key is free, so
+    /// memory does not grow with the number of keys ever locked.
+    pub bounded_memory: bool,
+}
+
+impl FencingPromise {
+    /// No tokens (always 0).
+    pub const NONE: FencingPromise = FencingPromise {
+        increasing: false,
+        survives_data_loss: false,
+        bounded_memory: true,
+    };
+
+    /// A promise with the three properties given.
+    pub const fn new(increasing: bool, survives_data_loss: bool, bounded_memory: bool) -> Self {
+        FencingPromise {
+            increasing,
+            survives_data_loss,
+            bounded_memory,
+        }
+    }
+}

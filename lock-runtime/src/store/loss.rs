@@ -1,0 +1,110 @@
+//! The signal that one lease is lost.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+
+/// The signal that one lease is lost.
+///
+/// The runtime makes one per acquire and hands it to the store in the
+/// [`AcquireRequest`]. Whoever learns first that the lease is gone raises
+/// it: the runtime's renewal (a renewal refused or too late), or the store
+/// itself (a session expired, a lease revoked). Raising it cancels the body
+/// that holds the lease, which then returns
+/// [`LockError::Lost`](crate::LockError::Lost). Cheap to clone; clones
+/// share the signal.
+#[derive(Clone)]
+pub struct LossSignal {
+    shared: Arc<LossShared>,
+}
+
+#[derive(Default)]
+struct LossShared {
+    raised: AtomicBool,
+    notify: Notify,
+    /// Told once when the signal is raised; the runtime's holder of the lease.
+    listener: Mutex<Option<Weak<dyn LossListener>>>,
+}
+
+/// Reacts when a lease is lost (the runtime's guard state).
+pub(crate) trait LossListener: Send + Sync {
+    fn lease_lost(&self, reason: &'static str);
+}
+
+impl LossSignal {
+    /// A signal not raised yet.
+    pub fn new() -> Self {
+        LossSignal {
+            shared: Arc::default(),
+        }
+    }
+
+    /// Says the lease is lost, for `reason` (logged). Idempotent.
+    pub fn raise(&self, reason: &'static str) {
+        if self.shared.raised.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // The holder first: once woken, a body's task may end and drop it
+        // before the listener would be told.
+        let listener = self.listener().take();
+        if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
+            listener.lease_lost(reason);
+        }
+        self.shared.notify.notify_waiters();
+    }
+
+    /// Whether the signal was raised.
+    pub fn is_raised(&self) -> bool {
+        self.shared.raised.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the signal is raised.
+    pub async fn raised(&self) {
+        loop {
+            let notified = self.shared.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a raise in between is not missed.
+            notified.as_mut().enable();
+            if self.is_raised() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Makes `listener` the one told when the signal is raised (at once if
+    /// it already was), in place of any earlier one.
+    pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {
+        *self.listener() = Some(listener);
+        if self.is_raised() {
+            let listener = self.listener().take();
+            if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
+                listener.lease_lost("lost before it was taken up");
+            }
+        }
+    }
+
+    fn listener(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossListener>>> {
+        // One assignment or `take` per use: consistent after a panic.
+        self.shared
+            .listener
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+impl Default for LossSignal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("raised", &self.is_raised())
+            .finish()
+    }
+}

@@ -1,0 +1,146 @@
+//! The contract every store implements, and the small types it speaks.
+//!
+//! The registry, the waiting strategy, the renewal, re-entrancy and the guard
+//! are written once on top of it. A store implements two traits:
+//!
+//! - [`Store`], the store itself: it says what it can do
+//!   ([`Capabilities`]), takes leases ([`acquire`](Store::acquire)),
+//!   reports releases ([`watch`](Store::watch)), and cleans up after an
+//!   acquire the caller gave up on ([`abandon`](Store::abandon)).
+//! - [`Lease`], the handle an acquire returns: it owns whatever the store
+//!   keeps per holder (a token, a lease id, a node path, a pinned connection,
+//!   per-node grants) and renews, releases and hands over that one lease.
+//!
+//! Stores of two kinds fit it. Lease stores (memory, Redis, a database
+//! table) keep a ttl per lock that the runtime renews. Session stores (etcd
+//! leases, ZooKeeper sessions) keep liveness in a session the client keeps
+//! alive; when it dies they raise the lease's [`LossSignal`], and the runtime
+//! cancels the body exactly as when a renewal fails.
+//!
+//! Nothing assumes that release notifications are never missed: every
+//! waiter also retries on a timer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::error::BackendError;
+
+mod capabilities;
+mod loss;
+mod request;
+mod token;
+mod watch;
+
+pub(crate) mod support;
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redlock;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
+
+pub use capabilities::{Capabilities, FencingPromise, SafetyMargin};
+pub(crate) use loss::LossListener;
+pub use loss::LossSignal;
+pub use request::{Acquire, AcquireRequest, HandOver, LeaseInfo};
+pub use token::LockToken;
+pub use watch::ReleaseWatch;
+
+/// A boxed, sendable future: what the contract's methods return, so the
+/// traits stay object-safe and the registry can hold an `Arc<dyn Store>`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One held lease: the per-holder state a store keeps, and the operations
+/// on it. Returned by [`Store::acquire`].
+///
+/// The runtime never calls two of these methods at once on one handle.
+/// Every operation is owner-checked: a handle never renews or deletes a
+/// lease that another holder has since taken.
+pub trait Lease: Send + Sync + fmt::Debug {
+    /// Extends the lease to its ttl from now. `Ok(false)` when it is no
+    /// longer ours (expired or taken over).
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>>;
+
+    /// Releases the lease and wakes waiters; with a non-zero `linger`, keeps
+    /// it for that much longer instead (for `hold_at_least`, only asked of
+    /// stores with [`Capabilities::linger`]). `Ok(false)` when the lease was
+    /// no longer ours.
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>>;
+
+    /// Passes the lease to the next holder in this process without
+    /// releasing it, in one round trip: the store moves it to a new token
+    /// (the old one is refused from then on), extends it to its ttl, and
+    /// returns a new fencing token larger than every earlier one
+    /// ([`HandOver::Moved`]). The handle then stands for the new holder.
+    /// [`HandOver::Lost`] when the lease is no longer ours;
+    /// [`HandOver::Released`] when the store released it instead (a store
+    /// that queues waiters, whose turn it is). Only asked of stores with
+    /// [`Capabilities::hand_over`].
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+        Box::pin(async { Err("this store cannot hand a lease over".into()) })
+    }
+
+    /// When the store started counting this lease's ttl, if that was before
+    /// the acquire request was sent: a store that prepares leases ahead
+    /// (etcd) says when it last granted or extended the one it used. The
+    /// runtime counts the lease's validity and its renewals from the
+    /// earlier of the two. `None` (the default): from the request. Asked
+    /// again after a hand-over, counted from the hand-over's request.
+    fn started_at(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+}
+
+/// A lock store.
+///
+/// `key` is always the full key, namespace included.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// What this store can do; the same value for the store's whole life.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Takes the lease if it is free (or expired); otherwise says it is held.
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>>;
+
+    /// Undoes an acquire whose answer the caller did not wait for (a
+    /// timeout, a cancellation, an error after the request may have
+    /// reached the store): releases `key` if `token` holds it. `Ok(true)`
+    /// when it did. A store that [queues waiters](Capabilities::waiter_queue)
+    /// also takes `token` out of the queue.
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Subscribes to release notifications for `key`.
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
+
+    /// Deletes the lease on `key` whoever holds it, and wakes waiters: an
+    /// operator's way out of a stuck lock. It breaks mutual exclusion if the
+    /// holder is still running; that holder learns of the loss when the
+    /// store pushes it or at its next renewal. `Ok(true)` when a lease was
+    /// deleted.
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Who holds `key` right now, as the store sees it: `None` when it is
+    /// free (never taken, released, or expired). A read only: it changes
+    /// nothing and wakes no one. The default says the store cannot tell.
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        let _ = key;
+        Box::pin(async { Err("this store cannot inspect its locks".into()) })
+    }
+}

@@ -1,0 +1,277 @@
+//! The scripts' calls: acquire, renew, release and hand-over of one lock,
+//! by its Redis name, on the command connection.
+
+use std::time::Duration;
+
+use ::redis::Script;
+use ::redis::aio::ConnectionLike;
+
+use super::builder::{Fencing, ReplicaAcks};
+use super::keys::suffixed;
+use super::scripts;
+use crate::error::BackendError;
+use crate::store::{HandOver, LockToken};
+
+/// The command connection and how grants are made: all a lease handle needs.
+#[derive(Clone)]
+pub(super) struct Commands<C> {
+    pub(super) conn: C,
+    pub(super) fencing: Fencing,
+    pub(super) replica_acks: Option<ReplicaAcks>,
+    /// Fair mode's grant timeout; `None` when not fair.
+    pub(super) fair: Option<Duration>,
+}
+
+impl<C> Commands<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// An invocation of a script that takes the lock and counter keys (and
+    /// in fair mode the queue's) and the token, ttl and fencing mode
+    /// (acquire, hand-over).
+    pub(super) fn fenced<'s>(
+        &self,
+        script: &'s Script,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Call<'s> {
+        self.with_keys(script, lock)
+            .arg(&token.hex()[..])
+            .arg(millis(ttl))
+            .arg(self.fencing.counter_life(ttl))
+    }
+
+    /// A call of `script` with the lock's keys: the lock and its counter,
+    /// and in fair mode its queue and the queue's deadlines.
+    pub(super) fn with_keys<'s>(&self, script: &'s Script, lock: &[u8]) -> Call<'s> {
+        let counter = suffixed(lock, b":fence");
+        if self.fair.is_none() {
+            return Call::new(script, &[lock, &counter]);
+        }
+        let queue = suffixed(lock, b":queue");
+        let waiters = suffixed(lock, b":waiters");
+        Call::new(script, &[lock, &counter, &queue, &waiters])
+    }
+
+    pub(super) async fn acquire(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+        waits: bool,
+    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        let call = match self.fair {
+            None => self.fenced(&scripts::ACQUIRE, lock, token, ttl),
+            Some(grant_timeout) => self
+                .fenced(&scripts::FAIR_ACQUIRE, lock, token, ttl)
+                .arg(u8::from(waits))
+                .arg(millis(grant_timeout)),
+        };
+        let (acquired, value): (i64, ::redis::Value) =
+            invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
+        let value = integer(&value)?;
+        if acquired != 1 {
+            // -1: no expiry (set by hand); -3 (fair mode): the key is free,
+            // but it is another waiter's turn.
+            return Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)));
+        }
+        self.replicated().await?;
+        Ok(Ok(u64::try_from(value).unwrap_or(0)))
+    }
+
+    /// With [`RedisStoreBuilder::replica_acks`], waits until enough
+    /// replicas have every write sent on this connection so far (the grant
+    /// just made among them).
+    pub(super) async fn replicated(&self) -> Result<(), BackendError> {
+        let Some(acks) = self.replica_acks else {
+            return Ok(());
+        };
+        let mut conn = self.conn.clone();
+        let acked: u32 = ::redis::cmd("WAIT")
+            .arg(acks.replicas)
+            .arg(millis(acks.timeout).max(1))
+            .query_async(&mut conn)
+            .await?;
+        if acked < acks.replicas {
+            return Err(format!(
+                "the grant reached {acked} of the {} replicas required within {:?}",
+                acks.replicas, acks.timeout
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    pub(super) async fn renew(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let call = Call::new(&scripts::RENEW, &[lock])
+            .arg(&token.hex()[..])
+            .arg(millis(ttl));
+        let renewed: i64 = invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
+        Ok(renewed == 1)
+    }
+
+    pub(super) async fn release(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        let channel = suffixed(lock, b":released");
+        let call = match self.fair {
+            None => Call::new(&scripts::RELEASE, &[lock])
+                .arg(&token.hex()[..])
+                .arg(millis(linger))
+                .arg(channel),
+            Some(grant_timeout) => self
+                .with_keys(&scripts::FAIR_RELEASE, lock)
+                .arg(&token.hex()[..])
+                .arg(millis(linger))
+                .arg(channel)
+                .arg(millis(grant_timeout)),
+        };
+        let released: i64 = invoke(&self.conn, call, Retry::IfNeverSent).await?;
+        Ok(released == 1)
+    }
+
+    pub(super) async fn hand_over(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        next: LockToken,
+        ttl: Duration,
+    ) -> Result<HandOver, BackendError> {
+        let call = match self.fair {
+            None => self
+                .fenced(&scripts::HAND_OVER, lock, token, ttl)
+                .arg(&next.hex()[..]),
+            // Handed over only while no other process waits in the queue.
+            Some(grant_timeout) => self
+                .fenced(&scripts::FAIR_HAND_OVER, lock, token, ttl)
+                .arg(&next.hex()[..])
+                .arg(suffixed(lock, b":released"))
+                .arg(millis(grant_timeout)),
+        };
+        // Not idempotent (it issues a new token): resent only if never sent.
+        let fencing: ::redis::Value = invoke(&self.conn, call, Retry::IfNeverSent).await?;
+        Ok(match integer(&fencing)? {
+            -2 => HandOver::Released,
+            fencing => {
+                let handed = HandOver::from(u64::try_from(fencing).ok());
+                if let HandOver::Moved { .. } = handed {
+                    self.replicated().await?;
+                }
+                handed
+            }
+        })
+    }
+}
+
+/// Which failed calls may be sent once more at once.
+#[derive(Clone, Copy)]
+pub(super) enum Retry {
+    /// Idempotent scripts (acquire, renew): after any connection failure.
+    IfConnectionFailed,
+    /// Release: only when the command surely never reached the server.
+    IfNeverSent,
+}
+
+impl Retry {
+    pub(super) fn allows(self, err: &::redis::RedisError) -> bool {
+        match self {
+            // A response timeout is an I/O error too, but the server may
+            // still be working on the command: resending it would hold the
+            // caller for another timeout.
+            Retry::IfConnectionFailed => {
+                (err.is_connection_refusal() || err.is_connection_dropped() || err.is_io_error())
+                    && !err.is_timeout()
+            }
+            Retry::IfNeverSent => err.is_connection_refusal(),
+        }
+    }
+}
+
+/// A script call written straight into one `EVALSHA` command, with no
+/// buffer per key or argument. (`ScriptInvocation` copies each into a
+/// vector of its own, then all of them into the command: a profile of 64
+/// tasks on distinct keys found those allocations among the largest of the
+/// client's costs per lock.)
+pub(super) struct Call<'s> {
+    script: &'s Script,
+    cmd: ::redis::Cmd,
+}
+
+impl<'s> Call<'s> {
+    pub(super) fn new(script: &'s Script, keys: &[&[u8]]) -> Self {
+        let mut cmd = ::redis::Cmd::with_capacity(8, 160);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Call { script, cmd }
+    }
+
+    pub(super) fn arg(mut self, arg: impl ::redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call; loads the script first if the server lacks it (a
+    /// restart, `SCRIPT FLUSH`), then sends it again.
+    pub(super) async fn send<C, T>(&self, conn: &mut C) -> Result<T, ::redis::RedisError>
+    where
+        C: ConnectionLike,
+        T: ::redis::FromRedisValue,
+    {
+        use ::redis::{ErrorKind, ServerErrorKind};
+        match self.cmd.query_async(conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Runs a script; after a connection failure that `retry` allows, once more
+/// on the reconnected connection. A failed reconnect is reported to the first
+/// caller after the server is back; the retry spares that caller the error.
+pub(super) async fn invoke<C, T>(
+    conn: &C,
+    call: Call<'_>,
+    retry: Retry,
+) -> Result<T, ::redis::RedisError>
+where
+    C: ConnectionLike + Clone,
+    T: ::redis::FromRedisValue,
+{
+    let mut conn = conn.clone();
+    match call.send(&mut conn).await {
+        Err(err) if retry.allows(&err) => call.send(&mut conn).await,
+        other => other,
+    }
+}
+
+/// A script's number: an integer reply, or digits in a string (a fencing
+/// token, which Lua would turn into a float).
+pub(super) fn integer(value: &::redis::Value) -> Result<i64, BackendError> {
+    let parsed = match value {
+        ::redis::Value::Int(n) => Some(*n),
+        ::redis::Value::BulkString(digits) => std::str::from_utf8(digits)
+            .ok()
+            .and_then(|digits| digits.parse().ok()),
+        _ => None,
+    };
+    parsed.ok_or_else(|| format!("a script answered {value:?} where a number was expected").into())
+}
+
+/// A duration in whole milliseconds, as the scripts take them.
+pub(super) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

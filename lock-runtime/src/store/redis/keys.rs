@@ -1,0 +1,43 @@
+//! A lock's names in Redis: the key, its fencing counter, its release
+//! channel and (fair mode) its queue.
+
+/// `lock:{<escaped key>}`: the escaped key is the hash tag.
+pub(super) fn lock_name(key: &str) -> Vec<u8> {
+    let mut name = Vec::with_capacity(key.len() + 16);
+    name.extend_from_slice(b"lock:{");
+    for byte in key.bytes() {
+        match byte {
+            b'%' => name.extend_from_slice(b"%25"),
+            b'{' => name.extend_from_slice(b"%7B"),
+            b'}' => name.extend_from_slice(b"%7D"),
+            other => name.push(other),
+        }
+    }
+    name.push(b'}');
+    name
+}
+
+/// Another name of the same lock: its counter (`:fence`) or its release
+/// channel (`:released`).
+pub(super) fn suffixed(lock: &[u8], suffix: &[u8]) -> Vec<u8> {
+    let mut name = Vec::with_capacity(lock.len() + suffix.len());
+    name.extend_from_slice(lock);
+    name.extend_from_slice(suffix);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braces_and_percent_are_escaped_so_keys_cannot_collide() {
+        assert_eq!(lock_name("stock:7"), b"lock:{stock:7}");
+        assert_eq!(lock_name("a}b{c%"), b"lock:{a%7Db%7Bc%25}");
+        // A key that spells another key's counter stays a different name.
+        let counter = suffixed(&lock_name("k"), b":fence");
+        assert_eq!(counter, b"lock:{k}:fence");
+        assert_ne!(lock_name("k}:fence"), counter);
+        assert_ne!(lock_name("%7D"), lock_name("}"));
+    }
+}

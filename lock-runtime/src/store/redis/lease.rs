@@ -1,0 +1,53 @@
+//! One held lease on one Redis.
+
+use std::fmt;
+use std::time::Duration;
+
+use ::redis::aio::ConnectionLike;
+
+use super::commands::Commands;
+use crate::error::BackendError;
+use crate::store::{BoxFuture, HandOver, Lease, LockToken};
+
+/// One lease on one Redis: the lock's Redis name and our token.
+pub(super) struct RedisLease<C> {
+    pub(super) commands: Commands<C>,
+    pub(super) lock: Vec<u8>,
+    pub(super) token: LockToken,
+    pub(super) ttl: Duration,
+}
+
+impl<C> Lease for RedisLease<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.commands.renew(&self.lock, self.token, self.ttl))
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.commands.release(&self.lock, self.token, linger))
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+        Box::pin(async move {
+            let next = LockToken::random();
+            let handed = self
+                .commands
+                .hand_over(&self.lock, self.token, next, self.ttl)
+                .await?;
+            if let HandOver::Moved { .. } = handed {
+                self.token = next;
+            }
+            Ok(handed)
+        })
+    }
+}
+
+impl<C> fmt::Debug for RedisLease<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("lock", &String::from_utf8_lossy(&self.lock))
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,354 @@
+//! One Redis (or anything that speaks to one through the `redis` crate).
+//!
+//! # Protocol
+//!
+//! - Acquire is one script, one round trip: `SET key token NX PX ttl`, and on
+//!   success `INCR` of the key's fencing counter; when the key is held, the
+//!   holder's `PTTL`; on success it also issues the fencing token (below).
+//!   It returns a handle that keeps the lock's Redis name and token.
+//! - Renew and release are owner-checked scripts (`GET` = token, then
+//!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. Release publishes a
+//!   wake-up on the key's channel; a release that must linger
+//!   (`hold_at_least`) shortens the lease instead. A hand-over within the
+//!   process moves the lease to a new token and issues a new fencing token,
+//!   in one script.
+//! - The holder gives up 10 ms plus 0.2 % of the ttl before Redis can expire
+//!   the lease: the margin covers clock-rate drift between this host and the
+//!   server, the timer's granularity and the time to cancel the body.
+//! - Scripts run by `EVALSHA`, and are loaded again after `SCRIPT FLUSH` or a
+//!   server restart (`NOSCRIPT`).
+//!
+//! # Fair mode
+//!
+//! By default, whoever asks first after a release gets the lock, and a
+//! process that holds a key hands it to its own next task without a
+//! release. With [`RedisStoreBuilder::fair`], waiters get a key in the
+//! order they first asked for it, across processes (within a process, the
+//! local queue already orders tasks):
+//!
+//! - A refused waiter's token joins the key's queue (a list, with a hash of
+//!   each token's deadline), and every later attempt of the waiter moves its
+//!   deadline to a grant timeout from then. Waiters ask again every third of
+//!   the grant timeout, so a live waiter never misses its deadline, and a
+//!   waiter whose process died is dropped once its deadline passes.
+//! - A release does not free the key: in the same script it gives it to the
+//!   first live waiter's token for the grant timeout, issues that waiter's
+//!   fencing token, and publishes the granted token. The waiter's next
+//!   attempt (on the notification, or on its timer) claims the lease for its
+//!   own ttl. A waiter that died after its last attempt holds the key up
+//!   for at most the grant timeout.
+//! - A key that is free with a live waiter queued (its holder's lease
+//!   expired rather than being released) is taken only by the queue's head.
+//!   A skip-mode attempt takes a key only when it is free and nobody waits;
+//!   it never queues.
+//! - A waiter that stops waiting (a `wait_timeout`, a cancellation) takes
+//!   its token out of the queue, or passes its grant on if it had one.
+//! - The holder's next task in its process gets the lease by a hand-over
+//!   only while nobody waits in the store's queue; otherwise the hand-over
+//!   script releases the key to the queue's head instead, and that task
+//!   queues in the store behind the other processes' waiters.
+//!
+//! It costs two more keys per contended lock (`:queue`, `:waiters`, which
+//! expire three grant timeouts after the last waiter's attempt).
+//!
+//! # Keys
+//!
+//! A lock on `stock:7` uses the Redis key `lock:{stock:7}`, its fencing
+//! counter `lock:{stock:7}:fence` and the channel `lock:{stock:7}:released`
+//! (in fair mode also `lock:{stock:7}:queue` and `lock:{stock:7}:waiters`).
+//! The part between the braces is a hash tag, so on Redis Cluster all of them
+//! live in one slot and the scripts work. `%`, `{` and `}` in the lock key are
+//! written as `%25`, `%7B` and `%7D`, so a key can neither end the hash tag
+//! nor be made to collide with another key's counter; any other bytes
+//! (colons, unicode) are kept as they are.
+//!
+//! # Fencing tokens
+//!
+//! A token is the server's clock in microseconds (`TIME`, read inside the
+//! acquire or hand-over script), or one more than the key's last token if
+//! that is larger. The last token is kept in a counter next to the lock that
+//! expires with the lease ([`Fencing::ExpireAfter`] keeps it longer), so
+//! no per-key state is left once a key is free.
+//!
+//! **The promise:** tokens strictly increase per key, across holders,
+//! processes and lease expiry, **and after the server lost data** it was
+//! allowed to lose (a restart without persistence, `FLUSHALL`, a failover to
+//! a replica that missed the last writes), as long as the server's clock
+//! does not step back by more than the time between two grants of the key
+//! (after a failover: as long as the new master's clock is not behind the
+//! old one's by more than the failover took). Tokens are large (about
+//! 1.8 × 10¹⁵ in 2026) and not dense. [`Fencing::Off`] turns them off
+//! (always 0).
+
+mod builder;
+mod commands;
+mod connection;
+mod keys;
+mod lease;
+mod scripts;
+mod subscriber;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::Client;
+use ::redis::aio::ConnectionLike;
+
+use builder::check_grant_timeout;
+pub use builder::{Fencing, RedisStoreBuilder};
+use commands::{Call, Commands, Retry, invoke, millis};
+pub use connection::RedisConnection;
+use connection::Source;
+use keys::{lock_name, suffixed};
+use lease::RedisLease;
+use subscriber::Subscriber;
+
+use super::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, LeaseInfo, LockToken, ReleaseWatch,
+    SafetyMargin, Store,
+};
+use crate::error::{BackendError, LockError};
+
+/// The Redis backend. Cheap to clone; clones share the connections.
+///
+/// # Examples
+///
+/// ```no_run
+/// use lock_runtime::store::redis::Fencing;
+/// use lock_runtime::{LockError, LockOptions, LockRegistry, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// // The registry the attribute uses, with defaults:
+/// lock_runtime::init(LockRegistry::redis("redis://127.0.0.1:6379").await?)?;
+///
+/// // A configured one, for the manual API:
+/// let backend = RedisStore::builder("redis://:secret@10.0.0.5:6379/0")
+///     .fencing(Fencing::Off)
+///     .connect()
+///     .await?;
+/// let shop = LockRegistry::builder(backend).namespace("shop").build()?;
+/// let guard = shop.lock("stock:7", LockOptions::default()).await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore<C = RedisConnection> {
+    commands: Commands<C>,
+    subscriber: Arc<Subscriber>,
+    shown_url: String,
+    capabilities: Capabilities,
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Uses any `redis` connection for commands (a cluster connection, say,
+    /// from `redis::cluster_async`), and `pubsub` (a client of one node, or
+    /// of the cluster's nodes) for release notifications.
+    pub fn with_connection(conn: C, pubsub: Client, fencing: Fencing) -> Self {
+        RedisStore::new(
+            Commands {
+                conn,
+                fencing,
+                replica_acks: None,
+                fair: None,
+            },
+            Subscriber::new(Source::Client(pubsub), Duration::from_secs(1)),
+            "custom connection".into(),
+        )
+    }
+
+    /// This backend in fair mode, as [`RedisStoreBuilder::fair`] makes
+    /// it: for a connection given to
+    /// [`with_connection`](Self::with_connection) (a cluster's).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] naming the store, when `grant_timeout` is
+    /// shorter than 50 ms.
+    pub fn fair(mut self, grant_timeout: Duration) -> Result<Self, LockError> {
+        check_grant_timeout(grant_timeout).map_err(|source| LockError::Backend {
+            key: self.shown_url.clone(),
+            action: "use fair mode on",
+            source,
+        })?;
+        self.commands.fair = Some(grant_timeout);
+        Ok(RedisStore::new(
+            self.commands,
+            self.subscriber,
+            self.shown_url,
+        ))
+    }
+
+    fn new(commands: Commands<C>, subscriber: Arc<Subscriber>, shown_url: String) -> Self {
+        let capabilities = Capabilities::new("redis")
+            .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
+            .with_features(true, true, true, false)
+            .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
+            .with_fencing(commands.fencing.promise());
+        // A queued waiter asks again within a third of the grant timeout,
+        // to keep its place with room to spare.
+        let capabilities = match commands.fair {
+            Some(grant_timeout) => capabilities.with_waiter_queue(grant_timeout / 3),
+            None => capabilities,
+        };
+        RedisStore {
+            commands,
+            subscriber,
+            shown_url,
+            capabilities,
+        }
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One acquire attempt by `token`: the fencing token when granted, the
+    /// holder's remaining time otherwise.
+    pub(crate) async fn try_acquire(
+        &self,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        self.commands
+            .acquire(&lock_name(key), token, ttl, false)
+            .await
+    }
+
+    /// Renews `token`'s lease on `key` to `ttl`.
+    pub(crate) async fn renew_token(
+        &self,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        self.commands.renew(&lock_name(key), token, ttl).await
+    }
+
+    /// Releases `token`'s lease on `key` (or shortens it to `linger`).
+    pub(crate) async fn release_token(
+        &self,
+        key: &str,
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        self.commands.release(&lock_name(key), token, linger).await
+    }
+
+    /// Raises `key`'s fencing counter to at least `floor`, kept for at least
+    /// `life`.
+    pub(crate) async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: u64,
+        life: Duration,
+    ) -> Result<(), BackendError> {
+        let counter = suffixed(&lock_name(key), b":fence");
+        let call = Call::new(&scripts::RAISE, &[&counter])
+            .arg(floor)
+            .arg(millis(life));
+        let _: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
+        Ok(())
+    }
+}
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+        Box::pin(async move {
+            let lock = lock_name(request.key);
+            let answer = self
+                .commands
+                .acquire(&lock, request.token, request.ttl, request.waits)
+                .await?;
+            Ok(match answer {
+                Ok(fencing) => Acquire::Acquired {
+                    fencing,
+                    lease: Box::new(RedisLease {
+                        commands: self.commands.clone(),
+                        lock,
+                        token: request.token,
+                        ttl: request.ttl,
+                    }),
+                },
+                Err(remaining) => Acquire::Held { remaining },
+            })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: LockToken,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.release_token(key, token, Duration::ZERO))
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+        Box::pin(
+            self.subscriber
+                .watch(suffixed(&lock_name(key), b":released")),
+        )
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let lock = lock_name(key);
+            let call =
+                Call::new(&scripts::FORCE_RELEASE, &[&lock]).arg(suffixed(&lock, b":released"));
+            let deleted: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
+            Ok(deleted == 1)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+        Box::pin(async move {
+            let lock = lock_name(key);
+            let call = Call::new(&scripts::INSPECT, &[&lock, &suffixed(&lock, b":fence")]);
+            let (token, pttl, fencing): (String, i64, String) =
+                invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
+            if token.is_empty() {
+                return Ok(None);
+            }
+            // A value this store did not write (not a token) is still a holder.
+            let token = token.parse().ok();
+            // -1: no expiry (set by hand); -2: gone between the two reads.
+            let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            Ok(Some(LeaseInfo::new(
+                token,
+                fencing.parse().unwrap_or(0),
+                remaining,
+            )))
+        })
+    }
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.shown_url)
+            .field("fencing", &self.commands.fencing)
+            .field("replica_acks", &self.commands.replica_acks)
+            .field("fair", &self.commands.fair)
+            .finish_non_exhaustive()
+    }
+}
