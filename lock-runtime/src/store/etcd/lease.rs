@@ -1,0 +1,192 @@
+//! One held entry and the lease it is attached to.
+
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::time::Instant;
+
+use super::EtcdStore;
+use super::calls::{lease_gone, owned, revision, whole_seconds};
+use super::keys::{flipped, queue_end};
+use super::shared::{Queued, Spare};
+use crate::error::BackendError;
+use crate::store::support::queue::Place;
+use crate::store::{BoxFuture, HandOver, Lease, LockToken, LossSignal};
+
+/// One held entry and the lease it is attached to.
+pub(super) struct EtcdLease {
+    pub(super) store: EtcdStore,
+    /// The start of the key's range.
+    pub(super) queue: Vec<u8>,
+    /// Our entry.
+    pub(super) key: Vec<u8>,
+    pub(super) token: LockToken,
+    pub(super) secs: i64,
+    pub(super) lease: Spare,
+    /// The entry's create revision: the fencing token.
+    pub(super) created: i64,
+    /// The watch that pushes the entry's loss ([`HeldKeys`]).
+    pub(super) watch: i64,
+    pub(super) loss: LossSignal,
+    /// Whether the lease was granted or renewed before the acquire was sent.
+    pub(super) counted_from_grant: bool,
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        self.store.inner.shared.held.forget(self.watch);
+    }
+}
+
+impl EtcdLease {
+    /// A keep-alive of our lease and a check that the entry is still ours,
+    /// sent together.
+    pub(super) async fn refresh(&mut self) -> Result<bool, BackendError> {
+        let sent_at = Instant::now();
+        let store = &self.store;
+        let txn = Txn::new().when([owned(&self.key, &self.token.to_string())]);
+        let id = self.lease.id;
+        let (alive, ours) = tokio::join!(
+            store.lease_call(|mut c| async move { c.keep_alive(id).await }),
+            store.txn(&txn)
+        );
+        let ours = ours?;
+        match alive {
+            Ok(_) => {}
+            Err(err) if lease_gone(&err) => return Ok(false),
+            Err(err) => return Err(err),
+        }
+        if !ours.succeeded() {
+            return Ok(false);
+        }
+        self.lease.fresh_at = sent_at;
+        Ok(true)
+    }
+
+    /// Replaces our entry by one for a new token, on the same lease, if
+    /// nobody queues behind ours; else deletes ours. One transaction.
+    pub(super) async fn move_or_release(&mut self) -> Result<HandOver, BackendError> {
+        let store = self.store.clone();
+        let token = self.token.to_string();
+        let next = LockToken::random();
+        let next_key = flipped(&self.key);
+        // Every entry of the key was created no later than ours: ours is
+        // alone (ours heads the queue, so none is older).
+        let alone = Compare::create_revision(self.queue.clone(), CompareOp::Less, self.created + 1)
+            .with_range(queue_end(&self.queue));
+        let on_lease = PutOptions::new().with_lease(self.lease.id);
+        let release = Txn::new()
+            .when([owned(&self.key, &token)])
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let txn = Txn::new()
+            .when([owned(&self.key, &token), alone])
+            .and_then([
+                TxnOp::delete(self.key.clone(), None),
+                TxnOp::put(next_key.clone(), next.to_string(), Some(on_lease)),
+            ])
+            .or_else([TxnOp::txn(release)]);
+        // Our own deletion is no loss.
+        store.inner.shared.held.forget(self.watch);
+        let sent_at = Instant::now();
+        let id = self.lease.id;
+        let (alive, answer) = tokio::join!(
+            store.lease_call(|mut c| async move { c.keep_alive(id).await }),
+            store.txn(&txn)
+        );
+        let answer = answer?;
+        if !answer.succeeded() {
+            let released = answer.op_responses().into_iter().any(|op| match op {
+                TxnOpResponse::Txn(nested) => nested.succeeded(),
+                _ => false,
+            });
+            if !released {
+                return Ok(HandOver::Lost);
+            }
+            store
+                .inner
+                .shared
+                .give_back(self.secs, self.lease, &self.queue);
+            return Ok(HandOver::Released);
+        }
+        // The new entry is on our lease, renewed with the move; if the
+        // keep-alive failed, it counts from its last renewal.
+        let renewed = alive.is_ok();
+        if renewed {
+            self.lease.fresh_at = sent_at;
+        }
+        let created = i64::try_from(revision(&answer)).unwrap_or(i64::MAX);
+        let entry = Queued {
+            queue: self.queue.clone(),
+            entry: next_key,
+            created,
+            lease: self.lease,
+            secs: self.secs,
+            place: Place::Head,
+        };
+        let loss = self.loss.clone();
+        *self = store.granted(entry, next, !renewed, &loss);
+        Ok(HandOver::Moved {
+            fencing: revision(&answer),
+        })
+    }
+}
+
+impl Lease for EtcdLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.refresh())
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let store = self.store.clone();
+            let token = self.token.to_string();
+            // Our own deletion (or move) is no loss.
+            store.inner.shared.held.forget(self.watch);
+            let keep = if linger.is_zero() {
+                None
+            } else {
+                // What is left moves to a lease of its own, which expires;
+                // at least the cluster's minimum, which it would grant anyway.
+                let min = whole_seconds(store.capabilities.min_ttl);
+                Some(store.grant(whole_seconds(linger).max(min)).await?)
+            };
+            let build = || {
+                let then = match keep {
+                    None => TxnOp::delete(self.key.clone(), None),
+                    Some(keep) => {
+                        let options = PutOptions::new().with_lease(keep.id);
+                        TxnOp::put(self.key.clone(), token.clone(), Some(options))
+                    }
+                };
+                Txn::new().when([owned(&self.key, &token)]).and_then([then])
+            };
+            let answer = store.txn_built(build).await?;
+            // A lingering entry keeps its name, which is our lease's: that
+            // lease is not used again while the entry may live.
+            if answer.succeeded() && linger.is_zero() {
+                store
+                    .inner
+                    .shared
+                    .give_back(self.secs, self.lease, &self.queue);
+            }
+            Ok(answer.succeeded())
+        })
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+        Box::pin(self.move_or_release())
+    }
+
+    fn started_at(&self) -> Option<Instant> {
+        self.counted_from_grant.then_some(self.lease.fresh_at)
+    }
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("lease", &self.lease.id)
+            .finish_non_exhaustive()
+    }
+}
