@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 use zookeeper_client::{Error as ZkError, MultiWriteError};
 
-use super::{Failed, Shared};
+use super::shared::{Failed, Shared};
 
 /// The most deletions in one transaction.
 const MOST: usize = 64;

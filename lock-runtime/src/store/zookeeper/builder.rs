@@ -1,0 +1,182 @@
+//! Configuring and connecting a [`ZooKeeperStore`]: servers, chroot, root
+//! path, digest credentials and timeouts.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use super::deletions;
+use super::session::{Session, watch_session};
+use super::shared::{Failed, Shared};
+use super::{ZooKeeperStore, capabilities};
+use crate::error::BackendError;
+
+/// Configures and connects a [`ZooKeeperStore`].
+#[derive(Debug)]
+pub struct ZooKeeperStoreBuilder {
+    connect_string: String,
+    chroot: Option<String>,
+    digest: Option<Digest>,
+    root: String,
+    session_timeout: Duration,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+/// Digest credentials (`user:password`); never shown.
+#[derive(Clone)]
+pub(super) struct Digest {
+    pub(super) user: String,
+    pub(super) credentials: Vec<u8>,
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({}:<redacted>)", self.user)
+    }
+}
+
+impl ZooKeeperStoreBuilder {
+    /// The node every key's queue lives under (default `/locks`).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// Confines every node of the store under `chroot` (`/apps/orders`),
+    /// which is created on connect if missing, as the root is. A connect
+    /// string ending in a path (`host:2181/apps/orders`) sets it too; this
+    /// replaces that.
+    pub fn chroot(mut self, chroot: impl Into<String>) -> Self {
+        self.chroot = Some(chroot.into());
+        self
+    }
+
+    /// Authenticates the session with ZooKeeper's `digest` scheme as
+    /// `user`, and creates every node with the `auth` ACL: only sessions
+    /// with the same credentials may read, queue on or delete them. Give
+    /// every process sharing the locks the same credentials. The password
+    /// never appears in errors or `Debug` output.
+    pub fn digest(mut self, user: &str, password: &str) -> Self {
+        self.digest = Some(Digest {
+            user: user.to_owned(),
+            credentials: format!("{user}:{password}").into_bytes(),
+        });
+        self
+    }
+
+    /// The session timeout to ask for (default 30 s); the ensemble may
+    /// grant another within its limits. A crashed holder's lock is free
+    /// after it, and no lock's ttl may exceed it.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take before it fails (default 2 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long one call may take before it fails (default 2 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects, creates the root if it is missing, and reads the session
+    /// timeout the ensemble granted.
+    ///
+    /// # Errors
+    ///
+    /// No server answers, or the root cannot be created.
+    pub async fn connect(self) -> Result<ZooKeeperStore, BackendError> {
+        let shown = self.connect_string.clone();
+        let (servers, chroot) = match self.connect_string.split_once('/') {
+            Some((servers, path)) => (servers.to_owned(), Some(format!("/{path}"))),
+            None => (self.connect_string.clone(), None),
+        };
+        let chroot = self.chroot.or(chroot).filter(|chroot| chroot != "/");
+        for (what, path) in [("root", Some(&self.root)), ("chroot", chroot.as_ref())] {
+            let Some(path) = path else {
+                continue;
+            };
+            if !path.starts_with('/') || path.ends_with('/') || path.contains("//") {
+                return Err(format!(
+                    "the ZooKeeper {what} `{path}` must start with `/`, not end with one \
+                     and have no empty segment"
+                )
+                .into());
+            }
+        }
+        let settings = Session {
+            servers,
+            chroot,
+            digest: self.digest,
+            session_timeout: self.session_timeout,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+        };
+        // The chroot and the root, made from outside the chroot.
+        let unconfined = settings.open().await?;
+        let full_root = format!("{}{}", settings.chroot.as_deref().unwrap_or(""), self.root);
+        let made = tokio::time::timeout(
+            self.response_timeout,
+            unconfined.mkdir(&full_root, &settings.directory()),
+        )
+        .await;
+        match made {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                return Err(format!(
+                    "cannot create the ZooKeeper root `{full_root}`: {}",
+                    BackendError::from(Failed::Refused(err))
+                )
+                .into());
+            }
+            Err(_) => {
+                return Err(format!(
+                    "cannot create the ZooKeeper root `{full_root}`: {}",
+                    BackendError::from(Failed::Timeout(self.response_timeout))
+                )
+                .into());
+            }
+        }
+        let client = settings.confine(unconfined)?;
+        let session_timeout = client.session_timeout();
+        let store = ZooKeeperStore {
+            shared: Arc::new(Shared {
+                session: RwLock::new(client),
+                settings,
+                root: self.root,
+                timeout: self.response_timeout,
+                held: Mutex::default(),
+                created: Mutex::default(),
+                deletions: deletions::Deletions::default(),
+            }),
+            capabilities: capabilities(session_timeout),
+            shown,
+        };
+        tokio::spawn(watch_session(
+            store.shared.client().state_watcher(),
+            Arc::downgrade(&store.shared),
+        ));
+        Ok(store)
+    }
+}
+
+impl ZooKeeperStore {
+    /// Starts configuring a store for the ensemble at `connect_string`.
+    pub fn builder(connect_string: &str) -> ZooKeeperStoreBuilder {
+        ZooKeeperStoreBuilder {
+            connect_string: connect_string.to_owned(),
+            chroot: None,
+            digest: None,
+            root: "/locks".to_owned(),
+            session_timeout: Duration::from_secs(30),
+            connection_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! A waiter following its key's queue: the deletion of the child ahead.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::shared::Shared;
+use crate::store::LockToken;
+use crate::store::support::queue::Place;
+
+/// Ends a watch: stops its task, and takes our waiting children (not the
+/// held ones) out of the key's queue.
+pub(super) struct LeaveQueue {
+    pub(super) shared: Weak<Shared>,
+    pub(super) parent: String,
+    pub(super) task: tokio::task::AbortHandle,
+}
+
+impl Drop for LeaveQueue {
+    fn drop(&mut self) {
+        self.task.abort();
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let waiting: Vec<(LockToken, String)> = {
+            let held = shared.held();
+            shared
+                .created()
+                .iter()
+                .filter_map(|(token, child)| {
+                    let child = child.as_ref()?;
+                    (child.parent() == self.parent && !held.contains_key(child.path()))
+                        .then(|| (*token, child.path().to_owned()))
+                })
+                .collect()
+        };
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for (token, path) in waiting {
+                shared.created().remove(&token);
+                let _ = shared.discard(&path).await;
+            }
+        });
+    }
+}
+
+/// Reports the releases a waiter on `parent` cares about: the deletion of
+/// the child just before ours (or, with no child of ours, of the holder's),
+/// and keeps our child's [`Place`] up to date. `placed` is told once the
+/// first placement is made.
+pub(super) async fn follow(
+    shared: Weak<Shared>,
+    parent: String,
+    tx: watch::Sender<()>,
+    placed: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut placed = Some(placed);
+    // Sets the place of our child named `name`.
+    let place = |shared: &Weak<Shared>, name: Option<&String>, place: Place| {
+        let (Some(name), Some(store)) = (name, shared.upgrade()) else {
+            return;
+        };
+        for child in store.created().values_mut().flatten() {
+            if child.parent() == parent && child.name() == name {
+                child.place = place;
+            }
+        }
+    };
+    loop {
+        let Some(store) = shared.upgrade() else {
+            return;
+        };
+        let ours: Vec<String> = store
+            .created()
+            .values()
+            .filter_map(|child| child.as_ref())
+            .filter(|child| child.parent() == parent)
+            .map(|child| child.name().to_owned())
+            .collect();
+        let queue = match store.queue(&parent).await {
+            Ok(queue) => queue,
+            Err(_) => {
+                drop(store);
+                placed.take().map(|placed| placed.send(()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mine = queue.iter().position(|name| ours.contains(name));
+        let name = mine.map(|at| &queue[at]);
+        let target = match mine {
+            Some(0) => None,
+            Some(at) => queue.get(at - 1).cloned(),
+            None => queue.first().cloned(),
+        };
+        let Some(target) = target else {
+            // Nothing ahead of us: look again.
+            place(&shared, name, Place::Head);
+            placed.take().map(|placed| placed.send(()));
+            tx.send_replace(());
+            drop(store);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let path = format!("{parent}/{target}");
+        let client = store.client();
+        let watched = store.call(client.check_and_watch_stat(&path)).await;
+        drop(store);
+        // Ours is second: once the head is deleted, ours heads the queue.
+        let after = if mine == Some(1) {
+            Place::Head
+        } else {
+            Place::Unknown
+        };
+        match watched {
+            Ok((None, _)) => {
+                place(&shared, name, after);
+                placed.take().map(|placed| placed.send(()));
+                tx.send_replace(());
+            }
+            Ok((Some(_), watcher)) => {
+                place(&shared, name, Place::Behind);
+                placed.take().map(|placed| placed.send(()));
+                let event = watcher.changed().await;
+                let deleted = event.event_type == zookeeper_client::EventType::NodeDeleted;
+                place(&shared, name, if deleted { after } else { Place::Unknown });
+                tx.send_replace(());
+            }
+            Err(_) => {
+                place(&shared, name, Place::Unknown);
+                placed.take().map(|placed| placed.send(()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

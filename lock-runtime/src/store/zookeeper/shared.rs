@@ -1,0 +1,133 @@
+//! What clones of one store share: the session, and the children we created
+//! and hold.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::deletions;
+use super::keys::encode_onto;
+use super::session::Session;
+use crate::error::BackendError;
+use crate::store::support::queue::Place;
+use crate::store::{LockToken, LossSignal};
+
+/// What clones of one store share.
+pub(super) struct Shared {
+    /// The current session; replaced when one expires.
+    pub(super) session: RwLock<Client>,
+    pub(super) settings: Session,
+    pub(super) root: String,
+    pub(super) timeout: Duration,
+    /// The children held, by path: their loss signals, told when the
+    /// session expires.
+    pub(super) held: Mutex<HashMap<Arc<str>, LossSignal>>,
+    /// Our children, by token: created, or possibly created (a create
+    /// whose reply was lost: `None` until found by name).
+    pub(super) created: Mutex<HashMap<LockToken, Option<Child>>>,
+    pub(super) deletions: deletions::Deletions,
+}
+
+/// One of our children: its path (its key's node, `/`, its name), built
+/// once and shared, and its creation zxid.
+#[derive(Clone, Debug)]
+pub(super) struct Child {
+    pub(super) path: Arc<str>,
+    /// Where the name starts in `path`.
+    pub(super) name_at: usize,
+    pub(super) czxid: i64,
+    /// Where the waiter's watch last placed it in the queue.
+    pub(super) place: Place,
+}
+
+impl Child {
+    pub(super) fn new(parent: &str, name: &str, czxid: i64) -> Child {
+        let mut path = String::with_capacity(parent.len() + 1 + name.len());
+        path.push_str(parent);
+        path.push('/');
+        path.push_str(name);
+        Child {
+            path: path.into(),
+            name_at: parent.len() + 1,
+            czxid,
+            place: Place::Unknown,
+        }
+    }
+
+    pub(super) fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(super) fn parent(&self) -> &str {
+        &self.path[..self.name_at - 1]
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.path[self.name_at..]
+    }
+}
+
+/// A call's failure: ZooKeeper's answer, or none in time.
+#[derive(Debug)]
+pub(super) enum Failed {
+    Refused(ZkError),
+    Timeout(Duration),
+}
+
+impl From<Failed> for BackendError {
+    fn from(failed: Failed) -> BackendError {
+        match failed {
+            Failed::Refused(ZkError::NoAuth) => "ZooKeeper refused access (not authorized): \
+                 the lock nodes' ACL admits other credentials than this session's \
+                 (see the builder's `digest`)"
+                .into(),
+            Failed::Refused(err) => format!("ZooKeeper: {err}").into(),
+            Failed::Timeout(timeout) => {
+                format!("no answer from ZooKeeper within {timeout:?}").into()
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// The current session's client (clones share the session, and send
+    /// their requests in call order).
+    pub(super) fn client(&self) -> Client {
+        self.session
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Runs one call within the response timeout.
+    pub(super) async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, ZkError>>,
+    ) -> Result<T, Failed> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(err)) => Err(Failed::Refused(err)),
+            Err(_) => Err(Failed::Timeout(self.timeout)),
+        }
+    }
+
+    /// The node of `key`'s queue.
+    pub(super) fn parent(&self, key: &str) -> String {
+        let mut parent = String::with_capacity(self.root.len() + 1 + key.len());
+        parent.push_str(&self.root);
+        parent.push('/');
+        encode_onto(&mut parent, key);
+        parent
+    }
+
+    pub(super) fn created(&self) -> std::sync::MutexGuard<'_, HashMap<LockToken, Option<Child>>> {
+        self.created.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, LossSignal>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
