@@ -16,8 +16,9 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
 use tokio_postgres::{AsyncMessage, Config};
 
+use super::CHANNEL;
 use super::session::Opener;
-use super::{CHANNEL, pg_error};
+use super::table::pg_error;
 use crate::error::BackendError;
 use crate::store::{BoxFuture, ReleaseWatch};
 

@@ -1,0 +1,62 @@
+//! One held lease row.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::shared::Shared;
+use super::table::{millis, turn};
+use crate::error::BackendError;
+use crate::store::{BoxFuture, HandOver, Lease, LockToken};
+
+/// One lease row: its id and our token.
+pub(super) struct PostgresLease {
+    pub(super) shared: Arc<Shared>,
+    pub(super) id: Vec<u8>,
+    pub(super) token: LockToken,
+    pub(super) ttl: Duration,
+}
+
+impl Lease for PostgresLease {
+    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let (token, ttl) = (self.token.to_string(), millis(self.ttl));
+            let changed = self
+                .shared
+                .execute(&self.id, |s| &s.extend, &[&self.id, &token, &ttl])
+                .await?;
+            Ok(changed == 1)
+        })
+    }
+
+    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(self.shared.release(&self.id, self.token, linger))
+    }
+
+    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+        Box::pin(async move {
+            let next = LockToken::random();
+            let (token, next_text, ttl) =
+                (self.token.to_string(), next.to_string(), millis(self.ttl));
+            let row = self
+                .shared
+                .query_opt(
+                    &self.id,
+                    |s| &s.hand_over,
+                    &[&self.id, &token, &next_text, &ttl, &turn(&self.id)],
+                )
+                .await?;
+            let fencing: Option<i64> = row.map(|row| row.get(0));
+            if fencing.is_some() {
+                self.token = next;
+            }
+            Ok(fencing.map(|f| u64::try_from(f).unwrap_or(0)).into())
+        })
+    }
+}
+
+impl fmt::Debug for PostgresLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLease").finish_non_exhaustive()
+    }
+}

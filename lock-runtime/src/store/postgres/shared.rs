@@ -1,0 +1,164 @@
+//! The statement connections, opened again when one breaks, and their
+//! prepared statements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex as AsyncMutex;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Row, Statement};
+
+use super::CHANNEL;
+use super::session::Opener;
+use super::table::{Table, millis, pg_error};
+use crate::error::BackendError;
+use crate::store::LockToken;
+
+/// The statement connections and what they need.
+pub(super) struct Shared {
+    pub(super) opener: Opener,
+    pub(super) config: Config,
+    pub(super) table: Table,
+    pub(super) response_timeout: Duration,
+    /// Statement connections, made on first use and replaced once closed.
+    pub(super) slots: Vec<AsyncMutex<Option<Conn>>>,
+}
+
+/// One statement connection and its prepared statements.
+#[derive(Clone)]
+pub(super) struct Conn {
+    pub(super) client: Arc<Client>,
+    pub(super) statements: Arc<Statements>,
+}
+
+pub(super) struct Statements {
+    pub(super) acquire: Statement,
+    pub(super) refused: Statement,
+    pub(super) extend: Statement,
+    pub(super) release: Statement,
+    pub(super) hand_over: Statement,
+    pub(super) force_release: Statement,
+    pub(super) inspect: Statement,
+}
+
+impl Shared {
+    /// A new session, driven by a task of its own.
+    pub(super) async fn open(&self) -> Result<Client, BackendError> {
+        let (client, mut messages) = self.opener.open(&self.config).await.map_err(pg_error)?;
+        tokio::spawn(async move {
+            // Drives the session; its notices are of no use here.
+            while let Some(message) = std::future::poll_fn(|cx| messages(cx)).await {
+                if let Err(error) = message {
+                    tracing::debug!(%error, "lock statement connection ended");
+                    return;
+                }
+            }
+        });
+        Ok(client)
+    }
+
+    /// `client` with the statements prepared on it.
+    pub(super) async fn prepared(&self, client: Client) -> Result<Conn, BackendError> {
+        let statements = self.table.prepare(&client).await.map_err(pg_error)?;
+        Ok(Conn {
+            client: Arc::new(client),
+            statements: Arc::new(statements),
+        })
+    }
+
+    pub(super) async fn connect(&self) -> Result<Conn, BackendError> {
+        let client = self.open().await?;
+        self.prepared(client).await
+    }
+
+    /// The statement connection of the row `id` (always the same one, so a
+    /// key's statements keep their order and one task stays on one
+    /// session), connected if it is not.
+    pub(super) async fn conn(&self, id: &[u8]) -> Result<Conn, BackendError> {
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&id[..8]);
+        let at = (u64::from_le_bytes(prefix) % self.slots.len() as u64) as usize;
+        let mut slot = self.slots[at].lock().await;
+        if let Some(conn) = slot.as_ref().filter(|conn| !conn.client.is_closed()) {
+            return Ok(conn.clone());
+        }
+        let conn = self.connect().await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Runs one statement that returns at most one row, within the
+    /// response timeout.
+    pub(super) async fn query_opt(
+        &self,
+        id: &[u8],
+        pick: impl Fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, BackendError> {
+        self.timed(async {
+            let conn = self.conn(id).await?;
+            let row = conn.client.query_opt(pick(&conn.statements), params);
+            row.await.map_err(pg_error)
+        })
+        .await
+    }
+
+    /// Runs one statement within the response timeout; how many rows it
+    /// changed.
+    pub(super) async fn execute(
+        &self,
+        id: &[u8],
+        pick: impl Fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, BackendError> {
+        self.timed(async {
+            let conn = self.conn(id).await?;
+            let changed = conn.client.execute(pick(&conn.statements), params);
+            changed.await.map_err(pg_error)
+        })
+        .await
+    }
+
+    pub(super) async fn timed<T>(
+        &self,
+        run: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        tokio::time::timeout(self.response_timeout, run)
+            .await
+            .map_err(|_| -> BackendError {
+                format!("no answer within {:?}", self.response_timeout).into()
+            })?
+    }
+
+    /// After a refusal: the live holder's remaining time, if there still
+    /// is one; marks its row when `mark`.
+    pub(super) async fn refused(
+        &self,
+        id: &[u8],
+        mark: bool,
+    ) -> Result<Option<Duration>, BackendError> {
+        let row = self.query_opt(id, |s| &s.refused, &[&id, &mark]).await?;
+        Ok(row.map(|row| {
+            let ms: i64 = row.get(0);
+            Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+        }))
+    }
+
+    pub(super) async fn release(
+        &self,
+        id: &[u8],
+        token: LockToken,
+        linger: Duration,
+    ) -> Result<bool, BackendError> {
+        let token = token.to_string();
+        let changed = if linger.is_zero() {
+            self.execute(id, |s| &s.release, &[&id, &token, &CHANNEL])
+                .await?
+        } else {
+            let linger = millis(linger);
+            self.execute(id, |s| &s.extend, &[&id, &token, &linger])
+                .await?
+        };
+        Ok(changed == 1)
+    }
+}

@@ -1,0 +1,238 @@
+//! The lease table: its name, its creation, its statements, and a key's
+//! row id.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use super::shared::Statements;
+use crate::error::BackendError;
+
+/// The lease table's name, checked, and its statements.
+pub(super) struct Table {
+    pub(super) name: String,
+}
+
+impl Table {
+    pub(super) fn new(name: &str) -> Result<Table, BackendError> {
+        let valid = !name.is_empty()
+            && name.len() <= 50
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "invalid table name `{name}`: letters, digits and `_`, at most 50 bytes, not starting with a digit"
+            )
+            .into());
+        }
+        Ok(Table {
+            name: name.to_ascii_lowercase(),
+        })
+    }
+
+    /// Creates the table and its sequence if they are missing, one process
+    /// at a time.
+    pub(super) async fn create(&self, client: &Client) -> Result<(), BackendError> {
+        let t = &self.name;
+        // Creating needs the right to create, even when the table exists:
+        // a role that may only use it must not be asked to.
+        let exists: bool = client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+                &[&t, &format!("{t}_fencing")],
+            )
+            .await
+            .map_err(pg_error)?
+            .get(0);
+        if exists {
+            return Ok(());
+        }
+        let sql = format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('lock-runtime:{t}'));
+             CREATE TABLE IF NOT EXISTS {t} (
+                 id bytea PRIMARY KEY,
+                 key bytea NOT NULL,
+                 token text NOT NULL,
+                 fencing bigint NOT NULL,
+                 expires_at timestamptz NOT NULL,
+                 waiting boolean NOT NULL DEFAULT false
+             );
+             CREATE SEQUENCE IF NOT EXISTS {t}_fencing;
+             COMMIT;"
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|err| -> BackendError {
+                format!(
+                    "cannot create the lease table `{t}` (create it beforehand, see the docs): {}",
+                    pg_error(err)
+                )
+                .into()
+            })
+    }
+
+    pub(super) async fn prepare(
+        &self,
+        client: &Client,
+    ) -> Result<Statements, tokio_postgres::Error> {
+        let t = &self.name;
+        let remaining = "ceil(extract(epoch from (expires_at - clock_timestamp())) * 1000)::bigint";
+        Ok(Statements {
+            // $1 id, $2 key, $3 token, $4 ttl ms: the fencing value if
+            // granted, no row if held. A repeat by the same token answers
+            // as the first run did (same fencing). The statement a plain
+            // lock table needs and no more: the common path pays for
+            // nothing else.
+            //
+            // The key's turn first ($5, see `turn`), then the fencing
+            // value: a statement that waits on the row (a release in
+            // progress) keeps its turn, so no later statement on the key
+            // takes a value, is granted and releases before this one
+            // writes its earlier value.
+            acquire: client
+                .prepare(&format!(
+                    "WITH acquiring AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
+                     INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
+                     SELECT $1, $2, $3, nextval('{t}_fencing'),
+                            clock_timestamp() + $4::bigint * interval '1 millisecond'
+                     FROM acquiring
+                     ON CONFLICT (id) DO UPDATE
+                         SET token = excluded.token,
+                             fencing = CASE WHEN l.token = excluded.token
+                                            THEN l.fencing ELSE excluded.fencing END,
+                             expires_at = excluded.expires_at,
+                             waiting = l.waiting AND l.token = excluded.token
+                         WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
+                     RETURNING fencing"
+                ))
+                .await?,
+            // $1 id, $2 mark: after a refusal (or to subscribe), the
+            // holder's remaining time, no row if there is no live holder
+            // any more; marks the row when asked, so that its release
+            // notifies. A marking caller is told of a holder only if the
+            // row is marked: by this update (which waits for a release in
+            // progress and then finds the row gone), or already (a release
+            // then notifies). Reading the row from the statement's snapshot
+            // instead once told a waiter of a holder whose release, not yet
+            // committed, had read `waiting` as false: no notification came,
+            // and the waiter slept until its timed retry (5 s in the
+            // benchmark's row 11).
+            refused: client
+                .prepare(&format!(
+                    "WITH marked AS (
+                         UPDATE {t} SET waiting = true
+                         WHERE $2 AND id = $1 AND NOT waiting AND expires_at > clock_timestamp()
+                         RETURNING {remaining}
+                     )
+                     (SELECT * FROM marked)
+                     UNION ALL
+                     (SELECT {remaining} FROM {t}
+                      WHERE id = $1 AND expires_at > clock_timestamp() AND (waiting OR NOT $2))
+                     LIMIT 1"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 ms: our lease ends that long from now (a
+            // renewal by the ttl, a lingering release by what is left).
+            extend: client
+                .prepare(&format!(
+                    "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 channel. Notifies only if someone waits.
+            release: client
+                .prepare(&format!(
+                    "DELETE FROM {t}
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING (CASE WHEN waiting THEN pg_notify($3, encode(id, 'hex')) END) IS NULL"
+                ))
+                .await?,
+            // $1 id, $2 token, $3 next token, $4 ttl ms, $5 the key's turn
+            // (as in `acquire`).
+            hand_over: client
+                .prepare(&format!(
+                    "WITH handing_over AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
+                     UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
+                         expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+                     FROM handing_over
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING fencing"
+                ))
+                .await?,
+            // $1 id, $2 channel.
+            force_release: client
+                .prepare(&format!(
+                    "DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
+                     RETURNING pg_notify($2, encode(id, 'hex')) IS NULL"
+                ))
+                .await?,
+            // $1 id: the live holder's token, fencing and remaining time.
+            inspect: client
+                .prepare(&format!(
+                    "SELECT token, fencing, {remaining} FROM {t}
+                     WHERE id = $1 AND expires_at > clock_timestamp()"
+                ))
+                .await?,
+        })
+    }
+}
+
+/// The client's error with the server's own message, which its `Display`
+/// leaves out ("db error").
+pub(super) fn pg_error(err: tokio_postgres::Error) -> BackendError {
+    match err.as_db_error() {
+        Some(db) => format!("{err}: {db}").into(),
+        None => Box::new(err),
+    }
+}
+
+/// The advisory lock a key's fencing values are drawn under (with the
+/// table's name): the first four bytes of its row id. Keys that share them
+/// only take turns.
+pub(super) fn turn(id: &[u8]) -> i32 {
+    let mut first = [0u8; 4];
+    for (to, from) in first.iter_mut().zip(id) {
+        *to = *from;
+    }
+    i32::from_be_bytes(first)
+}
+
+/// The row id of `key`: its SHA-256.
+pub(super) fn row_id(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+pub(super) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Lowercase hex, as PostgreSQL's `encode(.., 'hex')` writes it.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn table_names_are_checked() {
+        assert!(Table::new("lock_leases").is_ok());
+        assert_eq!(Table::new("Shop_Locks").unwrap().name, "shop_locks");
+        for bad in ["", "1locks", "locks; DROP TABLE x", "a-b", &"x".repeat(51)] {
+            let err = Table::new(bad).err().expect(bad).to_string();
+            assert!(err.starts_with("invalid table name"), "{err}");
+        }
+    }
+
+    #[test]
+    pub(super) fn row_ids_are_the_keys_sha256_in_hex_as_postgres_writes_it() {
+        assert_eq!(
+            hex(&row_id("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
