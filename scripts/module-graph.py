@@ -179,7 +179,7 @@ def check(crate: Path, show: bool) -> bool:
             target, _ = resolve(path, here, modules)
             if target == here or (len(target) < len(here) and here[: len(target)] == target and target):
                 # Its own items, or an enclosing module's (`super::` from a
-                # store to the contract in `backend/mod.rs`).
+                # store to the contract in `store/mod.rs`).
                 if target == here:
                     continue
             if target == ():

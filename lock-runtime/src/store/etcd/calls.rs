@@ -10,11 +10,10 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::keys::{first_of, queue_end, queue_start};
-use super::lease::EtcdLease;
 use super::shared::{Queued, Spare};
 use super::{EtcdStore, RETRY};
 use crate::error::BackendError;
-use crate::store::{LockToken, LossSignal};
+use crate::store::LockToken;
 
 impl EtcdStore {
     /// The shortest lease the cluster grants: ask for 1 s, see what it gave.
@@ -129,37 +128,6 @@ impl EtcdStore {
         Ok(Some(Duration::from_secs(
             (left.ttl() + 1).max(0).unsigned_abs(),
         )))
-    }
-
-    /// The lease of `token`'s entry, which holds the lock; its deletion by
-    /// anyone else raises `loss`. Counted from `entry.lease.fresh_at` if
-    /// `counted_from_grant`.
-    pub(super) fn granted(
-        &self,
-        entry: Queued,
-        token: LockToken,
-        counted_from_grant: bool,
-        loss: &LossSignal,
-    ) -> EtcdLease {
-        let key = entry.entry;
-        let opener = self.inner.prefix.as_bytes();
-        let watch =
-            self.inner
-                .shared
-                .held
-                .hold(&self.inner.watches, opener, &key, entry.created, loss);
-        EtcdLease {
-            store: self.clone(),
-            queue: entry.queue,
-            key,
-            token,
-            secs: entry.secs,
-            lease: entry.lease,
-            created: entry.created,
-            watch,
-            loss: loss.clone(),
-            counted_from_grant,
-        }
     }
 
     /// The keys in `queue` with their create revisions, and the revision

@@ -190,3 +190,36 @@ impl fmt::Debug for EtcdLease {
             .finish_non_exhaustive()
     }
 }
+
+impl EtcdStore {
+    /// The lease of `token`'s entry, which holds the lock; its deletion by
+    /// anyone else raises `loss`. Counted from `entry.lease.fresh_at` if
+    /// `counted_from_grant`.
+    pub(super) fn granted(
+        &self,
+        entry: Queued,
+        token: LockToken,
+        counted_from_grant: bool,
+        loss: &LossSignal,
+    ) -> EtcdLease {
+        let key = entry.entry;
+        let opener = self.inner.prefix.as_bytes();
+        let watch =
+            self.inner
+                .shared
+                .held
+                .hold(&self.inner.watches, opener, &key, entry.created, loss);
+        EtcdLease {
+            store: self.clone(),
+            queue: entry.queue,
+            key,
+            token,
+            secs: entry.secs,
+            lease: entry.lease,
+            created: entry.created,
+            watch,
+            loss: loss.clone(),
+            counted_from_grant,
+        }
+    }
+}

@@ -10,7 +10,7 @@ use tokio_postgres::{Client, Config, Row, Statement};
 
 use super::CHANNEL;
 use super::session::Opener;
-use super::table::{Table, millis, pg_error};
+use super::table::{Statements, Table, millis, pg_error};
 use crate::error::BackendError;
 use crate::store::LockToken;
 
@@ -29,16 +29,6 @@ pub(super) struct Shared {
 pub(super) struct Conn {
     pub(super) client: Arc<Client>,
     pub(super) statements: Arc<Statements>,
-}
-
-pub(super) struct Statements {
-    pub(super) acquire: Statement,
-    pub(super) refused: Statement,
-    pub(super) extend: Statement,
-    pub(super) release: Statement,
-    pub(super) hand_over: Statement,
-    pub(super) force_release: Statement,
-    pub(super) inspect: Statement,
 }
 
 impl Shared {

@@ -4,10 +4,19 @@
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
-use super::shared::Statements;
 use crate::error::BackendError;
+
+pub(super) struct Statements {
+    pub(super) acquire: Statement,
+    pub(super) refused: Statement,
+    pub(super) extend: Statement,
+    pub(super) release: Statement,
+    pub(super) hand_over: Statement,
+    pub(super) force_release: Statement,
+    pub(super) inspect: Statement,
+}
 
 /// The lease table's name, checked, and its statements.
 pub(super) struct Table {

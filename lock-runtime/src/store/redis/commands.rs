@@ -6,11 +6,55 @@ use std::time::Duration;
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
-use super::builder::{Fencing, ReplicaAcks};
 use super::keys::suffixed;
 use super::scripts;
 use crate::error::BackendError;
+use crate::store::FencingPromise;
 use crate::store::{HandOver, LockToken};
+
+/// How fencing tokens are made. See the [module docs](super).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// Tokens from the server's clock and a counter that lives as long as the
+    /// lease: strictly increasing per key, after data loss too, with no
+    /// per-key state left once the lease ends.
+    #[default]
+    PerKey,
+    /// As [`PerKey`](Fencing::PerKey), with the counter kept at least this
+    /// long after each grant: a longer guard against the server's clock
+    /// being stepped back between two grants.
+    ExpireAfter(Duration),
+    /// No tokens: every fencing token is 0, and no counter is kept.
+    Off,
+}
+
+impl Fencing {
+    /// What tokens promise in this mode.
+    pub(super) fn promise(self) -> FencingPromise {
+        match self {
+            Fencing::PerKey | Fencing::ExpireAfter(_) => FencingPromise::new(true, true, true),
+            Fencing::Off => FencingPromise::NONE,
+        }
+    }
+
+    /// The scripts' fencing argument for a lease of `ttl`: 0 for none,
+    /// else how long the counter lives after a grant, in ms.
+    pub(super) fn counter_life(self, ttl: Duration) -> u64 {
+        match self {
+            Fencing::PerKey => millis(ttl).max(1),
+            Fencing::Off => 0,
+            Fencing::ExpireAfter(after) => millis(after.max(ttl)).max(1),
+        }
+    }
+}
+
+/// How many replicas must have a grant before it is handed out (`WAIT`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReplicaAcks {
+    pub(super) replicas: u32,
+    pub(super) timeout: Duration,
+}
 
 /// The command connection and how grants are made: all a lease handle needs.
 #[derive(Clone)]

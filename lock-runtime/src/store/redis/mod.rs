@@ -95,8 +95,9 @@ use std::time::Duration;
 use ::redis::Client;
 use ::redis::aio::ConnectionLike;
 
+pub use builder::RedisStoreBuilder;
 use builder::check_grant_timeout;
-pub use builder::{Fencing, RedisStoreBuilder};
+pub use commands::Fencing;
 use commands::{Call, Commands, Retry, invoke, millis};
 pub use connection::RedisConnection;
 use connection::Source;

@@ -1,13 +1,12 @@
 //! Configuring and connecting a [`ZooKeeperStore`]: servers, chroot, root
 //! path, digest credentials and timeouts.
 
-use std::fmt;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::deletions;
-use super::session::{Session, watch_session};
-use super::shared::{Failed, Shared};
+use super::session::{Digest, Session};
+use super::shared::deletions;
+use super::shared::{Failed, Shared, watch_session};
 use super::{ZooKeeperStore, capabilities};
 use crate::error::BackendError;
 
@@ -21,19 +20,6 @@ pub struct ZooKeeperStoreBuilder {
     session_timeout: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
-}
-
-/// Digest credentials (`user:password`); never shown.
-#[derive(Clone)]
-pub(super) struct Digest {
-    pub(super) user: String,
-    pub(super) credentials: Vec<u8>,
-}
-
-impl fmt::Debug for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Digest({}:<redacted>)", self.user)
-    }
 }
 
 impl ZooKeeperStoreBuilder {

@@ -47,7 +47,6 @@ use super::{
 use crate::error::BackendError;
 
 mod builder;
-mod deletions;
 mod follow;
 mod keys;
 mod lease;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
-use super::deletions;
+use super::shared::deletions;
 use super::shared::{Child, Failed, Shared};
 use crate::error::BackendError;
 use crate::store::LockToken;

@@ -1,15 +1,12 @@
-//! The session: how to open one (again after one expired), and what its
-//! end tells every holder.
+//! How to open a session (again after one expired), with the store's
+//! credentials.
 
-use std::sync::Weak;
+use std::fmt;
 use std::time::Duration;
 
-use zookeeper_client::{Acls, Client, CreateMode, SessionState};
+use zookeeper_client::{Acls, Client, CreateMode};
 
-use super::builder::Digest;
-use super::shared::Shared;
 use crate::error::BackendError;
-use crate::store::LossSignal;
 
 /// How to open a session, again after one expired.
 #[derive(Debug)]
@@ -70,54 +67,15 @@ impl Session {
     }
 }
 
-/// Tells every holder when the session ends (expired, closed, refused),
-/// and opens a new one, until the store is dropped.
-pub(super) async fn watch_session(
-    mut states: zookeeper_client::StateWatcher,
-    shared: Weak<Shared>,
-) {
-    loop {
-        let state = states.changed().await;
-        if !matches!(
-            state,
-            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
-        ) {
-            continue;
-        }
-        let Some(store) = shared.upgrade() else {
-            return;
-        };
-        // Every child of that session is gone with it.
-        store.created().clear();
-        let held: Vec<LossSignal> = store.held().drain().map(|(_, loss)| loss).collect();
-        for loss in held {
-            loss.raise("the ZooKeeper session expired");
-        }
-        tracing::warn!(servers = %store.settings.servers, ?state, "ZooKeeper session ended; opening a new one");
-        drop(store);
-        let mut pause = Duration::from_millis(100);
-        loop {
-            let Some(store) = shared.upgrade() else {
-                return;
-            };
-            match store
-                .settings
-                .open()
-                .await
-                .and_then(|client| store.settings.confine(client))
-            {
-                Ok(client) => {
-                    states = client.state_watcher();
-                    *store.session.write().unwrap_or_else(|e| e.into_inner()) = client;
-                    break;
-                }
-                Err(err) => {
-                    tracing::warn!(%err, "no new ZooKeeper session yet");
-                    drop(store);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
+/// Digest credentials (`user:password`); never shown.
+#[derive(Clone)]
+pub(super) struct Digest {
+    pub(super) user: String,
+    pub(super) credentials: Vec<u8>,
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({}:<redacted>)", self.user)
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 use zookeeper_client::{Error as ZkError, MultiWriteError};
 
-use super::shared::{Failed, Shared};
+use super::{Failed, Shared};
 
 /// The most deletions in one transaction.
 const MOST: usize = 64;
@@ -33,7 +33,7 @@ type Answer = Result<bool, Failed>;
 
 /// The deletions waiting to be sent, and whether a request is in flight.
 #[derive(Default)]
-pub(super) struct Deletions {
+pub(in crate::store::zookeeper) struct Deletions {
     state: Mutex<State>,
 }
 
@@ -62,7 +62,7 @@ impl Deletions {
 /// The caller that finds no request in flight sends, inline, until its own
 /// deletion is answered; deletions still queued then go on in a task of
 /// their own, so no caller sends for others for longer than its own wait.
-pub(super) async fn delete(shared: &Arc<Shared>, path: &str) -> Answer {
+pub(in crate::store::zookeeper) async fn delete(shared: &Arc<Shared>, path: &str) -> Answer {
     let (answer, mut answered) = oneshot::channel();
     let lead = {
         let mut state = shared.deletions.state();

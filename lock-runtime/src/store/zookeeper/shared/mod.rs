@@ -1,16 +1,18 @@
-//! What clones of one store share: the session, and the children we created
-//! and hold.
+//! What clones of one store share: the session (and the watch that tells
+//! every holder when it ends), the children we created and hold, and the
+//! deletions in flight.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::{Client, Error as ZkError, SessionState};
 
-use super::deletions;
 use super::keys::encode_onto;
 use super::session::Session;
+
+pub(super) mod deletions;
 use crate::error::BackendError;
 use crate::store::support::queue::Place;
 use crate::store::{LockToken, LossSignal};
@@ -129,5 +131,57 @@ impl Shared {
 
     pub(super) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, LossSignal>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Tells every holder when the session ends (expired, closed, refused),
+/// and opens a new one, until the store is dropped.
+pub(super) async fn watch_session(
+    mut states: zookeeper_client::StateWatcher,
+    shared: Weak<Shared>,
+) {
+    loop {
+        let state = states.changed().await;
+        if !matches!(
+            state,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+        ) {
+            continue;
+        }
+        let Some(store) = shared.upgrade() else {
+            return;
+        };
+        // Every child of that session is gone with it.
+        store.created().clear();
+        let held: Vec<LossSignal> = store.held().drain().map(|(_, loss)| loss).collect();
+        for loss in held {
+            loss.raise("the ZooKeeper session expired");
+        }
+        tracing::warn!(servers = %store.settings.servers, ?state, "ZooKeeper session ended; opening a new one");
+        drop(store);
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let Some(store) = shared.upgrade() else {
+                return;
+            };
+            match store
+                .settings
+                .open()
+                .await
+                .and_then(|client| store.settings.confine(client))
+            {
+                Ok(client) => {
+                    states = client.state_watcher();
+                    *store.session.write().unwrap_or_else(|e| e.into_inner()) = client;
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "no new ZooKeeper session yet");
+                    drop(store);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
     }
 }
