@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// The error type of the boxed source a [`Store`](crate::Store) reports.
+/// The error type of the boxed source a [`Store`](crate::store::Store) reports.
 pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a lock could not be taken, kept, or released.

@@ -26,18 +26,18 @@ pub struct Capabilities {
     pub linger: bool,
     /// Whether a refused acquire says how long the holder's lease has left.
     pub remaining_time: bool,
-    /// Whether [`Lease::hand_over`] is implemented.
+    /// Whether [`Lease::hand_over`](super::Lease::hand_over) is implemented.
     pub hand_over: bool,
-    /// Whether the store raises a lease's [`LossSignal`] by itself (a
+    /// Whether the store raises a lease's [`LossSignal`](super::LossSignal) by itself (a
     /// session expired, a lease revoked, a lock forcibly released), rather
     /// than only answering renewals.
     pub pushes_loss: bool,
     /// Whether a refused attempt of a waiter (one that
-    /// [waits](AcquireRequest::waits)) keeps a place for its token in a
+    /// [waits](super::AcquireRequest::waits)) keeps a place for its token in a
     /// queue in the store, and if so how often the waiter must ask again to
     /// keep it: the runtime's waiters then never sleep longer between
     /// attempts. A waiter that stops waiting without the lock (a timeout, a
-    /// cancellation) gives its place up through [`Store::abandon`], so no
+    /// cancellation) gives its place up through [`Store::abandon`](super::Store::abandon), so no
     /// release is granted to it.
     pub waiter_queue: Option<Duration>,
     /// How long before the store can expire a lease the holder gives up.

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 /// The signal that one lease is lost.
 ///
 /// The runtime makes one per acquire and hands it to the store in the
-/// [`AcquireRequest`]. Whoever learns first that the lease is gone raises
+/// [`AcquireRequest`](super::AcquireRequest). Whoever learns first that the lease is gone raises
 /// it: the runtime's renewal (a renewal refused or too late), or the store
 /// itself (a session expired, a lease revoked). Raising it cancels the body
 /// that holds the lease, which then returns

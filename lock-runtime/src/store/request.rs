@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Lease, LockToken, LossSignal};
 
 /// What a store knows of the lease on one key: the answer to
-/// [`Store::inspect`] when the key is held.
+/// [`Store::inspect`](super::Store::inspect) when the key is held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseInfo {
@@ -40,10 +40,10 @@ pub struct AcquireRequest<'a> {
     /// token, and a store answers a repeat as it answered the first (so a
     /// retried request cannot lock its own sender out).
     pub token: LockToken,
-    /// The lease length; already checked against [`Capabilities`].
+    /// The lease length; already checked against [`Capabilities`](super::Capabilities).
     pub ttl: Duration,
     /// Raised by the store if it learns that the lease is lost; a store
-    /// that [pushes losses](Capabilities::pushes_loss) keeps a clone in
+    /// that [pushes losses](super::Capabilities::pushes_loss) keeps a clone in
     /// its handle.
     pub loss: &'a LossSignal,
     /// Whether the caller waits for a release if the key is held (wait
@@ -94,7 +94,7 @@ impl<'a> AcquireRequest<'a> {
 pub enum Acquire {
     /// The lease is ours.
     Acquired {
-        /// The fencing token of this lease (see [`FencingPromise`]).
+        /// The fencing token of this lease (see [`FencingPromise`](super::FencingPromise)).
         fencing: u64,
         /// The handle that renews, releases or hands over this lease.
         lease: Box<dyn Lease>,
@@ -102,7 +102,7 @@ pub enum Acquire {
     /// Someone else holds it.
     Held {
         /// How long their lease has left, when the store knows
-        /// ([`Capabilities::remaining_time`]).
+        /// ([`Capabilities::remaining_time`](super::Capabilities::remaining_time)).
         remaining: Option<Duration>,
     },
 }

@@ -37,7 +37,7 @@
 //!   ttl for the next acquire with the same ttl, and only the first acquire
 //!   of a ttl (or one after a long hold) grants a new lease first. Such a
 //!   lease is counted from when it was last granted or renewed, not from the
-//!   acquire ([`Lease::started_at`]), so the runtime never believes in more
+//!   acquire ([`Lease::started_at`](crate::store::Lease::started_at)), so the runtime never believes in more
 //!   of it than etcd does.
 //! - **Losses are pushed**: an entry held for a moment is watched for a
 //!   deletion its holder did not make (a revoked or expired lease, a deleted

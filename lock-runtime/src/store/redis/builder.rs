@@ -67,7 +67,7 @@ impl RedisStoreBuilder {
     }
 
     /// Fair mode: waiters get the lock in the order they first asked for
-    /// it, across processes (see the [module docs](self#fair-mode)). A
+    /// it, across processes (see the [module docs](super#fair-mode)). A
     /// release grants the lock to the first waiter still alive; a waiter that
     /// does not claim its grant within `grant_timeout` (its process died or
     /// stalled) loses its turn, so a dead waiter holds the key up for at most
@@ -87,7 +87,7 @@ impl RedisStoreBuilder {
     /// # Errors
     ///
     /// [`LockError::Backend`] naming the URL (password redacted), as
-    /// [`LockRegistry::redis`] gives, when the URL is invalid or the server
+    /// [`LockRegistry::redis`](crate::LockRegistry::redis) gives, when the URL is invalid or the server
     /// cannot be reached or refuses the credentials. Never contains the
     /// password.
     pub async fn connect(self) -> Result<RedisStore, LockError> {
