@@ -29,11 +29,19 @@ pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 /// unknown.
 const UNKNOWN_HOLD_DELAY: Duration = Duration::from_millis(50);
 
-/// What the loop needs of a registry.
+/// What one lock needs of its registry: the loop reads the store, the
+/// local queues and the capabilities; the guard it leads to also the
+/// registry's identity and namespace.
 pub(crate) struct Parts<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) local: &'a LocalQueues,
     pub(crate) capabilities: &'a Capabilities,
+    /// Tells registries apart, for re-entrancy.
+    pub(crate) registry: usize,
+    /// Identifies the registry to the per-thread renewers.
+    pub(crate) renewal_owner: &'a Arc<()>,
+    /// The namespace's length in the full key.
+    pub(crate) prefix_len: usize,
     /// The lock's `distributed_lock` span.
     pub(crate) span: &'a Span,
     /// The lock's metric labels.

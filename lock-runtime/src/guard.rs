@@ -12,11 +12,12 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
+use crate::acquire::Parts;
 use crate::error::{BackendError, LockError};
 use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::renewal::{Renewable, Renewal, Schedule};
-use crate::store::{BoxFuture, Capabilities, HandOver, Lease, LossListener, LossSignal};
+use crate::store::{BoxFuture, HandOver, Lease, LossListener, LossSignal};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -34,21 +35,6 @@ use crate::telemetry::{self, Labels};
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
     held: Option<Holding>,
-}
-
-/// What a guard needs of the registry that granted it.
-pub(crate) struct Owner<'a> {
-    /// Tells registries apart, for re-entrancy.
-    pub(crate) registry: usize,
-    /// Identifies the registry to the per-thread renewers.
-    pub(crate) renewal_owner: &'a Arc<()>,
-    pub(crate) capabilities: &'a Capabilities,
-    /// The namespace's length in the full key.
-    pub(crate) prefix_len: usize,
-    /// The lock's `distributed_lock` span.
-    pub(crate) span: &'a Span,
-    /// The lock's metric labels.
-    pub(crate) labels: Labels,
 }
 
 struct Holding {
@@ -161,27 +147,27 @@ impl LossListener for State {
 
 impl LockGuard {
     pub(crate) fn new(
-        owner: &Owner<'_>,
+        parts: &Parts<'_>,
         grant: Grant,
         opts: &LockOptions,
         permit: LocalPermit,
     ) -> LockGuard {
-        let caps = owner.capabilities;
+        let caps = parts.capabilities;
         let state = Arc::new(State {
             full_key: permit.key().clone(),
-            prefix_len: owner.prefix_len,
+            prefix_len: parts.prefix_len,
             lease: AsyncMutex::new(Some(grant.lease)),
             loss: grant.loss,
             permit: Mutex::new(Some(permit)),
-            span: owner.span.clone(),
-            labels: owner.labels,
+            span: parts.span.clone(),
+            labels: parts.labels,
             acquired_at: grant.sent_at,
             ended: AtomicBool::new(false),
         });
         let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
         state.loss.listen(listener);
         let renewal = Renewal::start(
-            owner.renewal_owner,
+            parts.renewal_owner,
             Schedule {
                 ttl: opts.ttl,
                 valid_for: caps.valid_for(opts.ttl),
@@ -193,7 +179,7 @@ impl LockGuard {
         );
         LockGuard {
             held: Some(Holding {
-                registry: owner.registry,
+                registry: parts.registry,
                 fencing: grant.fencing,
                 acquired_at: grant.sent_at,
                 ttl: opts.ttl,

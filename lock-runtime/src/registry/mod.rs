@@ -14,7 +14,7 @@ mod stores;
 
 use crate::acquire::{self, Parts};
 use crate::error::LockError;
-use crate::guard::{LockGuard, Owner};
+use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
 use crate::options::{LockOptions, Mode};
 use crate::store::{LockToken, Store};
@@ -306,6 +306,9 @@ impl LockRegistry {
             store: &inner.store,
             local: &inner.local,
             capabilities,
+            registry: self.id(),
+            renewal_owner: &inner.renewal_owner,
+            prefix_len: inner.prefix.len(),
             span: &span,
             labels,
         };
@@ -313,15 +316,7 @@ impl LockRegistry {
         else {
             return Ok(None);
         };
-        let owner = Owner {
-            registry: self.id(),
-            renewal_owner: &inner.renewal_owner,
-            capabilities,
-            prefix_len: inner.prefix.len(),
-            span: &span,
-            labels,
-        };
-        Ok(Some(LockGuard::new(&owner, grant, opts, permit)))
+        Ok(Some(LockGuard::new(&parts, grant, opts, permit)))
     }
 
     /// An id that tells registries apart (clones share it).

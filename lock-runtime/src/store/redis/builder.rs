@@ -151,7 +151,7 @@ pub(super) fn check_grant_timeout(grant_timeout: Duration) -> Result<(), Backend
 }
 
 impl RedisStore {
-    /// Starts configuring a backend for `url`: `redis://[:password@]host:port[/db]`
+    /// Starts configuring a store for `url`: `redis://[:password@]host:port[/db]`
     /// for one server (`rediss://` for TLS when the `redis` crate is built
     /// with it), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
     /// for the master of a Sentinel group (the password is the master's).

@@ -111,7 +111,7 @@ use super::{
 };
 use crate::error::{BackendError, LockError};
 
-/// The Redis backend. Cheap to clone; clones share the connections.
+/// The Redis store. Cheap to clone; clones share the connections.
 ///
 /// # Examples
 ///
@@ -125,11 +125,11 @@ use crate::error::{BackendError, LockError};
 /// lock_runtime::init(LockRegistry::redis("redis://127.0.0.1:6379").await?)?;
 ///
 /// // A configured one, for the manual API:
-/// let backend = RedisStore::builder("redis://:secret@10.0.0.5:6379/0")
+/// let store = RedisStore::builder("redis://:secret@10.0.0.5:6379/0")
 ///     .fencing(Fencing::Off)
 ///     .connect()
 ///     .await?;
-/// let shop = LockRegistry::builder(backend).namespace("shop").build()?;
+/// let shop = LockRegistry::builder(store).namespace("shop").build()?;
 /// let guard = shop.lock("stock:7", LockOptions::default()).await?;
 /// guard.release().await?;
 /// # Ok(())
@@ -163,7 +163,7 @@ where
         )
     }
 
-    /// This backend in fair mode, as [`RedisStoreBuilder::fair`] makes
+    /// This store in fair mode, as [`RedisStoreBuilder::fair`] makes
     /// it: for a connection given to
     /// [`with_connection`](Self::with_connection) (a cluster's).
     ///

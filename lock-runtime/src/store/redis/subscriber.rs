@@ -14,7 +14,7 @@ use super::connection::Source;
 use crate::error::BackendError;
 use crate::store::{LockToken, ReleaseWatch};
 
-/// The one subscriber connection of a backend: per-key channels subscribed
+/// The one subscriber connection of a store: per-key channels subscribed
 /// while someone waits on the key, and a task that dispatches messages.
 pub(super) struct Subscriber {
     /// Where to connect: one server, or the current master.
@@ -32,7 +32,7 @@ struct SubscriberState {
     /// key to (`None`: a release that only freed it).
     channels: HashMap<Vec<u8>, watch::Sender<Option<LockToken>>>,
     sink: Option<PubSubSink>,
-    /// The dispatch task, stopped when the backend goes away.
+    /// The dispatch task, stopped when the store goes away.
     dispatcher: Option<AbortHandle>,
 }
 
@@ -119,7 +119,7 @@ impl Subscriber {
 }
 
 /// Reads messages until the connection ends, then reconnects and
-/// resubscribes while anyone watches; stops when the backend is dropped.
+/// resubscribes while anyone watches; stops when the store is dropped.
 async fn dispatch(subscriber: Weak<Subscriber>, mut stream: PubSubStream) {
     loop {
         while let Some(msg) = stream.next().await {
@@ -154,7 +154,7 @@ async fn dispatch(subscriber: Weak<Subscriber>, mut stream: PubSubStream) {
 }
 
 /// Reconnects with backoff and subscribes every watched channel again.
-/// `None` when the backend is gone, or nobody is watching any more (the next
+/// `None` when the store is gone, or nobody is watching any more (the next
 /// watcher then connects).
 async fn resubscribe(subscriber: &Weak<Subscriber>) -> Option<PubSubStream> {
     let mut delay = Duration::from_millis(50);

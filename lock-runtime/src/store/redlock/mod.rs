@@ -88,7 +88,7 @@ impl Node {
     }
 }
 
-/// The Redlock backend over N ≥ 3 independent Redis masters. Cheap to clone.
+/// The Redlock store over N ≥ 3 independent Redis masters. Cheap to clone.
 #[derive(Clone)]
 pub struct RedlockStore {
     nodes: Arc<[Node]>,
