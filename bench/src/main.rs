@@ -687,9 +687,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         "pg-raw" => Lib::Raw(Arc::new(
-            lock_runtime::PostgresStore::builder(url)
-                .connect()
-                .await?,
+            lock_runtime::PostgresStore::builder(url).connect().await?,
         )),
         "etcd-floor" | "etcd-watch-floor" => Lib::EtcdFloor(Arc::new(
             EtcdFloor::connect(url, name == "etcd-watch-floor").await?,
@@ -717,9 +715,7 @@ async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         }
         "zk-lock-runtime" => Lib::Ours(LockRegistry::zookeeper(url).await?),
         "zk-raw" => Lib::Raw(Arc::new(
-            lock_runtime::ZooKeeperStore::builder(url)
-                .connect()
-                .await?,
+            lock_runtime::ZooKeeperStore::builder(url).connect().await?,
         )),
         other => return Err(format!("unknown contender {other}").into()),
     })
