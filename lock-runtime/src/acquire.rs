@@ -18,7 +18,7 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalPermit, LocalQueues};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
-    Acquire, AcquireRequest, Capabilities, LockToken, LossSignal, ReleaseWatch, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
 };
 use crate::telemetry::{self, Labels, Outcome};
 
@@ -114,7 +114,7 @@ async fn contend(
     opts.validate(key, mode)?;
     parts
         .capabilities
-        .check(opts.ttl, opts.hold_at_least)
+        .check(Claim::Exclusive, opts.ttl, opts.hold_at_least)
         .map_err(|reason| LockError::invalid_options(key, reason))?;
     let deadline = opts.wait_timeout.map(|timeout| started + timeout);
     let timed_out = || LockError::Timeout {
@@ -171,7 +171,7 @@ async fn contend(
     loop {
         let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
         let attempt = Attempt::start(parts.store, &permit, token);
-        let request = AcquireRequest::shared(permit.key(), token, opts.ttl, &loss)
+        let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
             .waiting(mode == Mode::Wait);
         let answer = within(deadline, store.acquire(request))
             .await

@@ -45,7 +45,6 @@ struct Holding {
     hold_at_least: Option<Duration>,
     /// The unit the store counts lingers in.
     linger_unit: Duration,
-    can_hand_over: bool,
     /// Hand-overs in a row that led to this lease.
     chain: u32,
     state: Arc<State>,
@@ -185,7 +184,6 @@ impl LockGuard {
                 ttl: opts.ttl,
                 hold_at_least: opts.hold_at_least,
                 linger_unit: caps.ttl_granularity,
-                can_hand_over: caps.hand_over,
                 chain: grant.chain,
                 state,
                 renewal,
@@ -286,7 +284,6 @@ impl Holding {
         let linger = self.linger();
         if was_held
             && linger.is_zero()
-            && self.can_hand_over
             && self.chain < MAX_HAND_OVERS
             && let Some(permit) = state.take_permit_if(LocalPermit::has_waiters)
         {
@@ -309,7 +306,7 @@ impl Holding {
                     tracing::debug!(
                         parent: &state.span,
                         key,
-                        "lock released to a waiter the store queued, not handed over"
+                        "lock released rather than handed over (the store cannot move it, or a waiter it queued had its turn)"
                     );
                     state.ended(None);
                     Ok(())

@@ -1,17 +1,23 @@
 //! The contract every [`Store`] must keep, as public test functions, and
-//! [`backend_contract!`](crate::backend_contract) to expand them into one
+//! [`store_contract!`](crate::store_contract) to expand them into one
 //! module of tests per store.
 //!
-//! Each case reads the store's [`Capabilities`]: a case (or the part of one)
-//! that needs something the store does not declare says so on stderr and
-//! checks nothing else, so a skipped check is visible in the test output.
+//! Some cases check an ability a store may lack (a linger, shares, permits,
+//! pushed losses, increasing fencing tokens, a hand-over that moves the
+//! lease): [`SKIPPABLE`]. A store's module lists the ones it lacks; they
+//! are generated as ignored tests (libtest reports them as such), and
+//! `the_skipped_cases_are_the_missing_abilities` checks the list against
+//! what the store declares and does, both ways. A skippable case run on a
+//! store that lacks its ability fails.
 
 use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::num::NonZeroU32;
+
 use lock_runtime::store::{
-    Acquire, AcquireRequest, Capabilities, HandOver, Lease, LockToken, LossSignal, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, HandOver, Lease, LockToken, LossSignal, Store,
 };
 
 /// A long lease: never expires during a case.
@@ -41,13 +47,91 @@ impl Clients {
         self.a.capabilities()
     }
 
-    /// Says on stderr that `what` is not checked, and why.
-    fn skip(&self, case: &str, what: &str) {
-        eprintln!(
-            "contract `{case}` on the {} store: {what} not checked (not declared in its capabilities)",
+    /// Fails the case unless the store has what `case` needs.
+    async fn needs(&self, case: &str) {
+        assert!(
+            applies(case, self).await,
+            "the {} store lacks what `{case}` checks: list the case among its skips",
             self.caps().store
         );
     }
+}
+
+/// The cases that check an ability a store may lack.
+pub const SKIPPABLE: [&str; 6] = [
+    "a_lingering_release_keeps_the_lease_that_long",
+    "fencing_tokens_increase_across_holders",
+    "a_hand_over_moves_the_lease_to_a_new_token",
+    "a_forced_release_is_pushed_to_the_holder",
+    "shares_hold_together_and_an_exclusive_claim_alone",
+    "a_semaphore_admits_up_to_its_limit",
+];
+
+/// Whether the store has the ability `case` checks (always, for a case
+/// that is not [skippable](SKIPPABLE)). Read from the capabilities, except
+/// for a hand-over, which a store without one answers by releasing.
+pub async fn applies(case: &str, store: &Clients) -> bool {
+    let caps = store.caps();
+    match case {
+        "a_lingering_release_keeps_the_lease_that_long" => caps.linger,
+        "fencing_tokens_increase_across_holders" => caps.fencing.increasing,
+        "a_forced_release_is_pushed_to_the_holder" => caps.pushes_loss,
+        "shares_hold_together_and_an_exclusive_claim_alone" => caps.shares,
+        "a_semaphore_admits_up_to_its_limit" => caps.permits,
+        "a_hand_over_moves_the_lease_to_a_new_token" => {
+            let key = crate::unique_key("contract");
+            let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+            match lease.hand_over().await.unwrap() {
+                HandOver::Moved { .. } => {
+                    assert!(lease.release(Duration::ZERO).await.unwrap());
+                    true
+                }
+                HandOver::Released => {
+                    // Released, as the default does: the key is free.
+                    let (mut next, _) =
+                        granted(attempt(&store.b, &key, LockToken::random(), TTL).await);
+                    assert!(!lease.renew().await.unwrap(), "released, yet renewed");
+                    assert!(next.release(Duration::ZERO).await.unwrap());
+                    false
+                }
+                HandOver::Lost => panic!("a held lease was lost in its hand-over"),
+                other => panic!("unknown hand-over answer {other:?}"),
+            }
+        }
+        _ => true,
+    }
+}
+
+/// The cases a store's module lists as skipped are exactly those whose
+/// ability it lacks; the capabilities of a claim it lacks are refused
+/// before any request, as the runtime checks them.
+pub async fn the_skipped_cases_are_the_missing_abilities(store: &Clients, skipped: &[&str]) {
+    for case in skipped {
+        assert!(SKIPPABLE.contains(case), "`{case}` is not a skippable case");
+    }
+    for case in SKIPPABLE {
+        let lacks = !applies(case, store).await;
+        assert_eq!(
+            skipped.contains(&case),
+            lacks,
+            "the {} store {} `{case}`'s ability, yet the case is {}",
+            store.caps().store,
+            if lacks { "lacks" } else { "has" },
+            if skipped.contains(&case) {
+                "skipped"
+            } else {
+                "run"
+            },
+        );
+    }
+    let caps = store.caps();
+    let three = Claim::permits(NonZeroU32::new(3).unwrap());
+    assert_eq!(caps.check(Claim::Shared, TTL, None).is_ok(), caps.shares);
+    assert_eq!(caps.check(three, TTL, None).is_ok(), caps.permits);
+    assert_eq!(
+        caps.check(Claim::Exclusive, TTL, Some(TTL)).is_ok(),
+        caps.linger
+    );
 }
 
 impl std::fmt::Debug for Clients {
@@ -72,6 +156,13 @@ async fn attempt_with(
     loss: &LossSignal,
 ) -> Acquire {
     let request = AcquireRequest::new(key, token, ttl, loss);
+    backend.acquire(request).await.expect("acquire")
+}
+
+/// One attempt claiming `claim`.
+async fn claim(backend: &Arc<dyn Store>, key: &str, claim: Claim) -> Acquire {
+    let loss = LossSignal::new();
+    let request = AcquireRequest::new(key, LockToken::random(), TTL, &loss).claiming(claim);
     backend.acquire(request).await.expect("acquire")
 }
 
@@ -111,12 +202,9 @@ pub async fn acquire_is_exclusive(store: &Clients) {
     let key = crate::unique_key("contract");
     let (a, b) = (LockToken::random(), LockToken::random());
     let (mut lease, first) = granted(attempt(&store.a, &key, a, TTL).await);
-    let left = refused(attempt(&store.b, &key, b, TTL).await);
-    if store.caps().remaining_time {
-        let left = left.expect("the store declares remaining-time answers");
+    // A store that counts leases says how long this one has left.
+    if let Some(left) = refused(attempt(&store.b, &key, b, TTL).await) {
         assert!(left <= TTL && left > TTL / 2, "{left:?}");
-    } else {
-        store.skip("acquire_is_exclusive", "the remaining time");
     }
     // The same token again (a retried request) gets the same answer.
     let (_, again) = granted(attempt(&store.a, &key, a, TTL).await);
@@ -178,12 +266,8 @@ pub async fn only_the_holder_renews_or_releases(store: &Clients) {
     assert!(!store.b.abandon(&key, other).await.unwrap());
     refused(attempt(&store.b, &key, other, TTL).await);
     assert!(lease.renew().await.unwrap());
-    let left = refused(attempt(&store.b, &key, other, TTL).await);
-    if store.caps().remaining_time {
-        let left = left.expect("remaining time");
+    if let Some(left) = refused(attempt(&store.b, &key, other, TTL).await) {
         assert!(left > short / 2, "renewal extended the lease: {left:?}");
-    } else {
-        store.skip("only_the_holder_renews_or_releases", "the remaining time");
     }
     assert!(lease.release(Duration::ZERO).await.unwrap());
     assert!(
@@ -196,9 +280,9 @@ pub async fn only_the_holder_renews_or_releases(store: &Clients) {
 
 /// A release with a linger keeps the lease for that long, then frees it.
 pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
-    if !store.caps().linger {
-        return store.skip("a_lingering_release_keeps_the_lease_that_long", "linger");
-    }
+    store
+        .needs("a_lingering_release_keeps_the_lease_that_long")
+        .await;
     let key = crate::unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let linger = short_ttl(store.caps()) * 4;
@@ -215,9 +299,7 @@ pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
 /// Fencing tokens strictly increase from one holder to the next, across
 /// both clients, where the store promises that.
 pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
-    if !store.caps().fencing.increasing {
-        return store.skip("fencing_tokens_increase_across_holders", "fencing order");
-    }
+    store.needs("fencing_tokens_increase_across_holders").await;
     let key = crate::unique_key("contract");
     let mut last = 0;
     for round in 0..20 {
@@ -250,9 +332,9 @@ pub async fn a_watch_fires_on_release_and_only_then(store: &Clients) {
 /// the old token is refused from then on, the handle goes on as the new
 /// holder.
 pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
-    if !store.caps().hand_over {
-        return store.skip("a_hand_over_moves_the_lease_to_a_new_token", "hand-over");
-    }
+    store
+        .needs("a_hand_over_moves_the_lease_to_a_new_token")
+        .await;
     let key = crate::unique_key("contract");
     let old = LockToken::random();
     let (mut lease, first) = granted(attempt(&store.a, &key, old, TTL).await);
@@ -272,28 +354,31 @@ pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
     assert!(next.release(Duration::ZERO).await.unwrap());
 }
 
-/// A forced release frees the key and wakes waiters; a store that pushes
-/// losses raises the holder's loss signal; the holder's handle is refused.
-pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Clients) {
+/// A store that pushes losses raises the holder's loss signal when its
+/// lease is forcibly released, without being asked.
+pub async fn a_forced_release_is_pushed_to_the_holder(store: &Clients) {
+    store
+        .needs("a_forced_release_is_pushed_to_the_holder")
+        .await;
     let key = crate::unique_key("contract");
     let loss = LossSignal::new();
-    let (mut lease, _) =
-        granted(attempt_with(&store.a, &key, LockToken::random(), TTL, &loss).await);
+    let _lease = granted(attempt_with(&store.a, &key, LockToken::random(), TTL, &loss).await);
+    assert!(store.b.force_release(&key).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), loss.raised())
+        .await
+        .expect("the store pushed the loss to the holder");
+}
+
+/// A forced release frees the key and wakes waiters; the holder's handle is
+/// refused from then on.
+pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Clients) {
+    let key = crate::unique_key("contract");
+    let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let mut watch = store.b.watch(&key).await.unwrap();
     assert!(store.b.force_release(&key).await.unwrap());
     tokio::time::timeout(Duration::from_secs(5), watch.released())
         .await
         .expect("release notification");
-    if store.caps().pushes_loss {
-        tokio::time::timeout(Duration::from_secs(5), loss.raised())
-            .await
-            .expect("the store pushed the loss to the holder");
-    } else {
-        store.skip(
-            "a_forced_release_frees_the_key_and_tells_the_holder",
-            "a pushed loss",
-        );
-    }
     // Not even with the key free: a forced release is never undone.
     assert!(
         !lease.renew().await.unwrap(),
@@ -342,25 +427,22 @@ pub async fn inspect_reports_the_holder(store: &Clients) {
         let info = client.inspect(&key).await.unwrap().expect("held");
         assert_eq!(info.token, Some(token), "{info:?}");
         assert_eq!(info.fencing, fencing, "{info:?}");
-        match info.remaining {
-            Some(left) => assert!(left <= TTL && left >= TTL / 2, "{info:?}"),
-            None => assert!(
-                !store.caps().remaining_time,
-                "the store counts the remaining time but did not say it: {info:?}"
-            ),
+        if let Some(left) = info.remaining {
+            assert!(left <= TTL && left >= TTL / 2, "{info:?}");
         }
     }
-    if store.caps().hand_over {
-        let next = moved(lease.hand_over().await.unwrap());
-        let info = store.b.inspect(&key).await.unwrap().expect("held");
-        assert_eq!(info.fencing, next, "{info:?}");
-        let moved = info.token.expect("a token");
-        assert_ne!(moved, token, "the hand-over moved the lease to a new token");
-        assert!(moved.is_from_this_process());
-    } else {
-        store.skip("inspect_reports_the_holder", "inspection after a hand-over");
+    match lease.hand_over().await.unwrap() {
+        HandOver::Moved { fencing: next } => {
+            let info = store.b.inspect(&key).await.unwrap().expect("held");
+            assert_eq!(info.fencing, next, "{info:?}");
+            let moved = info.token.expect("a token");
+            assert_ne!(moved, token, "the hand-over moved the lease to a new token");
+            assert!(moved.is_from_this_process());
+            assert!(lease.release(Duration::ZERO).await.unwrap());
+        }
+        HandOver::Released => {}
+        other => panic!("a held lease was not handed over: {other:?}"),
     }
-    assert!(lease.release(Duration::ZERO).await.unwrap());
     assert_eq!(store.b.inspect(&key).await.unwrap(), None, "released");
     let (_stuck, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     assert!(store.b.inspect(&key).await.unwrap().is_some());
@@ -375,43 +457,117 @@ pub async fn the_capabilities_are_consistent(store: &Clients) {
     assert_eq!(caps, store.b.capabilities(), "two clients, one store");
     assert!(!caps.store.is_empty());
     assert!(caps.ttl_granularity > Duration::ZERO);
-    assert!(caps.check(caps.min_ttl, None).is_ok(), "{caps:?}");
-    assert!(caps.check(caps.min_ttl / 2, None).is_err());
+    assert!(
+        caps.check(Claim::Exclusive, caps.min_ttl, None).is_ok(),
+        "{caps:?}"
+    );
+    assert!(
+        caps.check(Claim::Exclusive, caps.min_ttl / 2, None)
+            .is_err()
+    );
     assert!(caps.valid_for(TTL) < TTL, "a margin is kept: {caps:?}");
 }
 
+/// Shares join each other and an exclusive claim waits for all of them,
+/// as a read-write lock's readers and writer.
+pub async fn shares_hold_together_and_an_exclusive_claim_alone(store: &Clients) {
+    store
+        .needs("shares_hold_together_and_an_exclusive_claim_alone")
+        .await;
+    let key = crate::unique_key("contract");
+    let (mut first, _) = granted(claim(&store.a, &key, Claim::Shared).await);
+    let (mut second, _) = granted(claim(&store.b, &key, Claim::Shared).await);
+    refused(claim(&store.a, &key, Claim::Exclusive).await);
+    assert!(first.release(Duration::ZERO).await.unwrap());
+    refused(claim(&store.b, &key, Claim::Exclusive).await);
+    assert!(second.release(Duration::ZERO).await.unwrap());
+    let (mut writer, _) = granted(claim(&store.b, &key, Claim::Exclusive).await);
+    refused(claim(&store.a, &key, Claim::Shared).await);
+    assert!(writer.release(Duration::ZERO).await.unwrap());
+}
+
+/// A semaphore admits holders up to its limit across clients, each with
+/// its own lease, and admits the next when one is released.
+pub async fn a_semaphore_admits_up_to_its_limit(store: &Clients) {
+    store.needs("a_semaphore_admits_up_to_its_limit").await;
+    let key = crate::unique_key("contract");
+    let three = Claim::permits(NonZeroU32::new(3).unwrap());
+    let mut held = Vec::new();
+    for client in [&store.a, &store.b, &store.a] {
+        held.push(granted(claim(client, &key, three).await).0);
+    }
+    refused(claim(&store.b, &key, three).await);
+    assert!(held[1].release(Duration::ZERO).await.unwrap());
+    held[1] = granted(claim(&store.b, &key, three).await).0;
+    refused(claim(&store.a, &key, three).await);
+    for lease in &mut held {
+        assert!(lease.release(Duration::ZERO).await.unwrap());
+    }
+}
+
 /// Expands the contract into a module of tests, one per case:
-/// `backend_contract!(memory_contract, make)` where `make` is an async fn
-/// returning a [`Clients`](crate::contract::Clients).
+/// `store_contract!(memory_contract, make)`, or with the cases whose
+/// ability the store lacks, `store_contract!(redis_contract, make, skip:
+/// [a_forced_release_is_pushed_to_the_holder, ...])`, where `make` is an
+/// async fn returning a [`Clients`](crate::contract::Clients). A skipped
+/// case is an ignored test that checks the store indeed lacks its ability.
 #[macro_export]
-macro_rules! backend_contract {
+macro_rules! store_contract {
     ($module:ident, $make:path) => {
+        $crate::store_contract!($module, $make, skip: []);
+    };
+    ($module:ident, $make:path, skip: [$($skip:ident),* $(,)?]) => {
+        $crate::store_contract!(@module ($) $module, $make, [$($skip),*]);
+    };
+    (@module ($d:tt) $module:ident, $make:path, [$($skip:ident),*]) => {
         mod $module {
             use super::*;
 
-            $crate::backend_contract!(@cases $make;
-                acquire_is_exclusive,
-                racing_clients_never_both_win,
-                an_expired_lease_is_free_and_stale,
-                only_the_holder_renews_or_releases,
-                a_lingering_release_keeps_the_lease_that_long,
-                fencing_tokens_increase_across_holders,
-                a_watch_fires_on_release_and_only_then,
-                a_hand_over_moves_the_lease_to_a_new_token,
-                a_forced_release_frees_the_key_and_tells_the_holder,
-                an_abandoned_acquire_leaves_no_lease,
-                inspect_reports_the_holder,
-                the_capabilities_are_consistent,
-            );
-        }
-    };
-    (@cases $make:path; $($case:ident,)*) => {
-        $(
-            #[tokio::test]
-            async fn $case() {
-                let store = $make().await;
-                $crate::contract::$case(&store).await;
+            macro_rules! contract_case {
+                $(
+                    ($skip) => {
+                        #[tokio::test]
+                        #[ignore = "the store lacks the ability this case checks"]
+                        async fn $skip() {
+                            let store = $make().await;
+                            assert!(!$crate::contract::applies(stringify!($skip), &store).await);
+                        }
+                    };
+                )*
+                ($d case:ident) => {
+                    #[tokio::test]
+                    async fn $d case() {
+                        let store = $make().await;
+                        $crate::contract::$d case(&store).await;
+                    }
+                };
             }
-        )*
+
+            contract_case!(acquire_is_exclusive);
+            contract_case!(racing_clients_never_both_win);
+            contract_case!(an_expired_lease_is_free_and_stale);
+            contract_case!(only_the_holder_renews_or_releases);
+            contract_case!(a_lingering_release_keeps_the_lease_that_long);
+            contract_case!(fencing_tokens_increase_across_holders);
+            contract_case!(a_watch_fires_on_release_and_only_then);
+            contract_case!(a_hand_over_moves_the_lease_to_a_new_token);
+            contract_case!(a_forced_release_frees_the_key_and_tells_the_holder);
+            contract_case!(a_forced_release_is_pushed_to_the_holder);
+            contract_case!(an_abandoned_acquire_leaves_no_lease);
+            contract_case!(inspect_reports_the_holder);
+            contract_case!(the_capabilities_are_consistent);
+            contract_case!(shares_hold_together_and_an_exclusive_claim_alone);
+            contract_case!(a_semaphore_admits_up_to_its_limit);
+
+            #[tokio::test]
+            async fn the_skipped_cases_are_the_missing_abilities() {
+                let store = $make().await;
+                $crate::contract::the_skipped_cases_are_the_missing_abilities(
+                    &store,
+                    &[$(stringify!($skip)),*],
+                )
+                .await;
+            }
+        }
     };
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{EtcdStore, LockError, LockOptions, LockRegistry};
 use lock_tests::contract::Clients;
 use lock_tests::{
-    EtcdCluster, Proxy, backend_contract, lock_and_release, time_to_lock, unique_key, wait_until,
+    EtcdCluster, Proxy, lock_and_release, store_contract, time_to_lock, unique_key, wait_until,
 };
 
 async fn etcd_store() -> Clients {
@@ -20,7 +20,14 @@ async fn etcd_store() -> Clients {
     Clients::new(Arc::new(a), Arc::new(b), cluster)
 }
 
-backend_contract!(etcd_contract, etcd_store);
+store_contract!(
+    etcd_contract,
+    etcd_store,
+    skip: [
+        shares_hold_together_and_an_exclusive_claim_alone,
+        a_semaphore_admits_up_to_its_limit,
+    ]
+);
 
 async fn registry(cluster: &EtcdCluster) -> LockRegistry {
     let endpoints = cluster.endpoints();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryStore};
 use lock_tests::contract::Clients;
-use lock_tests::{backend_contract, is_held, unique_key};
+use lock_tests::{is_held, store_contract, unique_key};
 use tokio::time::Instant;
 
 async fn memory() -> Clients {
@@ -14,7 +14,7 @@ async fn memory() -> Clients {
     Clients::new(Arc::new(store.clone()), Arc::new(store), ())
 }
 
-backend_contract!(memory_contract, memory);
+store_contract!(memory_contract, memory);
 
 /// Two registries over one store: two "processes" sharing a lock server.
 fn two_processes() -> (LockRegistry, LockRegistry) {

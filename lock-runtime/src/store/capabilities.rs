@@ -2,13 +2,23 @@
 
 use std::time::Duration;
 
+use super::Claim;
+
 /// What a store can do, checked against every lock's options before the
 /// first attempt: an option the store cannot honour is an
 /// [`InvalidOptions`](crate::LockError::InvalidOptions) error naming the
 /// store and the reason, never silently changed.
 ///
-/// Built with [`Capabilities::new`] and the `with_*` methods, so stores
-/// outside this crate can describe themselves too.
+/// The fields are of two kinds. Limits and abilities the runtime acts on:
+/// the ttl bounds, [`linger`](Self::linger), the [claims](Self::shares) a
+/// store serves, [`waiter_queue`](Self::waiter_queue) and the
+/// [`margin`](Self::margin). Promises the runtime does not act on but users
+/// may read (through [`LockRegistry::store`](crate::LockRegistry::store)):
+/// [`pushes_loss`](Self::pushes_loss) and [`fencing`](Self::fencing). The
+/// contract suite checks both kinds against what the store does.
+///
+/// Built with [`Capabilities::new`] and the `with_*` methods, one per
+/// ability, so stores outside this crate can describe themselves too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -24,13 +34,16 @@ pub struct Capabilities {
     pub max_ttl: Option<Duration>,
     /// Whether a release can keep the lease for a while (`hold_at_least`).
     pub linger: bool,
-    /// Whether a refused acquire says how long the holder's lease has left.
-    pub remaining_time: bool,
-    /// Whether [`Lease::hand_over`](super::Lease::hand_over) is implemented.
-    pub hand_over: bool,
-    /// Whether the store raises a lease's [`LossSignal`](super::LossSignal) by itself (a
-    /// session expired, a lease revoked, a lock forcibly released), rather
-    /// than only answering renewals.
+    /// Whether the store serves [`Claim::Shared`]: many holders of a key
+    /// at once, none of them alongside an exclusive holder.
+    pub shares: bool,
+    /// Whether the store serves [`Claim::Permit`]: up to a limit of
+    /// holders of a key at once.
+    pub permits: bool,
+    /// Whether the store raises a lease's [`LossSignal`](super::LossSignal)
+    /// by itself (a session expired, a lease revoked, a lock forcibly
+    /// released), so a holder learns of a loss at once rather than at its
+    /// next renewal.
     pub pushes_loss: bool,
     /// Whether a refused attempt of a waiter (one that
     /// [waits](super::AcquireRequest::waits)) keeps a place for its token in a
@@ -47,9 +60,10 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// A store that honours ttls from 1 ms in whole milliseconds, with no
-    /// linger, no remaining time, no hand-over, no pushed losses, a 2 ms
-    /// safety margin and no fencing promise: change what yours does better.
+    /// A store that honours exclusive claims and ttls from 1 ms in whole
+    /// milliseconds, with no linger, no shares or permits, no pushed losses,
+    /// a 2 ms safety margin and no fencing promise: change what yours does
+    /// better.
     pub const fn new(store: &'static str) -> Self {
         Capabilities {
             store,
@@ -57,8 +71,8 @@ impl Capabilities {
             ttl_granularity: Duration::from_millis(1),
             max_ttl: None,
             linger: false,
-            remaining_time: false,
-            hand_over: false,
+            shares: false,
+            permits: false,
             pushes_loss: false,
             waiter_queue: None,
             margin: SafetyMargin::new(Duration::from_millis(2), 0),
@@ -79,18 +93,29 @@ impl Capabilities {
         self
     }
 
-    /// Says which optional features the store has.
-    pub const fn with_features(
-        mut self,
-        linger: bool,
-        remaining_time: bool,
-        hand_over: bool,
-        pushes_loss: bool,
-    ) -> Self {
-        self.linger = linger;
-        self.remaining_time = remaining_time;
-        self.hand_over = hand_over;
-        self.pushes_loss = pushes_loss;
+    /// Says that a release can keep the lease for a while (see
+    /// [`linger`](Self::linger)).
+    pub const fn with_linger(mut self) -> Self {
+        self.linger = true;
+        self
+    }
+
+    /// Says that the store serves shared claims (see [`shares`](Self::shares)).
+    pub const fn with_shares(mut self) -> Self {
+        self.shares = true;
+        self
+    }
+
+    /// Says that the store serves permit claims (see [`permits`](Self::permits)).
+    pub const fn with_permits(mut self) -> Self {
+        self.permits = true;
+        self
+    }
+
+    /// Says that the store raises lost leases' signals by itself (see
+    /// [`pushes_loss`](Self::pushes_loss)).
+    pub const fn with_pushed_losses(mut self) -> Self {
+        self.pushes_loss = true;
         self
     }
 
@@ -119,10 +144,29 @@ impl Capabilities {
         ttl.saturating_sub(self.margin.of(ttl))
     }
 
-    /// Checks a ttl and a linger against what the store can do; the error is
-    /// the reason, to be shown with the key.
-    pub fn check(&self, ttl: Duration, hold_at_least: Option<Duration>) -> Result<(), String> {
+    /// Checks a claim, a ttl and a linger against what the store can do;
+    /// the error is the reason, to be shown with the key.
+    pub fn check(
+        &self,
+        claim: Claim,
+        ttl: Duration,
+        hold_at_least: Option<Duration>,
+    ) -> Result<(), String> {
         let store = self.store;
+        match claim {
+            Claim::Exclusive => {}
+            Claim::Shared if !self.shares => {
+                return Err(format!(
+                    "the {store} store does not serve shared (read) locks"
+                ));
+            }
+            Claim::Permit { limit } if !self.permits => {
+                return Err(format!(
+                    "the {store} store does not serve semaphores (asked for {limit} permits)"
+                ));
+            }
+            Claim::Shared | Claim::Permit { .. } => {}
+        }
         if ttl < self.min_ttl {
             return Err(format!(
                 "ttl {ttl:?} is shorter than the {store} store's minimum {:?}",
@@ -217,12 +261,25 @@ impl FencingPromise {
         bounded_memory: true,
     };
 
-    /// A promise with the three properties given.
-    pub const fn new(increasing: bool, survives_data_loss: bool, bounded_memory: bool) -> Self {
-        FencingPromise {
-            increasing,
-            survives_data_loss,
-            bounded_memory,
-        }
+    /// Tokens that strictly increase per key, kept in bounded memory, that
+    /// may go back after a loss of data: change what yours does better.
+    pub const INCREASING: FencingPromise = FencingPromise {
+        increasing: true,
+        ..FencingPromise::NONE
+    };
+
+    /// Says that the tokens keep increasing across a loss of data the store
+    /// was allowed to lose (see
+    /// [`survives_data_loss`](Self::survives_data_loss)).
+    pub const fn surviving_data_loss(mut self) -> Self {
+        self.survives_data_loss = true;
+        self
+    }
+
+    /// Says that the store keeps per-key fencing state after a key is freed
+    /// (see [`bounded_memory`](Self::bounded_memory)).
+    pub const fn with_unbounded_memory(mut self) -> Self {
+        self.bounded_memory = false;
+        self
     }
 }

@@ -50,7 +50,7 @@ pub mod zookeeper;
 pub use capabilities::{Capabilities, FencingPromise, SafetyMargin};
 pub(crate) use loss::LossListener;
 pub use loss::LossSignal;
-pub use request::{Acquire, AcquireRequest, HandOver, LeaseInfo};
+pub use request::{Acquire, AcquireRequest, Claim, HandOver, LeaseInfo};
 pub use token::LockToken;
 pub use watch::ReleaseWatch;
 
@@ -82,10 +82,20 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// ([`HandOver::Moved`]). The handle then stands for the new holder.
     /// [`HandOver::Lost`] when the lease is no longer ours;
     /// [`HandOver::Released`] when the store released it instead (a store
-    /// that queues waiters, whose turn it is). Only asked of stores with
-    /// [`Capabilities::hand_over`].
+    /// that queues waiters, whose turn it is).
+    ///
+    /// The default, for a store that cannot move a lease, releases it
+    /// ([`HandOver::Released`], or [`HandOver::Lost`] when it was no longer
+    /// ours): the next holder then acquires as usual, in more round trips.
     fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
-        Box::pin(async { Err("this store cannot hand a lease over".into()) })
+        Box::pin(async {
+            let released = self.release(Duration::ZERO).await?;
+            Ok(if released {
+                HandOver::Released
+            } else {
+                HandOver::Lost
+            })
+        })
     }
 
     /// When the store started counting this lease's ttl, if that was before
@@ -106,7 +116,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// What this store can do; the same value for the store's whole life.
     fn capabilities(&self) -> &Capabilities;
 
-    /// Takes the lease if it is free (or expired); otherwise says it is held.
+    /// Takes a lease for the request's [claim](AcquireRequest::claim) if the
+    /// key allows it (free, expired, or held in a way the claim may join);
+    /// otherwise says it is held.
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,

@@ -1,5 +1,7 @@
 //! What an acquire asks of a store, and what the store answers.
 
+use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,12 +32,77 @@ impl LeaseInfo {
     }
 }
 
+/// What an acquire claims on its key. A store says which claims it serves
+/// in its [`Capabilities`](super::Capabilities); the runtime never asks a
+/// store for one it does not serve.
+///
+/// A key is used one way by all its holders: as a mutex or read-write lock
+/// (exclusive and shared claims) or as a semaphore of one limit (permit
+/// claims). A claim that does not fit how the key is held (a permit of
+/// another limit, a permit on a key held shared) is the store's error,
+/// naming both, not a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The key alone: granted only when nobody holds it in any way. A
+    /// mutex, the writer of a read-write lock, a semaphore of one permit.
+    Exclusive,
+    /// A share of the key: granted alongside other shares, never alongside
+    /// an exclusive holder. The reader of a read-write lock. A store that
+    /// queues waiters refuses new shares while an exclusive claim waits, so
+    /// a stream of shares cannot starve it.
+    Shared,
+    /// One of `limit` permits: granted while fewer than `limit` hold the
+    /// key. Made by [`Claim::permits`], never with a limit of 1 (that is
+    /// [`Exclusive`](Claim::Exclusive)).
+    Permit {
+        /// How many may hold the key at once (at least 2).
+        limit: NonZeroU32,
+    },
+}
+
+impl Claim {
+    /// One of `limit` permits: [`Exclusive`](Claim::Exclusive) for a limit
+    /// of 1, [`Permit`](Claim::Permit) above.
+    pub const fn permits(limit: NonZeroU32) -> Claim {
+        if limit.get() == 1 {
+            Claim::Exclusive
+        } else {
+            Claim::Permit { limit }
+        }
+    }
+
+    /// How many may hold the key at once under this claim, when it is
+    /// bounded: 1 for an exclusive claim, the limit of a permit, `None` for
+    /// a share.
+    pub const fn limit(self) -> Option<NonZeroU32> {
+        match self {
+            Claim::Exclusive => Some(NonZeroU32::MIN),
+            Claim::Shared => None,
+            Claim::Permit { limit } => Some(limit),
+        }
+    }
+}
+
+impl fmt::Display for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Claim::Exclusive => f.write_str("exclusive"),
+            Claim::Shared => f.write_str("shared"),
+            Claim::Permit { limit } => write!(f, "one of {limit} permits"),
+        }
+    }
+}
+
 /// One acquire attempt, as the runtime asks it of a store.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct AcquireRequest<'a> {
     /// The full key, namespace included.
     pub key: &'a str,
+    /// What the attempt claims: the key alone unless the caller asked for a
+    /// share or a permit.
+    pub claim: Claim,
     /// The would-be holder's token. An attempt is retried with the same
     /// token, and a store answers a repeat as it answered the first (so a
     /// retried request cannot lock its own sender out).
@@ -50,16 +117,17 @@ pub struct AcquireRequest<'a> {
     /// mode), rather than giving up at once: a store whose release
     /// notifications cost something can send them only when someone waits.
     pub waits: bool,
-    /// `key`, shared: a store that keeps the key can take a reference
-    /// rather than a copy.
-    pub(crate) shared_key: Option<&'a Arc<str>>,
+    /// `key`, shared, when the caller has it so: see
+    /// [`owned_key`](Self::owned_key).
+    shared_key: Option<&'a Arc<str>>,
 }
 
 impl<'a> AcquireRequest<'a> {
-    /// An attempt at `key` by `token` for a lease of `ttl`.
+    /// An exclusive attempt at `key` by `token` for a lease of `ttl`.
     pub fn new(key: &'a str, token: LockToken, ttl: Duration, loss: &'a LossSignal) -> Self {
         AcquireRequest {
             key,
+            claim: Claim::Exclusive,
             token,
             ttl,
             loss,
@@ -68,8 +136,10 @@ impl<'a> AcquireRequest<'a> {
         }
     }
 
-    /// An attempt at the key `key` shares.
-    pub(crate) fn shared(
+    /// As [`new`](Self::new), with the key as a shared string, which a
+    /// store that keeps the key takes rather than a copy
+    /// ([`owned_key`](Self::owned_key)).
+    pub fn with_shared_key(
         key: &'a Arc<str>,
         token: LockToken,
         ttl: Duration,
@@ -86,6 +156,21 @@ impl<'a> AcquireRequest<'a> {
         self.waits = waits;
         self
     }
+
+    /// Sets what the attempt claims.
+    pub fn claiming(mut self, claim: Claim) -> Self {
+        self.claim = claim;
+        self
+    }
+
+    /// The key as a shared string, for a store that keeps it: the
+    /// caller's, when it gave one ([`with_shared_key`](Self::with_shared_key)),
+    /// else a copy.
+    pub fn owned_key(&self) -> Arc<str> {
+        self.shared_key
+            .cloned()
+            .unwrap_or_else(|| Arc::from(self.key))
+    }
 }
 
 /// The answer to one acquire attempt.
@@ -101,8 +186,9 @@ pub enum Acquire {
     },
     /// Someone else holds it.
     Held {
-        /// How long their lease has left, when the store knows
-        /// ([`Capabilities::remaining_time`](super::Capabilities::remaining_time)).
+        /// How long until the attempt could succeed, when the store counts
+        /// leases (a session store does not): what the holder's lease has
+        /// left, or with several holders, until enough of theirs end.
         remaining: Option<Duration>,
     },
 }

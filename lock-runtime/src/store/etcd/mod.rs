@@ -113,14 +113,15 @@ const RETRY: Duration = Duration::from_millis(10);
 fn capabilities(min_ttl: Duration) -> Capabilities {
     Capabilities::new("etcd")
         .with_ttl(min_ttl, Duration::from_secs(1))
-        .with_features(true, true, true, true)
+        .with_linger()
+        .with_pushed_losses()
         // A waiter's entry lives on its lease, kept alive as it asks again.
         .with_waiter_queue(min_ttl.checked_div(4).unwrap_or_default())
         // The leader expires leases by its clock, counted from when it
         // received the grant or keep-alive (after we sent it); a new leader
         // extends every lease. Left: clock rate and timer slack.
         .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
-        .with_fencing(FencingPromise::new(true, true, true))
+        .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
 }
 
 /// The etcd store. Cheap to clone; clones share the connection and the

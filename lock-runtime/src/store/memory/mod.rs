@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
@@ -15,6 +14,12 @@ use super::{
 use crate::error::BackendError;
 use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
 
+mod slot;
+#[cfg(test)]
+mod tests;
+
+use slot::{Admission, Holder, Slot};
+
 /// Below this many keys the table is never swept.
 const SWEEP_FLOOR: usize = 1024;
 
@@ -22,9 +27,12 @@ const SWEEP_FLOOR: usize = 1024;
 /// margin covers only the timer's granularity and the time to cancel a body.
 const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .with_ttl(Duration::from_millis(10), Duration::from_millis(1))
-    .with_features(true, true, true, true)
+    .with_linger()
+    .with_shares()
+    .with_permits()
+    .with_pushed_losses()
     .with_margin(SafetyMargin::new(Duration::from_millis(2), 0))
-    .with_fencing(FencingPromise::new(true, false, true));
+    .with_fencing(FencingPromise::INCREASING);
 
 /// An in-process lock store.
 ///
@@ -56,64 +64,6 @@ struct Table {
     sweep_at: usize,
 }
 
-struct Holder {
-    token: LockToken,
-    expires: Instant,
-    fencing: u64,
-    loss: LossSignal,
-}
-
-struct Slot {
-    /// The key and its hash, shared with the leases on it: found with the
-    /// slot in one lookup.
-    key: HashedKey,
-    holder: Option<Holder>,
-    /// Created by the first watcher: most locks are never waited for.
-    released: Option<watch::Sender<()>>,
-}
-
-impl Slot {
-    fn new(key: HashedKey) -> Self {
-        Slot {
-            key,
-            holder: None,
-            released: None,
-        }
-    }
-
-    /// The holder, if its lease has not expired.
-    fn live_holder(&mut self, now: Instant) -> Option<&mut Holder> {
-        self.holder.as_mut().filter(|holder| holder.expires > now)
-    }
-
-    /// The holder if `token` holds a live lease.
-    fn owned_by(&mut self, token: LockToken, now: Instant) -> Option<&mut Holder> {
-        self.live_holder(now).filter(|holder| holder.token == token)
-    }
-
-    fn unused(&self, now: Instant) -> bool {
-        self.holder.as_ref().is_none_or(|h| h.expires <= now) && self.watchers() == 0
-    }
-
-    fn watchers(&self) -> usize {
-        self.released
-            .as_ref()
-            .map_or(0, watch::Sender::receiver_count)
-    }
-
-    /// Drops the holder and wakes watchers. `true` when the slot can go.
-    fn clear(&mut self) -> bool {
-        self.holder = None;
-        match &self.released {
-            Some(released) if self.watchers() > 0 => {
-                released.send_replace(());
-                false
-            }
-            _ => true,
-        }
-    }
-}
-
 impl MemoryStore {
     /// Creates an empty store.
     pub fn new() -> Self {
@@ -129,11 +79,10 @@ impl MemoryStore {
         lock_table(&self.shared)
     }
 
-    fn try_acquire(&self, request: &AcquireRequest<'_>) -> Acquire {
+    fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Acquire, BackendError> {
         let now = Instant::now();
         let mut guard = self.table();
         let table = &mut *guard;
-        let expires = now + request.ttl;
         let lease = |key: HashedKey| -> Box<dyn Lease> {
             Box::new(MemoryLease {
                 shared: self.shared.clone(),
@@ -142,74 +91,69 @@ impl MemoryStore {
                 ttl: request.ttl,
             })
         };
-        let holder = |fencing| Holder {
-            token: request.token,
-            expires,
-            fencing,
-            loss: request.loss.clone(),
-        };
         // The key hashed once; one lookup when it has a slot, two when it
         // has none.
-        let name = request
-            .shared_key
-            .cloned()
-            .unwrap_or_else(|| request.key.into());
-        let key = table.hashing.key(name);
-        let (key, previous, fencing) = match table.slots.get_mut(&key) {
-            Some(slot) => {
-                if let Some(live) = slot.live_holder(now) {
-                    if live.token != request.token {
-                        return Acquire::Held {
-                            remaining: Some(live.expires - now),
-                        };
-                    }
-                    // The same token again (a retried request): the same
-                    // answer.
-                    live.expires = expires;
-                    let fencing = live.fencing;
-                    return Acquire::Acquired {
-                        fencing,
-                        lease: lease(slot.key.clone()),
-                    };
-                }
-                // `slot` borrows only `table.slots`.
-                table.fencing += 1;
-                let fencing = table.fencing;
-                (
-                    slot.key.clone(),
-                    slot.holder.replace(holder(fencing)),
-                    fencing,
-                )
-            }
+        let key = table.hashing.key(request.owned_key());
+        let slot = match table.slots.get_mut(&key) {
+            Some(slot) => slot,
             None => {
                 table.sweep(now);
-                let fencing = table.next_fencing();
-                let mut slot = Slot::new(key.clone());
-                slot.holder = Some(holder(fencing));
-                table.slots.insert(key.clone(), slot);
-                (key, None, fencing)
+                table
+                    .slots
+                    .entry(key)
+                    .or_insert_with_key(|key| Slot::new(key.clone()))
             }
         };
+        let admission = slot.admit(
+            request.claim,
+            request.token,
+            request.waits,
+            request.ttl,
+            now,
+        )?;
+        let expired = match admission {
+            Admission::Refuse(remaining) => {
+                return Ok(Acquire::Held {
+                    remaining: Some(remaining),
+                });
+            }
+            // The same token again (a retried request): the same answer.
+            Admission::Again(index) => {
+                let holder = slot.holder_mut(index);
+                holder.expires = now + request.ttl;
+                let fencing = holder.fencing;
+                return Ok(Acquire::Acquired {
+                    fencing,
+                    lease: lease(slot.key.clone()),
+                });
+            }
+            Admission::Grant => {
+                table.fencing += 1;
+                let holder = Holder {
+                    token: request.token,
+                    claim: request.claim,
+                    expires: now + request.ttl,
+                    fencing: table.fencing,
+                    loss: request.loss.clone(),
+                };
+                slot.grant(holder, now)
+            }
+        };
+        let (key, fencing) = (slot.key.clone(), table.fencing);
         drop(guard);
-        if let Some(previous) = previous {
-            previous
-                .loss
-                .raise("the lease expired and another holder took the key");
+        for previous in expired {
+            previous.raise("the lease expired and another holder took the key");
         }
-        Acquire::Acquired {
+        Ok(Acquire::Acquired {
             fencing,
             lease: lease(key),
-        }
+        })
     }
 
     fn subscribe(&self, key: &str) -> ReleaseWatch {
         let mut table = self.table();
         let key = table.key(key);
-        let slot = table.slot_or_insert(&key);
-        let rx = slot
-            .released
-            .get_or_insert_with(|| watch::Sender::new(()))
-            .subscribe();
+        let rx = table.slot_or_insert(&key).subscribe();
         let unwatch = Unwatch {
             store: self.clone(),
             key,
@@ -243,29 +187,27 @@ impl Table {
         self.fencing
     }
 
-    /// Removes the lease on `key` (only `token`'s, when given) and wakes
-    /// watchers; the loss signal of the holder it removed.
+    /// Removes the live leases on `key` (only `token`'s, when given) and
+    /// wakes watchers: the loss signals of the holders it removed.
     fn remove(
         &mut self,
         key: &HashedKey,
         token: Option<LockToken>,
         now: Instant,
-    ) -> Option<LossSignal> {
+    ) -> Vec<LossSignal> {
         // Taken out and put back when it stays: one lookup for the common
         // release, of a key nobody waits for.
-        let mut slot = self.slots.remove(key)?;
-        let loss = slot
-            .live_holder(now)
-            .filter(|holder| token.is_none_or(|token| token == holder.token))
-            .map(|holder| holder.loss.clone());
-        let stays = match loss {
-            Some(_) => !slot.clear(),
-            None => !slot.unused(now),
+        let Some(mut slot) = self.slots.remove(key) else {
+            return Vec::new();
         };
-        if stays {
+        let removed = slot.remove(token, now);
+        if let Some(token) = token {
+            slot.stop_waiting(token);
+        }
+        if !slot.unused(now) {
             self.slots.insert(slot.key.clone(), slot);
         }
-        loss
+        removed
     }
 
     /// Drops expired, unwatched slots once the table has doubled in size.
@@ -308,9 +250,9 @@ impl Lease for MemoryLease {
     fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
         let released = if linger.is_zero() {
             let now = Instant::now();
-            lock_table(&self.shared)
+            !lock_table(&self.shared)
                 .remove(&self.key, Some(self.token), now)
-                .is_some()
+                .is_empty()
         } else {
             self.with_holder(|holder, now| holder.expires = now + linger)
                 .is_some()
@@ -328,12 +270,9 @@ impl Lease for MemoryLease {
             .get_mut(&self.key)
             .and_then(|slot| slot.owned_by(self.token, now))
             .map(|holder| {
-                *holder = Holder {
-                    token: next,
-                    expires: now + self.ttl,
-                    fencing,
-                    loss: holder.loss.clone(),
-                };
+                holder.token = next;
+                holder.expires = now + self.ttl;
+                holder.fencing = fencing;
             });
         drop(table);
         if handed.is_some() {
@@ -389,7 +328,7 @@ impl Store for MemoryStore {
         &'a self,
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
-        Box::pin(async move { Ok(self.try_acquire(&request)) })
+        Box::pin(async move { self.try_acquire(&request) })
     }
 
     fn abandon<'a>(
@@ -401,7 +340,7 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
-            Ok(table.remove(&key, Some(token), now).is_some())
+            Ok(!table.remove(&key, Some(token), now).is_empty())
         })
     }
 
@@ -416,11 +355,10 @@ impl Store for MemoryStore {
             let key = table.key(key);
             let removed = table.remove(&key, None, now);
             drop(table);
-            let Some(loss) = removed else {
-                return Ok(false);
-            };
-            loss.raise("the lock was force-released");
-            Ok(true)
+            for loss in &removed {
+                loss.raise("the lock was force-released");
+            }
+            Ok(!removed.is_empty())
         })
     }
 

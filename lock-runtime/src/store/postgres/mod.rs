@@ -90,9 +90,9 @@ use listener::Listener;
 /// What the PostgreSQL store can do.
 const CAPABILITIES: Capabilities = Capabilities::new("postgres")
     .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
-    .with_features(true, true, true, false)
+    .with_linger()
     .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
-    .with_fencing(FencingPromise::new(true, false, true));
+    .with_fencing(FencingPromise::INCREASING);
 
 /// How often an acquire tries again at once when it was refused by a holder
 /// that was gone by the time it asked how long it holds.

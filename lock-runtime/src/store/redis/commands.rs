@@ -33,7 +33,9 @@ impl Fencing {
     /// What tokens promise in this mode.
     pub(super) fn promise(self) -> FencingPromise {
         match self {
-            Fencing::PerKey | Fencing::ExpireAfter(_) => FencingPromise::new(true, true, true),
+            Fencing::PerKey | Fencing::ExpireAfter(_) => {
+                FencingPromise::INCREASING.surviving_data_loss()
+            }
             Fencing::Off => FencingPromise::NONE,
         }
     }

@@ -188,7 +188,7 @@ where
     fn new(commands: Commands<C>, subscriber: Arc<Subscriber>, shown_url: String) -> Self {
         let capabilities = Capabilities::new("redis")
             .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
-            .with_features(true, true, true, false)
+            .with_linger()
             .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
             .with_fencing(commands.fencing.promise());
         // A queued waiter asks again within a third of the grant timeout,

@@ -68,9 +68,9 @@ use crate::store::support::redact::redact;
 /// the 10 ms a single Redis keeps for timers and cancelling the body.
 const CAPABILITIES: Capabilities = Capabilities::new("redlock")
     .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
-    .with_features(true, true, false, false)
+    .with_linger()
     .with_margin(SafetyMargin::new(Duration::from_millis(12), 10_000))
-    .with_fencing(FencingPromise::new(true, false, true));
+    .with_fencing(FencingPromise::INCREASING);
 
 /// One Redis master, connected on first use (so a node that is down when the
 /// registry is built can join later).

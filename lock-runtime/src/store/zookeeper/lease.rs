@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::shared::{Child, Shared};
 use crate::error::BackendError;
-use crate::store::{BoxFuture, HandOver, Lease, LockToken};
+use crate::store::{BoxFuture, Lease, LockToken};
 
 /// How long a child is held before it is watched: a deletion its holder
 /// did not make is pushed within this; shorter holds are never watched.
@@ -202,9 +202,5 @@ impl Lease for ZooKeeperLease {
             }
             Ok(true)
         })
-    }
-
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
-        Box::pin(async { Err("the ZooKeeper store does not hand leases over".into()) })
     }
 }

@@ -64,12 +64,13 @@ fn capabilities(session_timeout: Duration) -> Capabilities {
     Capabilities::new("zookeeper")
         .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
         .with_max_ttl(session_timeout)
-        .with_features(true, false, false, true)
+        .with_linger()
+        .with_pushed_losses()
         // The holder counts its lock from before its request; the ensemble
         // expires a session no sooner than its timeout after it last heard
         // from the client, which is after that.
         .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
-        .with_fencing(FencingPromise::new(true, true, true))
+        .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
 }
 
 /// The ZooKeeper store. Cheap to clone; clones share the session.

@@ -1,0 +1,224 @@
+//! One key of the memory store: its holders, and which claims they admit.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::store::support::keyed::HashedKey;
+use crate::store::{Claim, LockToken, LossSignal};
+
+/// One lease on a key.
+pub(super) struct Holder {
+    pub(super) token: LockToken,
+    pub(super) claim: Claim,
+    pub(super) expires: Instant,
+    pub(super) fencing: u64,
+    pub(super) loss: LossSignal,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        self.expires > now
+    }
+}
+
+/// What a slot answers a claim.
+pub(super) enum Admission {
+    /// The token already holds the key (a retried request): its holder.
+    Again(usize),
+    /// The claim may be granted.
+    Grant,
+    /// The claim must wait this long at least, as far as the slot can tell.
+    Refuse(Duration),
+}
+
+/// One key's state.
+pub(super) struct Slot {
+    /// The key and its hash, shared with the leases on it: found with the
+    /// slot in one lookup.
+    pub(super) key: HashedKey,
+    /// The leases on the key, live or expired and not yet dropped: one for
+    /// an exclusive claim, any number of shares or permits.
+    holders: Vec<Holder>,
+    /// An exclusive claim refused while it waits behind shares: no new
+    /// share joins until it is granted, abandoned or stops asking (its
+    /// deadline passes a ttl after its latest attempt).
+    exclusive_waits: Option<(LockToken, Instant)>,
+    /// Created by the first watcher: most locks are never waited for.
+    released: Option<watch::Sender<()>>,
+}
+
+impl Slot {
+    pub(super) fn new(key: HashedKey) -> Self {
+        Slot {
+            key,
+            holders: Vec::new(),
+            exclusive_waits: None,
+            released: None,
+        }
+    }
+
+    /// The first live holder (the only one of an exclusive claim).
+    pub(super) fn live_holder(&mut self, now: Instant) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|holder| holder.live(now))
+    }
+
+    /// `token`'s holder, if its lease is live.
+    pub(super) fn owned_by(&mut self, token: LockToken, now: Instant) -> Option<&mut Holder> {
+        self.holders
+            .iter_mut()
+            .find(|holder| holder.token == token && holder.live(now))
+    }
+
+    pub(super) fn holder_mut(&mut self, index: usize) -> &mut Holder {
+        &mut self.holders[index]
+    }
+
+    /// Whether `claim` by `token` may be granted now; an error when the
+    /// claim does not fit how the key is held. A refused exclusive claim
+    /// that `waits` behind shares holds new shares off until one `ttl`
+    /// after the shares' leases end (it asks again by then).
+    pub(super) fn admit(
+        &mut self,
+        claim: Claim,
+        token: LockToken,
+        waits: bool,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<Admission, String> {
+        let mut live = 0u32;
+        let (mut soonest, mut latest) = (None::<Instant>, None::<Instant>);
+        let mut exclusive_held = None;
+        for (index, holder) in self.holders.iter().enumerate() {
+            if !holder.live(now) {
+                continue;
+            }
+            if holder.token == token {
+                return Ok(Admission::Again(index));
+            }
+            fits(holder.claim, claim)?;
+            live += 1;
+            soonest = Some(soonest.map_or(holder.expires, |at| at.min(holder.expires)));
+            latest = Some(latest.map_or(holder.expires, |at| at.max(holder.expires)));
+            if holder.claim == Claim::Exclusive {
+                exclusive_held = Some(holder.expires);
+            }
+        }
+        let blocked_until = match claim {
+            Claim::Exclusive => {
+                if waits && live > 0 && exclusive_held.is_none() {
+                    let until = latest.unwrap_or(now) + ttl;
+                    self.exclusive_waits = Some((token, until));
+                }
+                latest
+            }
+            Claim::Shared => exclusive_held.or_else(|| {
+                self.exclusive_waits
+                    .filter(|&(_, until)| until > now)
+                    .map(|(_, until)| latest.unwrap_or(until))
+            }),
+            Claim::Permit { limit } => soonest.filter(|_| live >= limit.get()),
+        };
+        Ok(match blocked_until {
+            Some(until) => Admission::Refuse(until - now),
+            None => Admission::Grant,
+        })
+    }
+
+    /// Adds a holder, dropping expired ones: their loss signals, to raise
+    /// once the table is unlocked.
+    pub(super) fn grant(&mut self, holder: Holder, now: Instant) -> Vec<LossSignal> {
+        let mut expired = Vec::new();
+        self.holders.retain(|held| {
+            let live = held.live(now);
+            if !live {
+                expired.push(held.loss.clone());
+            }
+            live
+        });
+        if holder.claim == Claim::Exclusive
+            && self
+                .exclusive_waits
+                .is_some_and(|(token, _)| token == holder.token)
+        {
+            self.exclusive_waits = None;
+        }
+        self.holders.push(holder);
+        expired
+    }
+
+    /// Forgets `token`'s wait for an exclusive turn.
+    pub(super) fn stop_waiting(&mut self, token: LockToken) {
+        if self
+            .exclusive_waits
+            .is_some_and(|(waiting, _)| waiting == token)
+        {
+            self.exclusive_waits = None;
+        }
+    }
+
+    /// Removes the live leases of `token` (of everyone, when `None`) and
+    /// wakes watchers: the loss signals of the holders removed.
+    pub(super) fn remove(&mut self, token: Option<LockToken>, now: Instant) -> Vec<LossSignal> {
+        let mut removed = Vec::new();
+        self.holders.retain(|holder| {
+            let ours = holder.live(now) && token.is_none_or(|token| token == holder.token);
+            if ours {
+                removed.push(holder.loss.clone());
+            }
+            !ours
+        });
+        if !removed.is_empty()
+            && let Some(released) = &self.released
+        {
+            released.send_replace(());
+        }
+        removed
+    }
+
+    /// Whether nothing needs the slot: no live lease, no watcher, no waiting
+    /// exclusive claim.
+    pub(super) fn unused(&self, now: Instant) -> bool {
+        self.holders.iter().all(|holder| !holder.live(now))
+            && self.watchers() == 0
+            && self.exclusive_waits.is_none_or(|(_, until)| until <= now)
+    }
+
+    fn watchers(&self) -> usize {
+        self.released
+            .as_ref()
+            .map_or(0, watch::Sender::receiver_count)
+    }
+
+    /// A new subscription to the key's releases.
+    pub(super) fn subscribe(&mut self) -> watch::Receiver<()> {
+        self.released
+            .get_or_insert_with(|| watch::Sender::new(()))
+            .subscribe()
+    }
+}
+
+/// Whether a key held under `held` may be claimed as `asked` at all: a key
+/// is either a mutex or read-write lock, or a semaphore of one limit.
+fn fits(held: Claim, asked: Claim) -> Result<(), String> {
+    match (held, asked) {
+        (Claim::Exclusive | Claim::Shared, Claim::Exclusive | Claim::Shared) => Ok(()),
+        (Claim::Permit { limit: a }, Claim::Permit { limit: b }) if a == b => Ok(()),
+        (held, asked) => Err(format!(
+            "the key is held as {} and this call claims it as {}: every caller of a key must use one kind of lock with one limit",
+            describe(held),
+            describe(asked)
+        )),
+    }
+}
+
+fn describe(claim: Claim) -> String {
+    match claim {
+        Claim::Exclusive => "a mutex or write lock (1 permit)".into(),
+        Claim::Shared => "a read lock".into(),
+        Claim::Permit { limit } => format!("a semaphore of {limit} permits"),
+        #[allow(unreachable_patterns)]
+        other => other.to_string(),
+    }
+}
