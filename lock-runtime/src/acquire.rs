@@ -157,12 +157,8 @@ async fn contend(
     // A waiter's place in a store's queue: given up if the wait ends
     // without the lock.
     let queue_poll = parts.capabilities.waiter_queue;
-    let queued = Attempt::armed(
-        parts.store,
-        &permit,
-        token,
-        queue_poll.is_some() && mode == Mode::Wait,
-    );
+    let place = (queue_poll.is_some() && mode == Mode::Wait)
+        .then(|| Stake::new(parts.store, &permit, token));
     let loss = LossSignal::new();
     let mut watch: Option<ReleaseWatch> = None;
     // Not queued behind anyone: the first request goes out now, as good as
@@ -170,17 +166,17 @@ async fn contend(
     let mut first_sent_at = (!*contended).then_some(started);
     loop {
         let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-        let attempt = Attempt::start(parts.store, &permit, token);
+        let attempt = Stake::new(parts.store, &permit, token);
         let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
             .waiting(mode == Mode::Wait);
         let answer = within(deadline, store.acquire(request))
             .await
             .ok_or_else(timed_out)?
             .map_err(|source| LockError::backend(key, "acquire", source))?;
-        attempt.answered();
+        attempt.settle();
         let remaining = match answer {
             Acquire::Acquired { fencing, lease } => {
-                queued.answered();
+                place.into_iter().for_each(Stake::settle);
                 tracing::debug!(
                     parent: wait,
                     key,
@@ -237,49 +233,38 @@ async fn contend(
     }
 }
 
-/// One attempt in flight. Dropped before its answer arrived (a timeout, a
-/// cancellation, an error), it abandons the attempt in the store: the
-/// request may have been granted after the caller stopped listening. Also
-/// a waiter's place in a store's queue, given up the same way if the wait
-/// ends without the lock.
-struct Attempt<'a> {
+/// `token`'s stake in the store, given up there (abandoned) if dropped
+/// before it is settled: an attempt in flight, whose request may be
+/// granted after the caller stopped listening (a timeout, a cancellation,
+/// an error), or a waiter's place in a store's queue, when the wait ends
+/// without the lock.
+struct Stake<'a> {
     store: &'a Arc<dyn Store>,
     permit: &'a LocalPermit,
     token: LockToken,
-    answered: bool,
+    settled: bool,
 }
 
-impl<'a> Attempt<'a> {
-    /// An attempt about to be sent.
-    fn start(store: &'a Arc<dyn Store>, permit: &'a LocalPermit, token: LockToken) -> Self {
-        Attempt::armed(store, permit, token, true)
-    }
-
-    /// `token`'s stake in the store, given up when dropped unanswered if
-    /// `armed` (a waiter's place in a store's queue: armed only for a store
-    /// that queues waiters, in wait mode).
-    fn armed(
-        store: &'a Arc<dyn Store>,
-        permit: &'a LocalPermit,
-        token: LockToken,
-        armed: bool,
-    ) -> Self {
-        Attempt {
+impl<'a> Stake<'a> {
+    fn new(store: &'a Arc<dyn Store>, permit: &'a LocalPermit, token: LockToken) -> Self {
+        Stake {
             store,
             permit,
             token,
-            answered: !armed,
+            settled: false,
         }
     }
 
-    fn answered(mut self) {
-        self.answered = true;
+    /// The stake needs no undoing: the attempt was answered, the waiter got
+    /// the lock.
+    fn settle(mut self) {
+        self.settled = true;
     }
 }
 
-impl Drop for Attempt<'_> {
+impl Drop for Stake<'_> {
     fn drop(&mut self) {
-        if self.answered {
+        if self.settled {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

@@ -54,14 +54,27 @@ pub enum LockError {
         reason: String,
     },
 
-    /// The store could not be reached or answered with an error.
+    /// A store could not be connected to (an invalid address, a server
+    /// that cannot be reached or refuses the credentials).
+    #[error("could not connect to the {store} store at `{address}`")]
+    Connect {
+        /// The store's name: "redis", "postgres", ...
+        store: &'static str,
+        /// The address as given, without its password.
+        address: String,
+        /// The store's own error.
+        #[source]
+        source: BackendError,
+    },
+
+    /// The store could not be reached or answered with an error, for one
+    /// lock.
     #[error("lock backend failed to {action} `{key}`")]
     Backend {
-        /// The key of the lock; for a failed connection, the store's address
-        /// (without its password).
+        /// The key of the lock.
         key: String,
         /// What was being done: "acquire", "renew", "release", "watch",
-        /// "connect to".
+        /// "inspect", ....
         action: &'static str,
         /// The backend's own error.
         #[source]

@@ -140,8 +140,9 @@ async fn bad_credentials_and_missing_rights_are_clear_errors_without_the_passwor
     assert!(!shown.contains(secret), "password leaked: {shown}");
     assert!(shown.contains("password authentication failed"), "{shown}");
     assert!(
-        err.to_string()
-            .starts_with("lock backend failed to connect to `postgres://app:***@127.0.0.1:"),
+        err.to_string().starts_with(
+            "could not connect to the postgres store at `postgres://app:***@127.0.0.1:"
+        ),
         "{err}"
     );
     // The right password, but no right to create the table (PostgreSQL 15
@@ -168,7 +169,7 @@ async fn bad_credentials_and_missing_rights_are_clear_errors_without_the_passwor
     ))
     .await
     .unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
 }
 
 #[tokio::test]

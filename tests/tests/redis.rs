@@ -218,11 +218,11 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
 }
 
 /// Connecting to a server that is down: the builder's error is the same
-/// redacted `LockError::Backend` as `LockRegistry::redis`'s, and the number
+/// redacted `LockError::Connect` as `LockRegistry::redis`'s, and the number
 /// of connection retries is the builder's to choose (the default 2 take
 /// about half a second; 0 fails after the first refusal).
 #[tokio::test]
-async fn connecting_to_a_down_server_is_a_redacted_backend_error() {
+async fn connecting_to_a_down_server_is_a_redacted_connect_error() {
     let mut server = RedisServer::new();
     let port = server.port();
     server.kill();
@@ -235,7 +235,7 @@ async fn connecting_to_a_down_server_is_a_redacted_backend_error() {
             .await
             .unwrap_err();
         eprintln!("{retries} retries: failed after {:?}", started.elapsed());
-        assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+        assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
         let shown = format!("{err} {err:?}");
         assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
@@ -411,7 +411,7 @@ async fn a_password_in_the_url_works_and_never_shows() {
     );
     assert!(
         err.to_string()
-            .starts_with("lock backend failed to connect to `redis://:***@127.0.0.1:"),
+            .starts_with("could not connect to the redis store at `redis://:***@127.0.0.1:"),
         "{err}"
     );
 

@@ -133,7 +133,7 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
     let err = std::error::Error::source(&err)
         .map(ToString::to_string)
         .unwrap_or_default();

@@ -37,7 +37,7 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the URL (password redacted) when the URL
+    /// [`LockError::Connect`] naming the URL (password redacted) when the URL
     /// is invalid or the server cannot be reached or refuses the credentials.
     #[cfg(feature = "redis")]
     pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
@@ -50,13 +50,17 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the nodes (passwords redacted) for fewer
+    /// [`LockError::Connect`] naming the nodes (passwords redacted) for fewer
     /// than 3 nodes, a node given twice, an invalid URL, or fewer than a
     /// majority reachable.
     #[cfg(feature = "redis")]
     pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
         let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
-        connected(&shown.join(", "), RedlockStore::connect(urls).await)
+        connected(
+            "redlock",
+            &shown.join(", "),
+            RedlockStore::connect(urls).await,
+        )
     }
 
     /// A registry over a PostgreSQL database
@@ -66,12 +70,16 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the connect string (password redacted)
+    /// [`LockError::Connect`] naming the connect string (password redacted)
     /// when it is invalid, the server cannot be reached, refuses the
     /// credentials, or the table cannot be created.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
-        connected(&redact(url), PostgresStore::builder(url).connect().await)
+        connected(
+            "postgres",
+            &redact(url),
+            PostgresStore::builder(url).connect().await,
+        )
     }
 
     /// A registry over the etcd cluster at `endpoints`
@@ -79,10 +87,11 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the endpoints when none answers.
+    /// [`LockError::Connect`] naming the endpoints when none answers.
     #[cfg(feature = "etcd")]
     pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
         connected(
+            "etcd",
             &endpoints.join(","),
             EtcdStore::builder(endpoints).connect().await,
         )
@@ -94,18 +103,19 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the servers when none answers.
+    /// [`LockError::Connect`] naming the servers when none answers.
     #[cfg(feature = "zookeeper")]
     pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
         connected(
+            "zookeeper",
             connect_string,
             ZooKeeperStore::builder(connect_string).connect().await,
         )
     }
 }
 
-/// A registry over a store just connected to `address`: a failed connect
-/// is a [`LockError::Backend`] naming the address, password redacted.
+/// A registry over a `store` just connected to `address`: a failed connect
+/// is a [`LockError::Connect`] naming the address, password redacted.
 #[cfg(any(
     feature = "redis",
     feature = "postgres",
@@ -113,12 +123,13 @@ impl LockRegistry {
     feature = "zookeeper"
 ))]
 fn connected<S: Store>(
+    name: &'static str,
     address: &str,
     store: Result<S, crate::error::BackendError>,
 ) -> Result<LockRegistry, LockError> {
-    let store = store.map_err(|source| LockError::Backend {
-        key: address.to_owned(),
-        action: "connect to",
+    let store = store.map_err(|source| LockError::Connect {
+        store: name,
+        address: address.to_owned(),
         source,
     })?;
     Ok(LockRegistry::new(store))

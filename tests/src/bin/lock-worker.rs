@@ -202,9 +202,9 @@ async fn main() -> Result<(), LockError> {
             .session_timeout(session)
             .connect()
             .await
-            .map_err(|source| LockError::Backend {
-                key: servers.to_owned(),
-                action: "connect to",
+            .map_err(|source| LockError::Connect {
+                store: "zookeeper",
+                address: servers.to_owned(),
                 source,
             })?;
         LockRegistry::builder(backend).build()?

@@ -86,7 +86,7 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the URL (password redacted), as
+    /// [`LockError::Connect`] naming the URL (password redacted), as
     /// [`LockRegistry::redis`](crate::LockRegistry::redis) gives, when the URL is invalid or the server
     /// cannot be reached or refuses the credentials. Never contains the
     /// password.
@@ -94,9 +94,9 @@ impl RedisStoreBuilder {
         let shown = redact(&self.url);
         self.connect_backend()
             .await
-            .map_err(|source| LockError::Backend {
-                key: shown,
-                action: "connect to",
+            .map_err(|source| LockError::Connect {
+                store: "redis",
+                address: shown,
                 source,
             })
     }

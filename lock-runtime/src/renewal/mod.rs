@@ -1,0 +1,229 @@
+//! Keeps leases alive while they are held, and says when one is lost.
+//!
+//! Renews every `ttl / 3` (as Redisson's `RenewalTask` does). A renewal that
+//! is refused, or that cannot get through before the lease runs out, marks
+//! the lease lost; so does `max_hold`. With the renewal off the lease is
+//! marked lost when its `ttl` (less the store's safety margin) has passed.
+//!
+//! # No task per lock
+//!
+//! Most critical sections end long before their first renewal is due, so a
+//! lock must not pay for a task of its own. Each worker thread keeps one
+//! [`Renewer`] per registry: a slab of timers served by one task on that
+//! thread's runtime (so a paused test clock is the clock it uses). Taking a
+//! lock puts an entry in a free place of the renewer's slab, releasing frees
+//! the place: no ordered map, no hashing, and neither wakes the task unless
+//! the entry is due before the task's next planned wake-up. The task, when
+//! it wakes, looks at every entry (as many as locks held on this thread)
+//! and plans its next wake-up at the earliest due. Only a renewal that is
+//! actually due spawns a task, for its round trip.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::{Instant, timeout_at};
+
+use crate::error::BackendError;
+use crate::store::BoxFuture;
+use crate::telemetry::reason;
+
+/// The lease a renewal looks after: renews it, and hears its verdict.
+pub(crate) trait Renewable: Send + Sync {
+    /// The key, for logs.
+    fn key(&self) -> &str;
+    /// Extends the lease in the store. `Ok(false)` when it is no longer ours.
+    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>>;
+    /// The lease is lost, for `reason`.
+    fn lose(&self, reason: &'static str);
+    /// The lock's span, the parent of the renewal's events.
+    fn span(&self) -> &tracing::Span;
+    /// A renewal did not extend the lease (counted).
+    fn renewal_failed(&self);
+}
+
+/// When and how one lease is renewed.
+pub(crate) struct Schedule {
+    pub(crate) ttl: Duration,
+    /// How long after a grant (or renewal) is sent the lease can be counted
+    /// on: the ttl less the store's safety margin.
+    pub(crate) valid_for: Duration,
+    /// Whether to renew at all (`watchdog`).
+    pub(crate) renew: bool,
+    pub(crate) max_hold: Option<Duration>,
+    /// When the acquire request was sent: the lease surely ends no later
+    /// than `ttl` after it.
+    pub(crate) acquired_at: Instant,
+}
+
+/// A renewal may run this fraction of its interval early, with others due
+/// about then: the task wakes once for a batch of them, not once per lease.
+const EARLY_FRACTION: u32 = 16;
+
+/// When an entry is due, and how much earlier it may be acted on: a
+/// renewal may run a little early, a deadline (the ttl passed with the
+/// watchdog off, `max_hold`, the lease running out) may not.
+#[derive(Clone, Copy, Debug)]
+struct Due {
+    at: Instant,
+    early_by: Duration,
+}
+
+impl Due {
+    fn exact(at: Instant) -> Due {
+        Due {
+            at,
+            early_by: Duration::ZERO,
+        }
+    }
+}
+
+/// One lease in a renewer's slab.
+struct Entry {
+    schedule: Schedule,
+    lease: Arc<dyn Renewable>,
+    /// Set when the guard releases: no more renewals, no verdicts.
+    stopped: AtomicBool,
+    /// Until when the lease is known valid (local clock, margin deducted).
+    valid_until: Mutex<Instant>,
+}
+
+impl Entry {
+    fn interval(&self) -> Duration {
+        (self.schedule.ttl / 3).max(Duration::from_millis(1))
+    }
+
+    fn stop_at(&self) -> Option<Instant> {
+        self.schedule
+            .max_hold
+            .map(|max_hold| self.schedule.acquired_at + max_hold)
+    }
+
+    fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// When to act next, after a renewal (or the acquire) at `base`.
+    fn next_due(&self, base: Instant) -> Due {
+        let valid_until = self.valid_until();
+        if !self.schedule.renew {
+            return Due::exact(valid_until);
+        }
+        let next = base + self.interval();
+        match self.stop_at() {
+            Some(stop_at) if next >= stop_at => Due::exact(stop_at.min(valid_until)),
+            _ if next >= valid_until => Due::exact(valid_until),
+            _ => Due {
+                at: next,
+                early_by: self.interval() / EARLY_FRACTION,
+            },
+        }
+    }
+
+    fn lose(&self, reason: &'static str) {
+        if !self.is_stopped() {
+            self.lease.lose(reason);
+        }
+    }
+}
+
+mod renewer;
+#[cfg(test)]
+mod tests;
+
+use renewer::Renewer;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a single update: consistent after a panic.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+/// An entry is due: lose it, or renew it in a task of its own.
+fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
+    if entry.is_stopped() {
+        return;
+    }
+    let now = Instant::now();
+    if !entry.schedule.renew {
+        return entry.lose(reason::TTL);
+    }
+    if entry.stop_at().is_some_and(|stop_at| now >= stop_at) {
+        return entry.lose(reason::MAX_HOLD);
+    }
+    if now >= entry.valid_until() {
+        return entry.lose(reason::LATE);
+    }
+    let renewer = renewer.clone();
+    tokio::spawn(async move {
+        let sent_at = Instant::now();
+        let renewal = entry.lease.renew();
+        let outcome = timeout_at(entry.valid_until(), renewal).await;
+        if entry.is_stopped() {
+            return;
+        }
+        match outcome {
+            Ok(Ok(true)) => {
+                tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
+                *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
+                let due = entry.next_due(sent_at);
+                renewer.schedule(id, &entry, due);
+            }
+            Ok(Ok(false)) => {
+                entry.lease.renewal_failed();
+                entry.lose(reason::REFUSED);
+            }
+            Ok(Err(error)) => {
+                entry.lease.renewal_failed();
+                tracing::warn!(parent: entry.lease.span(), key = entry.lease.key(), %error, "lease renewal failed; retrying");
+                let retry =
+                    Due::exact((Instant::now() + entry.interval() / 4).min(entry.valid_until()));
+                renewer.schedule(id, &entry, retry);
+            }
+            Err(_) => {
+                entry.lease.renewal_failed();
+                entry.lose(reason::LATE);
+            }
+        }
+    });
+}
+
+/// The renewal of one held lease; stopping it (or dropping it) ends it.
+pub(crate) struct Renewal {
+    renewer: Arc<Renewer>,
+    id: usize,
+    entry: Arc<Entry>,
+}
+
+impl Renewal {
+    /// Starts looking after `lease` on `schedule`; when it is lost, its
+    /// [`Renewable::lose`] is called. `owner` identifies the registry.
+    pub(crate) fn start(owner: &Arc<()>, schedule: Schedule, lease: Arc<dyn Renewable>) -> Renewal {
+        let renewer = Renewer::for_this_thread(owner);
+        let acquired_at = schedule.acquired_at;
+        let entry = Arc::new(Entry {
+            valid_until: Mutex::new(acquired_at + schedule.valid_for),
+            schedule,
+            lease,
+            stopped: AtomicBool::new(false),
+        });
+        let due = entry.next_due(acquired_at);
+        let id = renewer.add(entry.clone(), due);
+        Renewal { renewer, id, entry }
+    }
+
+    /// Stops renewing; no verdict is given after this.
+    pub(crate) fn stop(&self) {
+        if !self.entry.stopped.swap(true, Ordering::SeqCst) {
+            self.renewer.remove(self.id);
+        }
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

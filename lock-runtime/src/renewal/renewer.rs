@@ -1,0 +1,236 @@
+//! One timer slab of leases per worker thread and registry, served by one
+//! task that renews what is due.
+
+use std::cell::RefCell;
+#[cfg(test)]
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+
+use super::{Due, Entry, act, lock};
+
+/// How long the renewer task keeps waking on its own while idle, so that
+/// locks taken meanwhile need not wake it.
+pub(super) const IDLE_LINGER: Duration = Duration::from_secs(1);
+
+/// A slab of leases with their timers, served by one task.
+pub(crate) struct Renewer {
+    pub(super) state: Mutex<Slab>,
+    wake: Arc<Notify>,
+    /// How many times a lock woke the task.
+    #[cfg(test)]
+    pub(super) wakes: std::sync::atomic::AtomicUsize,
+}
+
+/// The slab of leases a renewer looks after: each in a place of its own,
+/// which it frees when released.
+#[derive(Default)]
+pub(super) struct Slab {
+    /// The leases looked after, by id (the place); `None` where free.
+    pub(super) places: Vec<Option<Place>>,
+    /// The free places.
+    free: Vec<usize>,
+    /// When the task will look at the slab next on its own; `None` while it
+    /// sleeps until woken.
+    planned: Option<Instant>,
+    task: Option<JoinHandle<()>>,
+    /// How many times the task looked at the slab.
+    #[cfg(test)]
+    pub(super) looks: usize,
+}
+
+/// A lease in the slab.
+pub(super) struct Place {
+    pub(super) entry: Arc<Entry>,
+    /// When to act on it; `None` while its renewal is in flight.
+    pub(super) due: Option<Due>,
+}
+
+impl Slab {
+    /// Takes the entries due at `now` (their renewals will be in flight);
+    /// the earliest due of the rest.
+    fn take_due(&mut self, now: Instant) -> (Vec<(usize, Arc<Entry>)>, Option<Instant>) {
+        #[cfg(test)]
+        {
+            self.looks += 1;
+        }
+        let mut ready = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (id, place) in self.places.iter_mut().enumerate() {
+            let Some(place) = place else { continue };
+            match place.due {
+                Some(due) if due.at <= now + due.early_by => {
+                    place.due = None;
+                    ready.push((id, place.entry.clone()));
+                }
+                Some(due) => next = Some(next.map_or(due.at, |next| next.min(due.at))),
+                None => {}
+            }
+        }
+        // Give back what a burst of locks left free at the end.
+        let len = self.places.len();
+        while self.places.last().is_some_and(Option::is_none) {
+            self.places.pop();
+        }
+        if self.places.len() < len {
+            let len = self.places.len();
+            self.free.retain(|&id| id < len);
+        }
+        (ready, next)
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        // Let the task see that the renewer is gone, and end.
+        self.wake.notify_one();
+    }
+}
+
+thread_local! {
+    /// This thread's renewers, one per registry (told apart by `owner`).
+    static RENEWERS: RefCell<Vec<(Weak<()>, Arc<Renewer>)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Renewer {
+    /// This thread's renewer for the registry whose liveness `owner` tracks.
+    pub(super) fn for_this_thread(owner: &Arc<()>) -> Arc<Renewer> {
+        RENEWERS.with(|renewers| {
+            let mut renewers = renewers.borrow_mut();
+            renewers.retain(|(registry, _)| registry.strong_count() > 0);
+            if let Some((_, renewer)) = renewers.iter().find(|(registry, _)| {
+                registry
+                    .upgrade()
+                    .is_some_and(|registry| Arc::ptr_eq(&registry, owner))
+            }) {
+                return renewer.clone();
+            }
+            let renewer = Arc::new(Renewer {
+                state: Mutex::default(),
+                wake: Arc::new(Notify::new()),
+                #[cfg(test)]
+                wakes: Default::default(),
+            });
+            renewers.push((Arc::downgrade(owner), renewer.clone()));
+            renewer
+        })
+    }
+
+    /// Gives `entry` a place, due at `due`; its id.
+    pub(super) fn add(self: &Arc<Self>, entry: Arc<Entry>, due: Due) -> usize {
+        let mut slab = lock(&self.state);
+        let place = Some(Place {
+            entry,
+            due: Some(due),
+        });
+        let id = match slab.free.pop() {
+            Some(id) => {
+                slab.places[id] = place;
+                id
+            }
+            None => {
+                slab.places.push(place);
+                slab.places.len() - 1
+            }
+        };
+        self.plan(&mut slab, due.at);
+        id
+    }
+
+    /// Makes the entry in place `id` due at `due` (after a renewal).
+    pub(super) fn schedule(self: &Arc<Self>, id: usize, entry: &Entry, due: Due) {
+        let mut slab = lock(&self.state);
+        // Stopped (its place freed) under this lock: then the place may be
+        // another lease's.
+        if entry.is_stopped() {
+            return;
+        }
+        if let Some(Some(place)) = slab.places.get_mut(id) {
+            place.due = Some(due);
+        }
+        self.plan(&mut slab, due.at);
+    }
+
+    /// Wakes the task if it would look later than `due`.
+    fn plan(self: &Arc<Self>, slab: &mut Slab, due: Instant) {
+        // A task from a runtime that has shut down is gone: start another.
+        let alive = slab.task.as_ref().is_some_and(|task| !task.is_finished());
+        if !alive {
+            slab.planned = Some(due);
+            slab.task = Some(tokio::spawn(serve(Arc::downgrade(self), self.wake.clone())));
+        } else if slab.planned.is_none_or(|planned| due < planned) {
+            slab.planned = Some(due);
+            #[cfg(test)]
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Frees place `id`.
+    pub(super) fn remove(&self, id: usize) {
+        let mut slab = lock(&self.state);
+        if let Some(place) = slab.places.get_mut(id)
+            && place.take().is_some()
+        {
+            slab.free.push(id);
+        }
+    }
+}
+
+/// The renewer's task: acts on due entries, then sleeps until the next one.
+async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
+    let mut idle_since: Option<Instant> = None;
+    // Whether a lock woke the task (rather than its own timer).
+    let mut woken = false;
+    loop {
+        let Some(strong) = renewer.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let (ready, next) = {
+            let mut slab = lock(&strong.state);
+            let (ready, next) = slab.take_due(now);
+            let next = match next {
+                Some(due) => {
+                    idle_since = None;
+                    Some(due)
+                }
+                None => {
+                    // A lock that woke the task counts as activity, even if
+                    // it was released before the task looked: otherwise,
+                    // once idle, every short lock would wake the task (two
+                    // thread wake-ups per lock on a multi-thread runtime).
+                    if woken {
+                        idle_since = None;
+                    }
+                    let since = *idle_since.get_or_insert(now);
+                    // Keep waking for a while, so locks taken meanwhile need
+                    // not wake the task; then sleep until woken.
+                    (now < since + IDLE_LINGER).then(|| now + IDLE_LINGER / 4)
+                }
+            };
+            slab.planned = next;
+            (ready, next)
+        };
+        for (id, entry) in ready {
+            act(&strong, id, entry);
+        }
+        drop(strong);
+        woken = match next {
+            Some(next) => {
+                tokio::select! {
+                    () = sleep_until(next) => false,
+                    () = wake.notified() => true,
+                }
+            }
+            None => {
+                wake.notified().await;
+                true
+            }
+        };
+    }
+}

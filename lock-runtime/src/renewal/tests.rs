@@ -1,0 +1,144 @@
+//! The renewer: renewals on time, losses on time, no task per lock.
+
+use super::renewer::IDLE_LINGER;
+use super::*;
+
+/// A lease that is always renewed, counting its renewals and losses.
+struct Held {
+    span: tracing::Span,
+    renewals: Arc<std::sync::atomic::AtomicUsize>,
+    losses: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            span: tracing::Span::none(),
+            renewals: Arc::default(),
+            losses: Arc::default(),
+        }
+    }
+}
+
+impl Renewable for Held {
+    fn key(&self) -> &str {
+        "k"
+    }
+
+    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(true) })
+    }
+
+    fn lose(&self, _: &'static str) {
+        self.losses.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    fn renewal_failed(&self) {}
+}
+
+/// A 30 s lease taken now, renewed every 10 s.
+fn schedule() -> Schedule {
+    Schedule {
+        ttl: Duration::from_secs(30),
+        valid_for: Duration::from_secs(29),
+        renew: true,
+        max_hold: None,
+        acquired_at: Instant::now(),
+    }
+}
+
+fn hold(owner: &Arc<()>) -> Renewal {
+    Renewal::start(owner, schedule(), Arc::new(Held::default()))
+}
+
+/// Short locks taken after the renewer went idle wake its task once,
+/// not once each (each wake-up costs thread wake-ups on a multi-thread
+/// runtime: two futex calls per lock, before this was fixed).
+#[tokio::test(start_paused = true)]
+async fn short_locks_after_an_idle_spell_wake_the_task_once() {
+    let owner = Arc::new(());
+    let first = hold(&owner);
+    let renewer = first.renewer.clone();
+    first.stop();
+    drop(first);
+    // Idle for longer than the task lingers.
+    tokio::time::sleep(IDLE_LINGER * 3).await;
+    let before = renewer.wakes.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        let lock = hold(&owner);
+        lock.stop();
+        drop(lock);
+        // The task runs after the release (on a multi-thread runtime,
+        // on another thread meanwhile), and finds the slab empty.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let wakes = renewer.wakes.load(Ordering::SeqCst) - before;
+    assert!(wakes <= 1, "{wakes} wake-ups for 100 short locks");
+}
+
+/// Places freed by releases are taken again, the task renews what is
+/// still held (and only that), and the places a burst left free at the
+/// end of the slab are given back when the task next looks.
+#[tokio::test(start_paused = true)]
+async fn freed_places_are_taken_again_and_a_burst_gives_them_back() {
+    let owner = Arc::new(());
+    let burst: Vec<Renewal> = (0..64).map(|_| hold(&owner)).collect();
+    let renewer = burst[0].renewer.clone();
+    let places = || lock(&renewer.state).places.len();
+    assert_eq!(places(), 64);
+    for renewal in &burst[1..] {
+        renewal.stop();
+    }
+    // Freed places are taken again before the slab grows.
+    let again = hold(&owner);
+    assert_eq!(places(), 64, "a freed place was taken");
+    again.stop();
+    drop(again);
+    // The first lock is still held: the task renews it at ttl / 3,
+    // and gives back the free places past it.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(places(), 1, "the burst's places were given back");
+    let held = lock(&renewer.state).places[0]
+        .as_ref()
+        .and_then(|place| place.due)
+        .expect("the held lock is due again after its renewal");
+    assert!(held.at > Instant::now(), "its next renewal is ahead");
+    drop(burst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(places(), 0);
+}
+
+/// Many leases taken at different times: the task renews them in
+/// batches (each may go a sixteenth of its interval early), so it looks
+/// at the slab a few times per interval, not once per lease (each look
+/// reads every place), and every lease is still renewed in time.
+#[tokio::test(start_paused = true)]
+async fn many_leases_are_renewed_in_batches() {
+    let owner = Arc::new(());
+    let held = Held::default();
+    let (renewals, losses) = (held.renewals.clone(), held.losses.clone());
+    let held: Arc<dyn Renewable> = Arc::new(held);
+    let mut leases = Vec::new();
+    for _ in 0..1_000 {
+        leases.push(Renewal::start(&owner, schedule(), held.clone()));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let renewer = leases[0].renewer.clone();
+    let before = lock(&renewer.state).looks;
+    // Three intervals: every lease is due three times.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let looks = lock(&renewer.state).looks - before;
+    let renewed = renewals.load(Ordering::SeqCst);
+    assert!(renewed >= 3 * 1_000, "{renewed} renewals of 1000 leases");
+    assert_eq!(losses.load(Ordering::SeqCst), 0, "a lease was lost");
+    assert!(looks <= 60, "the task looked {looks} times");
+    for lease in &leases {
+        lease.stop();
+    }
+}
