@@ -355,3 +355,19 @@ fn expect_cancelled_with_lost(mut holder: Worker, undone_at: Instant) {
         "body cancelled: {lines:?}"
     );
 }
+
+/// One `#[test]` per [`Processes`] scenario named, each on fresh servers:
+/// `process_scenarios!(setup: scenario, ...)`, where `setup()` returns the
+/// servers (kept until the test ends) and the processes to run with.
+#[macro_export]
+macro_rules! process_scenarios {
+    ($setup:path: $($scenario:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $scenario() {
+                let (_servers, processes) = $setup();
+                processes.$scenario();
+            }
+        )*
+    };
+}

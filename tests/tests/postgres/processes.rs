@@ -3,7 +3,7 @@
 
 use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
-use lock_tests::{PostgresServer, RedisServer};
+use lock_tests::{PostgresServer, RedisServer, process_scenarios};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
@@ -27,19 +27,15 @@ impl Servers {
     }
 }
 
-macro_rules! shared_scenarios {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $scenario() {
-                let servers = Servers::new();
-                servers.shared().$scenario();
-            }
-        )*
-    };
+/// Fresh servers, and the processes of the scenarios every store passes.
+fn shared() -> (Servers, Processes) {
+    let servers = Servers::new();
+    let processes = servers.shared();
+    (servers, processes)
 }
 
-shared_scenarios!(
+process_scenarios!(
+    shared:
     four_processes_sell_exactly_the_stock,
     opposite_transfers_across_processes_never_deadlock,
     without_the_lock_the_same_processes_oversell,

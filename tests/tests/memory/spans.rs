@@ -326,12 +326,15 @@ async fn a_lost_lease_is_recorded_on_its_span() {
         async move { shop.hang(&item).await }
     });
     let key = format!("stock:{item}");
-    lock_tests::wait_until("the body holds the lock", || {
-        shop.locks.local_queue_len(&key) == 1
+    // The store holds the lease: the body runs, or is told of the loss as
+    // it starts.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while shop.locks.inspect(&key).await.unwrap().is_none() {
+            tokio::task::yield_now().await;
+        }
     })
-    .await;
-    // Let the holder's body start before the lease goes.
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    .await
+    .expect("the body holds the lock");
     assert!(shop.locks.force_release(&key).await.unwrap());
     let result = running.await.unwrap();
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
-use lock_tests::{RedisServer, ZooKeeperEnsemble, unique_key};
+use lock_tests::{RedisServer, ZooKeeperEnsemble, process_scenarios, unique_key};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
@@ -31,19 +31,16 @@ impl Servers {
     }
 }
 
-macro_rules! shared_scenarios {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $scenario() {
-                let servers = Servers::new(1);
-                servers.processes(Duration::from_secs(30)).$scenario();
-            }
-        )*
-    };
+/// One server with 30 s sessions and the data server, and the processes
+/// of the scenarios every store passes.
+fn shared() -> (Servers, Processes) {
+    let servers = Servers::new(1);
+    let processes = servers.processes(Duration::from_secs(30));
+    (servers, processes)
 }
 
-shared_scenarios!(
+process_scenarios!(
+    shared:
     four_processes_sell_exactly_the_stock,
     opposite_transfers_across_processes_never_deadlock,
     without_the_lock_the_same_processes_oversell,

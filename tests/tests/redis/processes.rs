@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockOptions, LockRegistry};
 use lock_tests::processes::{Processes, STARTUP};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{RedisServer, process_scenarios, unique_key};
 use redis::Commands;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
@@ -13,26 +13,20 @@ fn lock_name(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
 
-/// The scenarios every store passes, on one server that also holds the data.
-fn shared(server: &RedisServer) -> Processes {
+/// The processes of the scenarios every store passes, on one server that
+/// also holds the data.
+fn on(server: &RedisServer) -> Processes {
     Processes::new(WORKER, &server.url(), &server.url())
 }
 
-/// One test per scenario, each on its own server, with the workers that
-/// `processes` makes.
-macro_rules! scenarios {
-    ($processes:ident: $($scenario:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $scenario() {
-                let server = RedisServer::new();
-                $processes(&server).$scenario();
-            }
-        )*
-    };
+/// A fresh server, and the processes of the scenarios every store passes.
+fn shared() -> (RedisServer, Processes) {
+    let server = RedisServer::new();
+    let processes = on(&server);
+    (server, processes)
 }
 
-scenarios!(
+process_scenarios!(
     shared:
     four_processes_sell_exactly_the_stock,
     opposite_transfers_across_processes_never_deadlock,
@@ -47,7 +41,7 @@ scenarios!(
 fn another_process_holding_a_key_is_seen_and_can_be_freed() {
     let server = RedisServer::new();
     let url = server.url();
-    shared(&server).another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+    on(&server).another_process_holding_a_key_is_seen_and_can_be_freed(async || {
         LockRegistry::redis(&url).await.expect("connect")
     });
 }
@@ -56,7 +50,7 @@ fn another_process_holding_a_key_is_seen_and_can_be_freed() {
 fn the_watchdog_keeps_a_1s_lease_through_a_3s_body_in_another_process() {
     let server = RedisServer::new();
     let key = unique_key("watchdog");
-    let mut holder = shared(&server).worker("hold-1s", &key, &["3000"]);
+    let mut holder = on(&server).worker("hold-1s", &key, &["3000"]);
     holder.expect("acquired", STARTUP);
     let started = Instant::now();
     let mut conn = server.connection();
@@ -69,7 +63,7 @@ fn the_watchdog_keeps_a_1s_lease_through_a_3s_body_in_another_process() {
         );
     }
     // Another process cannot take it meanwhile.
-    let (_, lines) = shared(&server).worker("skip", &key, &[]).finish(STARTUP);
+    let (_, lines) = on(&server).worker("skip", &key, &[]).finish(STARTUP);
     assert!(lines.iter().any(|l| l.starts_with("skipped")), "{lines:?}");
     holder.expect("released", STARTUP);
     let exists: bool = conn.exists(lock_name(&key)).unwrap();
@@ -81,10 +75,10 @@ fn an_expired_holder_gets_lost_and_leaves_the_next_process_lock_alone() {
     let server = RedisServer::new();
     let key = unique_key("expired");
     // A holds a 500 ms lease without the watchdog for a 3 s body.
-    let mut first = shared(&server).worker("hold-unrenewed", &key, &["3000"]);
+    let mut first = on(&server).worker("hold-unrenewed", &key, &["3000"]);
     first.expect("acquired", STARTUP);
     // B waits, and takes the lock once A's lease has expired.
-    let mut second = shared(&server).worker("hold-30s", &key, &["2000"]);
+    let mut second = on(&server).worker("hold-30s", &key, &["2000"]);
     second.expect("acquired", STARTUP);
     let lost = first.expect("error", STARTUP);
     assert!(lost.contains("was lost"), "{lost}");
@@ -100,11 +94,18 @@ fn an_expired_holder_gets_lost_and_leaves_the_next_process_lock_alone() {
     second.expect("released", STARTUP);
 }
 
-/// The store in fair mode with a 500 ms grant timeout; the data in the same
-/// server.
-fn fair(server: &RedisServer) -> Processes {
+/// The processes on `server` with the store in fair mode (a 500 ms grant
+/// timeout), the data in the same server.
+fn fair_on(server: &RedisServer) -> Processes {
     let url = server.url();
     Processes::new(WORKER, &format!("{url}?fair_grant_ms=500"), &url)
+}
+
+/// A fresh server, and the processes on it in fair mode.
+fn fair() -> (RedisServer, Processes) {
+    let server = RedisServer::new();
+    let processes = fair_on(&server);
+    (server, processes)
 }
 
 /// Every store's scenarios, in fair mode: exclusion, skip, expiry and
@@ -112,7 +113,7 @@ fn fair(server: &RedisServer) -> Processes {
 mod fair_mode {
     use super::*;
 
-    scenarios!(
+    process_scenarios!(
         fair:
         four_processes_sell_exactly_the_stock,
         opposite_transfers_across_processes_never_deadlock,
@@ -133,7 +134,7 @@ fn queued(conn: &mut redis::Connection, key: &str) -> usize {
 #[test]
 fn fair_mode_gives_the_lock_to_waiting_processes_in_the_order_they_queued() {
     let server = RedisServer::new();
-    let processes = fair(&server);
+    let processes = fair_on(&server);
     let key = unique_key("fifo");
     let mut conn = server.connection();
     let acquired = processes.waiters_in_queue_order(&key, |n| queued(&mut conn, &key) == n);
@@ -152,7 +153,7 @@ fn fair_mode_gives_the_lock_to_waiting_processes_in_the_order_they_queued() {
 #[test]
 fn fair_mode_passes_over_a_dead_waiter_within_the_grant_timeout() {
     let server = RedisServer::new();
-    let processes = fair(&server);
+    let processes = fair_on(&server);
     let key = unique_key("dead-waiter");
     let mut conn = server.connection();
     let runtime = tokio::runtime::Runtime::new().unwrap();

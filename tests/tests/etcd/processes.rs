@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
-use lock_tests::{EtcdCluster, RedisServer};
+use lock_tests::{EtcdCluster, RedisServer, process_scenarios};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
@@ -40,19 +40,16 @@ impl Servers {
     }
 }
 
-macro_rules! shared_scenarios {
-    ($($scenario:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $scenario() {
-                let servers = Servers::new(1);
-                servers.shared().$scenario();
-            }
-        )*
-    };
+/// A one-member cluster and the data server, and the processes of the
+/// scenarios every store passes.
+fn shared() -> (Servers, Processes) {
+    let servers = Servers::new(1);
+    let processes = servers.shared();
+    (servers, processes)
 }
 
-shared_scenarios!(
+process_scenarios!(
+    shared:
     four_processes_sell_exactly_the_stock,
     opposite_transfers_across_processes_never_deadlock,
     without_the_lock_the_same_processes_oversell,
