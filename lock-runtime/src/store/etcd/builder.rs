@@ -11,14 +11,14 @@ use super::calls::within;
 use super::shared::Shared;
 use super::{EtcdStore, Inner, capabilities};
 use crate::error::BackendError;
+use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects an [`EtcdStore`].
 pub struct EtcdStoreBuilder {
     endpoints: Vec<String>,
     prefix: String,
     user: Option<(String, String)>,
-    response_timeout: Duration,
-    connection_timeout: Duration,
+    timeouts: Timeouts,
     #[cfg(feature = "etcd-tls")]
     tls: Option<Tls>,
 }
@@ -33,6 +33,8 @@ pub(super) struct Tls {
 }
 
 impl EtcdStoreBuilder {
+    timeout_setters!(call: "one call", "2 s"; connect: "2 s");
+
     /// The prefix of every lock's key in etcd (default `locks/`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -42,18 +44,6 @@ impl EtcdStoreBuilder {
     /// Authenticates as `name` (etcd's user/password authentication).
     pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((name.into(), password.into()));
-        self
-    }
-
-    /// How long one call may take before it fails (default 2 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// How long connecting to an endpoint may take (default 2 s).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
         self
     }
 
@@ -134,7 +124,7 @@ impl EtcdStoreBuilder {
         }
         self.check_schemes()?;
         let mut options = ConnectOptions::new()
-            .with_connect_timeout(self.connection_timeout)
+            .with_connect_timeout(self.timeouts.connection)
             // Without a leader (quorum lost) calls fail at once instead of
             // waiting for one.
             .with_require_leader(true);
@@ -147,7 +137,7 @@ impl EtcdStoreBuilder {
             options = options.with_tls(tls.options);
         }
         let connect = Client::connect(&self.endpoints, Some(options));
-        let client = within(self.response_timeout + self.connection_timeout, connect)
+        let client = within(self.timeouts.response + self.timeouts.connection, connect)
             .await
             .map_err(|err| format!("cannot connect to etcd at {shown}: {err}"))?;
         let store = Inner {
@@ -161,7 +151,7 @@ impl EtcdStoreBuilder {
                 queues: Arc::default(),
             }),
             prefix: self.prefix,
-            timeout: self.response_timeout,
+            timeout: self.timeouts.response,
             shown,
         };
         // The first call: with a lazy connection, a refused handshake or
@@ -219,8 +209,7 @@ impl EtcdStore {
             endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
             prefix: "locks/".to_owned(),
             user: None,
-            response_timeout: Duration::from_secs(2),
-            connection_timeout: Duration::from_secs(2),
+            timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
             #[cfg(feature = "etcd-tls")]
             tls: None,
         }

@@ -15,6 +15,7 @@ use super::shared::Shared;
 use super::table::Table;
 use crate::error::BackendError;
 use crate::store::support::redact::redact;
+use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects a [`PostgresStore`].
 #[derive(Debug)]
@@ -22,12 +23,13 @@ pub struct PostgresStoreBuilder {
     url: String,
     table: String,
     connections: usize,
-    response_timeout: Duration,
-    connection_timeout: Duration,
+    timeouts: Timeouts,
     opener: Opener,
 }
 
 impl PostgresStoreBuilder {
+    timeout_setters!(call: "one statement", "2 s"; connect: "2 s");
+
     /// Connects through `tls`, any `tokio-postgres` TLS connector
     /// (`postgres_openssl::MakeTlsConnector`,
     /// `tokio_postgres_rustls::MakeRustlsConnect`, ...): every session of
@@ -59,18 +61,6 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long a statement may take before it fails (default 2 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// How long connecting may take before it fails (default 2 s).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
     /// Connects the first statement connection, creates the table and the
     /// sequence if they are missing, and prepares the statements. The
     /// listening connection is made on the first wait. Sessions are plain
@@ -87,12 +77,12 @@ impl PostgresStoreBuilder {
             .url
             .parse()
             .map_err(|err| format!("invalid connect string `{}`: {err}", redact(&self.url)))?;
-        config.connect_timeout(self.connection_timeout);
+        config.connect_timeout(self.timeouts.connection);
         let shared = Arc::new(Shared {
             opener: self.opener.clone(),
             config,
             table,
-            response_timeout: self.response_timeout,
+            response_timeout: self.timeouts.response,
             slots: (0..self.connections)
                 .map(|_| AsyncMutex::new(None))
                 .collect(),
@@ -101,7 +91,7 @@ impl PostgresStoreBuilder {
         shared.table.create(&client).await?;
         let first = shared.prepared(client).await?;
         *shared.slots[0].lock().await = Some(first);
-        let listener = Listener::new(shared.config.clone(), self.opener, self.connection_timeout);
+        let listener = Listener::new(shared.config.clone(), self.opener, self.timeouts.connection);
         Ok(PostgresStore {
             shared,
             listener,
@@ -117,8 +107,7 @@ impl PostgresStore {
             url: url.to_owned(),
             table: "lock_leases".to_owned(),
             connections: 4,
-            response_timeout: Duration::from_secs(2),
-            connection_timeout: Duration::from_secs(2),
+            timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
             opener: Opener::plain(),
         }
     }

@@ -11,36 +11,25 @@ use super::connection::{RedisConnection, Source};
 use super::subscriber::Subscriber;
 use crate::error::{BackendError, LockError};
 use crate::store::support::redact::redact;
+use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects a [`RedisStore`].
 #[derive(Debug)]
 pub struct RedisStoreBuilder {
     url: String,
     fencing: Fencing,
-    response_timeout: Duration,
-    connection_timeout: Duration,
+    timeouts: Timeouts,
     connection_retries: usize,
     replica_acks: Option<ReplicaAcks>,
     fair: Option<Duration>,
 }
 
 impl RedisStoreBuilder {
+    timeout_setters!(call: "one command", "2 s"; connect: "1 s");
+
     /// How fencing counters are kept (default [`Fencing::PerKey`]).
     pub fn fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
-        self
-    }
-
-    /// How long a command may take before it fails (default 2 s). A command
-    /// against a server that stopped answering fails after this long.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// How long connecting may take before it fails (default 1 s).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
         self
     }
 
@@ -104,13 +93,13 @@ impl RedisStoreBuilder {
     /// [`connect`](Self::connect), with the store's own error.
     pub(crate) async fn connect_backend(self) -> Result<RedisStore, BackendError> {
         if let Some(acks) = self.replica_acks
-            && acks.timeout >= self.response_timeout
+            && acks.timeout >= self.timeouts.response
         {
             // The reply would come too late: the grant's fate unknown, and
             // not undone.
             return Err(format!(
                 "the replica_acks timeout ({:?}) must be shorter than the response timeout ({:?})",
-                acks.timeout, self.response_timeout
+                acks.timeout, self.timeouts.response
             )
             .into());
         }
@@ -118,13 +107,14 @@ impl RedisStoreBuilder {
             check_grant_timeout(grant_timeout)?;
         }
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.timeouts.response))
+            .set_connection_timeout(Some(self.timeouts.connection))
             .set_number_of_retries(self.connection_retries)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        let conn = RedisConnection::connect(&self.url, config, self.connection_timeout).await?;
-        let subscriber = Subscriber::new(Source::Connection(conn.clone()), self.connection_timeout);
+        let conn = RedisConnection::connect(&self.url, config, self.timeouts.connection).await?;
+        let subscriber =
+            Subscriber::new(Source::Connection(conn.clone()), self.timeouts.connection);
         Ok(RedisStore::new(
             Commands {
                 conn,
@@ -159,8 +149,7 @@ impl RedisStore {
         RedisStoreBuilder {
             url: url.to_owned(),
             fencing: Fencing::default(),
-            response_timeout: Duration::from_secs(2),
-            connection_timeout: Duration::from_secs(1),
+            timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(1)),
             connection_retries: 2,
             replica_acks: None,
             fair: None,

@@ -6,3 +6,10 @@ pub(crate) mod keyed;
 pub(crate) mod queue;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod redact;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+pub(crate) mod timeouts;

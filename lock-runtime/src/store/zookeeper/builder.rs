@@ -9,6 +9,7 @@ use super::shared::deletions;
 use super::shared::{Failed, Shared, watch_session};
 use super::{ZooKeeperStore, capabilities};
 use crate::error::BackendError;
+use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects a [`ZooKeeperStore`].
 #[derive(Debug)]
@@ -18,11 +19,12 @@ pub struct ZooKeeperStoreBuilder {
     digest: Option<Digest>,
     root: String,
     session_timeout: Duration,
-    connection_timeout: Duration,
-    response_timeout: Duration,
+    timeouts: Timeouts,
 }
 
 impl ZooKeeperStoreBuilder {
+    timeout_setters!(call: "one call", "2 s"; connect: "2 s");
+
     /// The node every key's queue lives under (default `/locks`).
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
@@ -59,18 +61,6 @@ impl ZooKeeperStoreBuilder {
         self
     }
 
-    /// How long connecting may take before it fails (default 2 s).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// How long one call may take before it fails (default 2 s).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
     /// Connects, creates the root if it is missing, and reads the session
     /// timeout the ensemble granted.
     ///
@@ -101,14 +91,14 @@ impl ZooKeeperStoreBuilder {
             chroot,
             digest: self.digest,
             session_timeout: self.session_timeout,
-            connection_timeout: self.connection_timeout,
-            response_timeout: self.response_timeout,
+            connection_timeout: self.timeouts.connection,
+            response_timeout: self.timeouts.response,
         };
         // The chroot and the root, made from outside the chroot.
         let unconfined = settings.open().await?;
         let full_root = format!("{}{}", settings.chroot.as_deref().unwrap_or(""), self.root);
         let made = tokio::time::timeout(
-            self.response_timeout,
+            self.timeouts.response,
             unconfined.mkdir(&full_root, &settings.directory()),
         )
         .await;
@@ -124,7 +114,7 @@ impl ZooKeeperStoreBuilder {
             Err(_) => {
                 return Err(format!(
                     "cannot create the ZooKeeper root `{full_root}`: {}",
-                    BackendError::from(Failed::Timeout(self.response_timeout))
+                    BackendError::from(Failed::Timeout(self.timeouts.response))
                 )
                 .into());
             }
@@ -136,7 +126,7 @@ impl ZooKeeperStoreBuilder {
                 session: RwLock::new(client),
                 settings,
                 root: self.root,
-                timeout: self.response_timeout,
+                timeout: self.timeouts.response,
                 held: Mutex::default(),
                 created: Mutex::default(),
                 deletions: deletions::Deletions::default(),
@@ -161,8 +151,7 @@ impl ZooKeeperStore {
             digest: None,
             root: "/locks".to_owned(),
             session_timeout: Duration::from_secs(30),
-            connection_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
+            timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
         }
     }
 }

@@ -1,0 +1,46 @@
+//! The timeouts every store that talks to a server takes, and their
+//! builder setters, defined once.
+
+use std::time::Duration;
+
+/// How long a store waits on its server: for one answer, and for a
+/// connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// How long one call may take before it fails.
+    pub(crate) response: Duration,
+    /// How long connecting may take before it fails.
+    pub(crate) connection: Duration,
+}
+
+impl Timeouts {
+    /// Timeouts of `response` for a call and `connection` for connecting.
+    pub(crate) const fn new(response: Duration, connection: Duration) -> Self {
+        Timeouts {
+            response,
+            connection,
+        }
+    }
+}
+
+/// The `response_timeout` and `connection_timeout` setters of a store
+/// builder whose `timeouts` field is a [`Timeouts`], with their defaults as
+/// the docs show them: `timeout_setters!(call: "one command", "2 s";
+/// connect: "1 s");`.
+macro_rules! timeout_setters {
+    (call: $call:literal, $response:literal; connect: $connection:literal) => {
+        #[doc = concat!("How long ", $call, " may take before it fails (default ", $response, ").")]
+        pub fn response_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.timeouts.response = timeout;
+            self
+        }
+
+        #[doc = concat!("How long connecting may take before it fails (default ", $connection, ").")]
+        pub fn connection_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.timeouts.connection = timeout;
+            self
+        }
+    };
+}
+
+pub(crate) use timeout_setters;
