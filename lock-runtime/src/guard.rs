@@ -13,11 +13,11 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use crate::acquire::Parts;
-use crate::error::{BackendError, LockError};
+use crate::error::LockError;
 use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::renewal::{Renewable, Renewal, Schedule};
-use crate::store::{BoxFuture, HandOver, Lease, LossListener, LossSignal};
+use crate::store::{HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -113,7 +113,7 @@ impl Renewable for State {
         State::key(self)
     }
 
-    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&self) -> Reply<'_, bool> {
         Box::pin(async move {
             match self.lease.lock().await.as_mut() {
                 Some(lease) => lease.renew().await,

@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::BackendError;
-use crate::store::BoxFuture;
+use crate::store::Reply;
 use crate::telemetry::reason;
 
 /// The lease a renewal looks after: renews it, and hears its verdict.
@@ -33,7 +32,7 @@ pub(crate) trait Renewable: Send + Sync {
     /// The key, for logs.
     fn key(&self) -> &str;
     /// Extends the lease in the store. `Ok(false)` when it is no longer ours.
-    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>>;
+    fn renew(&self) -> Reply<'_, bool>;
     /// The lease is lost, for `reason`.
     fn lose(&self, reason: &'static str);
     /// The lock's span, the parent of the renewal's events.

@@ -25,7 +25,7 @@ impl Renewable for Held {
         "k"
     }
 
-    fn renew(&self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&self) -> Reply<'_, bool> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(true) })
     }

@@ -58,6 +58,10 @@ pub use watch::ReleaseWatch;
 /// traits stay object-safe and the registry can hold an `Arc<dyn Store>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What the contract's methods return: the store's answer, or its error,
+/// later.
+pub type Reply<'a, T> = BoxFuture<'a, Result<T, BackendError>>;
+
 /// One held lease: the per-holder state a store keeps, and the operations
 /// on it. Returned by [`Store::acquire`].
 ///
@@ -67,13 +71,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait Lease: Send + Sync + fmt::Debug {
     /// Extends the lease to its ttl from now. `Ok(false)` when it is no
     /// longer ours (expired or taken over).
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>>;
+    fn renew(&mut self) -> Reply<'_, bool>;
 
     /// Releases the lease and wakes waiters; with a non-zero `linger`, keeps
     /// it for that much longer instead (for `hold_at_least`, only asked of
     /// stores with [`Capabilities::linger`]). `Ok(false)` when the lease was
     /// no longer ours.
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>>;
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool>;
 
     /// Passes the lease to the next holder in this process without
     /// releasing it, in one round trip: the store moves it to a new token
@@ -87,7 +91,7 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// The default, for a store that cannot move a lease, releases it
     /// ([`HandOver::Released`], or [`HandOver::Lost`] when it was no longer
     /// ours): the next holder then acquires as usual, in more round trips.
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
         Box::pin(async {
             let released = self.release(Duration::ZERO).await?;
             Ok(if released {
@@ -119,39 +123,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Takes a lease for the request's [claim](AcquireRequest::claim) if the
     /// key allows it (free, expired, or held in a way the claim may join);
     /// otherwise says it is held.
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>>;
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire>;
 
     /// Undoes an acquire whose answer the caller did not wait for (a
     /// timeout, a cancellation, an error after the request may have
     /// reached the store): releases `key` if `token` holds it. `Ok(true)`
     /// when it did. A store that [queues waiters](Capabilities::waiter_queue)
     /// also takes `token` out of the queue.
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool>;
 
     /// Subscribes to release notifications for `key`.
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>>;
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch>;
 
     /// Deletes the lease on `key` whoever holds it, and wakes waiters: an
     /// operator's way out of a stuck lock. It breaks mutual exclusion if the
     /// holder is still running; that holder learns of the loss when the
     /// store pushes it or at its next renewal. `Ok(true)` when a lease was
     /// deleted.
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>>;
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool>;
 
     /// Who holds `key` right now, as the store sees it: `None` when it is
     /// free (never taken, released, or expired). A read only: it changes
     /// nothing and wakes no one. The default says the store cannot tell.
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         let _ = key;
         Box::pin(async { Err("this store cannot inspect its locks".into()) })
     }

@@ -12,7 +12,7 @@ use super::keys::{flipped, queue_end};
 use super::shared::{Queued, Spare};
 use crate::error::BackendError;
 use crate::store::support::queue::Place;
-use crate::store::{BoxFuture, HandOver, Lease, LockToken, LossSignal};
+use crate::store::{HandOver, Lease, LockToken, LossSignal, Reply};
 
 /// One held entry and the lease it is attached to.
 pub(super) struct EtcdLease {
@@ -133,11 +133,11 @@ impl EtcdLease {
 }
 
 impl Lease for EtcdLease {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(self.refresh())
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Box::pin(async move {
             let store = self.store.clone();
             let token = self.token.to_string();
@@ -174,7 +174,7 @@ impl Lease for EtcdLease {
         })
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
         Box::pin(self.move_or_release())
     }
 

@@ -77,11 +77,10 @@ use etcd_client::{Compare, CompareOp, KvClient, LeaseClient, Txn, TxnOp, WatchCl
 use tokio::sync::watch;
 
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, SafetyMargin, Store,
 };
 
-use crate::error::BackendError;
 use crate::store::support::queue::Place;
 
 mod acquire;
@@ -166,10 +165,7 @@ impl Store for EtcdStore {
         &self.capabilities
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let queue = self.queue_of(request.key);
             let secs = whole_seconds(request.ttl);
@@ -198,11 +194,7 @@ impl Store for EtcdStore {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
             let queue = self.queue_of(key);
             let waiting = self.inner.shared.queued().remove(&token);
@@ -235,7 +227,7 @@ impl Store for EtcdStore {
         })
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move {
             let queue = self.queue_of(key);
             let (tx, rx) = watch::channel(());
@@ -258,7 +250,7 @@ impl Store for EtcdStore {
         })
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let queue = self.queue_of(key);
             let Some(holder) = self.first(&queue).await? else {
@@ -279,10 +271,7 @@ impl Store for EtcdStore {
     /// The first entry of the key's queue holds the holder's token, and its
     /// create revision is the holder's fencing token; the remaining time is
     /// what etcd says of its lease, in whole seconds rounded down.
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let queue = self.queue_of(key);
             let Some(holder) = self.first(&queue).await? else {

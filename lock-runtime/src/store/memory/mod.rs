@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo,
-    LockToken, LossSignal, ReleaseWatch, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo, LockToken,
+    LossSignal, ReleaseWatch, Reply, SafetyMargin, Store,
 };
 use crate::error::BackendError;
 use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
@@ -239,7 +239,7 @@ impl MemoryLease {
 }
 
 impl Lease for MemoryLease {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         let ttl = self.ttl;
         let renewed = self
             .with_holder(|holder, now| holder.expires = now + ttl)
@@ -247,7 +247,7 @@ impl Lease for MemoryLease {
         Box::pin(async move { Ok(renewed) })
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         let released = if linger.is_zero() {
             let now = Instant::now();
             !lock_table(&self.shared)
@@ -260,7 +260,7 @@ impl Lease for MemoryLease {
         Box::pin(async move { Ok(released) })
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
         let now = Instant::now();
         let next = LockToken::random();
         let mut table = lock_table(&self.shared);
@@ -324,18 +324,11 @@ impl Store for MemoryStore {
         &CAPABILITIES
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move { self.try_acquire(&request) })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
             let now = Instant::now();
             let mut table = self.table();
@@ -344,11 +337,11 @@ impl Store for MemoryStore {
         })
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move { Ok(self.subscribe(key)) })
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let now = Instant::now();
             let mut table = self.table();
@@ -362,10 +355,7 @@ impl Store for MemoryStore {
         })
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut table = self.table();

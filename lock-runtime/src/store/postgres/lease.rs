@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use super::shared::Shared;
 use super::table::{millis, turn};
-use crate::error::BackendError;
-use crate::store::{BoxFuture, HandOver, Lease, LockToken};
+use crate::store::{HandOver, Lease, LockToken, Reply};
 
 /// One lease row: its id and our token.
 pub(super) struct PostgresLease {
@@ -18,7 +17,7 @@ pub(super) struct PostgresLease {
 }
 
 impl Lease for PostgresLease {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(async move {
             let (token, ttl) = (self.token.to_string(), millis(self.ttl));
             let changed = self
@@ -29,11 +28,11 @@ impl Lease for PostgresLease {
         })
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Box::pin(self.shared.release(&self.id, self.token, linger))
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
         Box::pin(async move {
             let next = LockToken::random();
             let (token, next_text, ttl) =

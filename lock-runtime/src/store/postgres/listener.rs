@@ -20,7 +20,7 @@ use super::CHANNEL;
 use super::session::Opener;
 use super::table::pg_error;
 use crate::error::BackendError;
-use crate::store::{BoxFuture, ReleaseWatch};
+use crate::store::{ReleaseWatch, Reply};
 
 /// The listening connection and who waits for which row.
 pub(super) struct Listener {
@@ -97,7 +97,7 @@ impl Listener {
     /// Connects, listens, and starts the task that reads notifications.
     /// Boxed: the reader may reconnect, which calls this again, and only a
     /// named future type lets the compiler see that the cycle is `Send`.
-    fn connect(self: &Arc<Self>) -> BoxFuture<'_, Result<AbortHandle, BackendError>> {
+    fn connect(self: &Arc<Self>) -> Reply<'_, AbortHandle> {
         Box::pin(self.connect_now())
     }
 

@@ -81,10 +81,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, SafetyMargin, Store,
 };
-use crate::error::BackendError;
 use listener::Listener;
 
 /// What the PostgreSQL store can do.
@@ -128,10 +127,7 @@ impl Store for PostgresStore {
         &CAPABILITIES
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let id = row_id(request.key);
             let key = request.key.as_bytes();
@@ -167,11 +163,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
             self.shared
                 .release(&row_id(key), token, Duration::ZERO)
@@ -179,7 +171,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move {
             let id = row_id(key);
             let watch = self.listener.watch(hex(&id)).await?;
@@ -189,7 +181,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let id = row_id(key);
             let changed = self
@@ -200,10 +192,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let id = row_id(key);
             let row = self.shared.query_opt(&id, |s| &s.inspect, &[&id]).await?;

@@ -6,8 +6,7 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 
 use super::commands::Commands;
-use crate::error::BackendError;
-use crate::store::{BoxFuture, HandOver, Lease, LockToken};
+use crate::store::{HandOver, Lease, LockToken, Reply};
 
 /// One lease on one Redis: the lock's Redis name and our token.
 pub(super) struct RedisLease<C> {
@@ -21,15 +20,15 @@ impl<C> Lease for RedisLease<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(self.commands.renew(&self.lock, self.token, self.ttl))
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Box::pin(self.commands.release(&self.lock, self.token, linger))
     }
 
-    fn hand_over(&mut self) -> BoxFuture<'_, Result<HandOver, BackendError>> {
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
         Box::pin(async move {
             let next = LockToken::random();
             let handed = self

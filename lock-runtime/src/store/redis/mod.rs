@@ -106,8 +106,8 @@ use lease::RedisLease;
 use subscriber::Subscriber;
 
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, LeaseInfo, LockToken, ReleaseWatch,
-    SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, LeaseInfo, LockToken, ReleaseWatch, Reply, SafetyMargin,
+    Store,
 };
 use crate::error::{BackendError, LockError};
 
@@ -268,10 +268,7 @@ where
         &self.capabilities
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let lock = lock_name(request.key);
             let answer = self
@@ -293,22 +290,18 @@ where
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(self.release_token(key, token, Duration::ZERO))
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(
             self.subscriber
                 .watch(suffixed(&lock_name(key), b":released")),
         )
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let lock = lock_name(key);
             let call =
@@ -318,10 +311,7 @@ where
         })
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let lock = lock_name(key);
             let call = Call::new(&scripts::INSPECT, &[&lock, &suffixed(&lock, b":fence")]);

@@ -57,8 +57,8 @@ use tokio::time::{Instant, timeout};
 
 use super::redis::RedisStore;
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
-    ReleaseWatch, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
+    ReleaseWatch, Reply, SafetyMargin, Store,
 };
 use crate::error::BackendError;
 use crate::store::support::redact::redact;
@@ -238,10 +238,7 @@ impl Store for RedlockStore {
         &CAPABILITIES
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         let AcquireRequest {
             key, token, ttl, ..
         } = request;
@@ -303,18 +300,14 @@ impl Store for RedlockStore {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
             let ttl = Duration::from_secs(1);
             Ok(self.release_everywhere(key, token, ttl).await > 0)
         })
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.watch(key))
@@ -334,7 +327,7 @@ impl Store for RedlockStore {
         })
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.force_release(key))
@@ -350,10 +343,7 @@ impl Store for RedlockStore {
     /// The holder is the token a majority of the nodes have; its lease
     /// stands while a majority still has it, and its fencing token is the
     /// largest those nodes issued.
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.inspect(key))
@@ -406,7 +396,7 @@ impl RedlockLease {
 }
 
 impl Lease for RedlockLease {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(async move {
             let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
             let redlock = &self.redlock;
@@ -449,7 +439,7 @@ impl Lease for RedlockLease {
         })
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Box::pin(async move {
             let (key, token) = (self.key.as_str(), self.token);
             let redlock = &self.redlock;

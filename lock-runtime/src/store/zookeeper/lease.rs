@@ -8,8 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::shared::{Child, Shared};
-use crate::error::BackendError;
-use crate::store::{BoxFuture, Lease, LockToken};
+use crate::store::{Lease, LockToken, Reply};
 
 /// How long a child is held before it is watched: a deletion its holder
 /// did not make is pushed within this; shorter holds are never watched.
@@ -146,7 +145,7 @@ pub(super) async fn expire(
 }
 
 impl Lease for ZooKeeperLease {
-    fn renew(&mut self) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(async move {
             let sent_at = Instant::now();
             let path = self.child.path();
@@ -170,7 +169,7 @@ impl Lease for ZooKeeperLease {
         })
     }
 
-    fn release(&mut self, linger: Duration) -> BoxFuture<'_, Result<bool, BackendError>> {
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Box::pin(async move {
             let path = self.child.path.clone();
             if !self.forget() {

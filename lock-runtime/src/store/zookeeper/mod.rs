@@ -41,10 +41,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, SafetyMargin, Store,
 };
-use crate::error::BackendError;
 
 mod builder;
 mod follow;
@@ -96,10 +95,7 @@ impl Store for ZooKeeperStore {
         &self.capabilities
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, BackendError>> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let sent_at = Instant::now();
             let shared = &self.shared;
@@ -131,11 +127,7 @@ impl Store for ZooKeeperStore {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: LockToken,
-    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
             // Granted to an attempt nobody heard: its child is held.
@@ -148,7 +140,7 @@ impl Store for ZooKeeperStore {
         })
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ReleaseWatch, BackendError>> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
             let (tx, rx) = watch::channel(());
@@ -173,7 +165,7 @@ impl Store for ZooKeeperStore {
         })
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, BackendError>> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
             let queue = self.shared.queue(&parent).await?;
@@ -188,10 +180,7 @@ impl Store for ZooKeeperStore {
     /// token, its czxid is the fencing token. The remaining time is not
     /// known outside the holder (the lock lasts while its session does and
     /// its holder renews it).
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<LeaseInfo>, BackendError>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
             // The head may leave between the listing and its stat: look again.
