@@ -43,6 +43,16 @@ impl Clients {
         }
     }
 
+    /// Two clients made by `connect`, of the store `keep` keeps alive.
+    pub async fn connect<S: Store, E: std::fmt::Debug>(
+        keep: impl Any + Send,
+        connect: impl AsyncFn() -> Result<S, E>,
+    ) -> Self {
+        let a = connect().await.expect("the first client connects");
+        let b = connect().await.expect("the second client connects");
+        Clients::new(Arc::new(a), Arc::new(b), keep)
+    }
+
     fn caps(&self) -> &Capabilities {
         self.a.capabilities()
     }

@@ -359,8 +359,21 @@ fn expect_cancelled_with_lost(mut holder: Worker, undone_at: Instant) {
 /// One `#[test]` per [`Processes`] scenario named, each on fresh servers:
 /// `process_scenarios!(setup: scenario, ...)`, where `setup()` returns the
 /// servers (kept until the test ends) and the processes to run with.
+/// `process_scenarios!(setup)` names the scenarios every store passes.
 #[macro_export]
 macro_rules! process_scenarios {
+    ($setup:path) => {
+        $crate::process_scenarios!(
+            $setup:
+            four_processes_sell_exactly_the_stock,
+            opposite_transfers_across_processes_never_deadlock,
+            without_the_lock_the_same_processes_oversell,
+            skip_mode_skips_while_another_process_runs_the_job,
+            a_sigkilled_holder_blocks_others_for_at_most_its_ttl,
+            fencing_tokens_strictly_increase_across_processes,
+            a_waiter_in_another_process_is_woken_by_the_release,
+        );
+    };
     ($setup:path: $($scenario:ident),* $(,)?) => {
         $(
             #[test]

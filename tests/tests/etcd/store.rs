@@ -2,7 +2,6 @@
 //! rules, bad input, and faults on three members (a killed leader, a killed
 //! minority, a lost quorum).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{EtcdStore, LockError, LockOptions, LockRegistry};
@@ -15,9 +14,10 @@ async fn etcd_store() -> Clients {
     let cluster = EtcdCluster::single();
     let endpoints = cluster.endpoints();
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let connect = || EtcdStore::builder(&endpoints).connect();
-    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Clients::new(Arc::new(a), Arc::new(b), cluster)
+    Clients::connect(cluster, async || {
+        EtcdStore::builder(&endpoints).connect().await
+    })
+    .await
 }
 
 store_contract!(

@@ -1,7 +1,6 @@
 //! The PostgreSQL store against real servers: the contract, bad input, and
 //! faults (a killed server, killed sessions).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresStore};
@@ -12,9 +11,11 @@ use lock_tests::{
 
 async fn postgres_store() -> Clients {
     let server = PostgresServer::new();
-    let connect = || PostgresStore::builder(&server.url()).connect();
-    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Clients::new(Arc::new(a), Arc::new(b), server)
+    let url = server.url();
+    Clients::connect(server, async || {
+        PostgresStore::builder(&url).connect().await
+    })
+    .await
 }
 
 store_contract!(

@@ -26,16 +26,7 @@ fn shared() -> (RedisServer, Processes) {
     (server, processes)
 }
 
-process_scenarios!(
-    shared:
-    four_processes_sell_exactly_the_stock,
-    opposite_transfers_across_processes_never_deadlock,
-    without_the_lock_the_same_processes_oversell,
-    skip_mode_skips_while_another_process_runs_the_job,
-    a_sigkilled_holder_blocks_others_for_at_most_its_ttl,
-    fencing_tokens_strictly_increase_across_processes,
-    a_waiter_in_another_process_is_woken_by_the_release,
-);
+process_scenarios!(shared);
 
 #[test]
 fn another_process_holding_a_key_is_seen_and_can_be_freed() {

@@ -1,7 +1,6 @@
 //! The Redlock backend against several real `redis-server` processes, some
 //! of them killed and restarted on purpose.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockStore};
@@ -12,9 +11,7 @@ async fn redlock_store() -> Clients {
     let servers = RedisServers::spawn(3);
     let urls = servers.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let a = RedlockStore::connect(&urls).await.unwrap();
-    let b = RedlockStore::connect(&urls).await.unwrap();
-    Clients::new(Arc::new(a), Arc::new(b), servers)
+    Clients::connect(servers, async || RedlockStore::connect(&urls).await).await
 }
 
 store_contract!(

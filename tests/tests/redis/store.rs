@@ -15,9 +15,8 @@ use redis::Commands;
 
 async fn redis_store() -> Clients {
     let server = RedisServer::new();
-    let connect = || RedisStore::builder(&server.url()).connect();
-    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Clients::new(Arc::new(a), Arc::new(b), server)
+    let url = server.url();
+    Clients::connect(server, async || RedisStore::builder(&url).connect().await).await
 }
 
 store_contract!(

@@ -1,7 +1,6 @@
 //! The ZooKeeper store against a real server: the contract, the ttl and
 //! session-timeout rules, keys of any characters, the FIFO queue.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperStore};
@@ -13,13 +12,9 @@ const SESSION: Duration = Duration::from_secs(20);
 
 async fn zookeeper_store() -> Clients {
     let zk = ZooKeeperEnsemble::single();
-    let connect = || {
-        ZooKeeperStore::builder(&zk.connect_string())
-            .session_timeout(SESSION)
-            .connect()
-    };
-    let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
-    Clients::new(Arc::new(a), Arc::new(b), zk)
+    let servers = zk.connect_string();
+    let builder = || ZooKeeperStore::builder(&servers).session_timeout(SESSION);
+    Clients::connect(zk, async || builder().connect().await).await
 }
 
 store_contract!(
