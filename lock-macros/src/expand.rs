@@ -28,8 +28,9 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
 
 /// The function with its rewritten signature and its body run as is, no
 /// lock: what the callers expect, for when the attribute is wrong. The
-/// mode, `errors` and `crate` are read from the arguments leniently; `None`
-/// (emit the original item) when the function itself cannot be read.
+/// mode, `errors` and `crate` are read by the same parser, past the
+/// arguments it cannot read; `None` (emit the original item) when the
+/// function itself cannot be read.
 fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
     let func: LockFn = syn::parse2(item).ok()?;
     let LockFn {
@@ -43,32 +44,16 @@ fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
         return None;
     };
     sig.asyncness?;
-    // `name = "value"` pairs, read without the parser's checks.
-    let tokens: Vec<proc_macro2::TokenTree> = args.clone().into_iter().collect();
-    let value_of = |name: &str| {
-        tokens.windows(3).find_map(|w| match w {
-            [
-                proc_macro2::TokenTree::Ident(ident),
-                proc_macro2::TokenTree::Punct(eq),
-                proc_macro2::TokenTree::Literal(lit),
-            ] if ident == name && eq.as_char() == '=' => {
-                syn::parse_str::<syn::LitStr>(&lit.to_string())
-                    .ok()
-                    .map(|lit| lit.value())
-            }
-            _ => None,
-        })
-    };
-    let mode = match value_of("mode").as_deref() {
-        Some("skip") => Mode::Skip,
-        _ => Mode::Wait,
-    };
-    let krate = value_of("crate")
-        .and_then(|path| syn::parse_str::<syn::Path>(&path).ok())
+    let args = syn::parse::Parser::parse2(LockArgs::parse_lenient, args.clone()).ok()?;
+    let mode = args.mode();
+    let krate = args
+        .krate
+        .as_ref()
         .map_or_else(|| quote!(::lock_runtime), |path| quote!(#path));
     let declared = output_type(&sig.output);
     let (value_ty, _) = erase_impl_trait(declared.clone());
-    let into = (value_of("errors").as_deref() == Some("into"))
+    let into = args
+        .errors_into()
         .then(|| result_parts(&declared).ok())
         .flatten();
     sig.output = locked_return(&sig.output, mode, into.as_ref(), &krate);
@@ -537,6 +522,14 @@ mod tests {
             "async fn job() {}",
         );
         assert!(skip.contains("Option < ()"), "{skip}");
+        // The arguments after one the parser cannot read still count.
+        let past = expand_str(
+            r#"key = "job", ttl = 5, mode = "skip", crate = "my::locks""#,
+            "async fn job() {}",
+        );
+        assert!(past.contains("Option < ()"), "{past}");
+        assert!(past.contains("my :: locks :: LockError"), "{past}");
+        assert_eq!(past.matches("compile_error").count(), 1, "{past}");
         // A function that cannot be read is emitted as it was.
         let not_async = expand_str(r#"key = "job""#, "fn job() {}");
         assert!(not_async.starts_with("fn job () { }"), "{not_async}");

@@ -11,6 +11,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod errors;
 mod expand;
 mod input;
 mod key;

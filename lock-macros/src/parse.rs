@@ -12,6 +12,7 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Ident, LitBool, LitStr, Token};
 
+use crate::errors::Errors;
 use crate::key::KeyTemplate;
 
 /// The argument names, in the order the error message lists them.
@@ -30,12 +31,13 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "crate",
 ];
 
-/// The longest duration any argument accepts: ten years, the same bound the
-/// runtime enforces on `LockOptions`.
-pub(crate) const MAX_MILLIS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+/// The longest duration any argument accepts, in milliseconds: the
+/// runtime's bound on `LockOptions`.
+pub(crate) const MAX_MILLIS: u64 = lock_limits::MAX_DURATION.as_millis() as u64;
 
-/// The default lease length when `ttl` is not given.
-pub(crate) const DEFAULT_TTL_MILLIS: u64 = 30_000;
+/// The lease length when `ttl` is not given, in milliseconds: the
+/// runtime's default.
+pub(crate) const DEFAULT_TTL_MILLIS: u64 = lock_limits::DEFAULT_TTL.as_millis() as u64;
 
 mod kw {
     syn::custom_keyword!(key);
@@ -147,24 +149,6 @@ impl LockArgs {
     }
 }
 
-/// Collects the value errors of several arguments so they are all reported at
-/// once; syntax errors still stop parsing at the first one.
-#[derive(Default)]
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
 /// Stores `value` in `slot` unless the argument was already given.
 fn set_once<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::Result<()> {
     if slot.is_some() {
@@ -178,123 +162,165 @@ fn set_once<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::R
 }
 
 impl Parse for LockArgs {
+    /// Every value error at once; the first syntax error alone.
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let (args, errors) = LockArgs::parse_with(input, false)?;
+        errors.or(args)
+    }
+}
+
+impl LockArgs {
+    /// What can be read of arguments that may be wrong: every argument that
+    /// parses, past any that does not. The fallback expansion reads the
+    /// mode, `errors` and `crate` from it.
+    pub(crate) fn parse_lenient(input: ParseStream<'_>) -> syn::Result<Self> {
+        Ok(LockArgs::parse_with(input, true)?.0)
+    }
+
+    /// Parses the arguments, collecting value errors. A syntax error ends
+    /// the parse unless `recover`, which skips to the next argument.
+    fn parse_with(input: ParseStream<'_>, recover: bool) -> syn::Result<(LockArgs, Errors)> {
         let mut args = LockArgs::default();
         let mut errors = Errors::default();
         while !input.is_empty() {
-            let lookahead = input.lookahead1();
-            let result = if lookahead.peek(kw::keys) {
-                let span = input.parse::<kw::keys>()?.span;
-                input.parse::<Token![=]>()?;
-                let list;
-                let bracket = syn::bracketed!(list in input);
-                let lits =
-                    syn::punctuated::Punctuated::<LitStr, Token![,]>::parse_terminated(&list)?;
-                if lits.is_empty() {
-                    Err(syn::Error::new(
-                        bracket.span.join(),
-                        "`keys` needs at least one key template, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`",
-                    ))
+            let parsed = args.parse_one(input).and_then(|value| {
+                errors.take(value);
+                if input.is_empty() {
+                    Ok(())
                 } else {
-                    lits.iter()
-                        .map(KeyTemplate::parse)
-                        .collect::<syn::Result<Vec<_>>>()
-                        .and_then(|templates| {
-                            set_once(&mut args.keys, (templates, span), span, "keys")
-                        })
+                    input.parse::<Token![,]>().map(drop)
                 }
-            } else if lookahead.peek(kw::key) {
-                let span = input.parse::<kw::key>()?.span;
-                let lit = parse_value::<LitStr>(input)?;
-                KeyTemplate::parse(&lit)
-                    .and_then(|template| set_once(&mut args.key, template, span, "key"))
-            } else if lookahead.peek(kw::mode) {
-                let span = input.parse::<kw::mode>()?.span;
-                let lit = parse_value::<LitStr>(input)?;
-                parse_mode(&lit)
-                    .and_then(|mode| set_once(&mut args.mode, (mode, lit.span()), span, "mode"))
-            } else if lookahead.peek(kw::ttl) {
-                let span = input.parse::<kw::ttl>()?.span;
-                duration_arg(input, &mut args.ttl, span, "ttl")?
-            } else if lookahead.peek(kw::wait_timeout) {
-                let span = input.parse::<kw::wait_timeout>()?.span;
-                duration_arg(input, &mut args.wait_timeout, span, "wait_timeout")?
-            } else if lookahead.peek(kw::hold_at_least) {
-                let span = input.parse::<kw::hold_at_least>()?.span;
-                duration_arg(input, &mut args.hold_at_least, span, "hold_at_least")?
-            } else if lookahead.peek(kw::max_hold) {
-                let span = input.parse::<kw::max_hold>()?.span;
-                duration_arg(input, &mut args.max_hold, span, "max_hold")?
-            } else if lookahead.peek(kw::errors) {
-                let span = input.parse::<kw::errors>()?.span;
-                let lit = parse_value::<LitStr>(input)?;
-                let into = match lit.value().as_str() {
-                    "into" => Ok(true),
-                    "nested" => Ok(false),
-                    other => Err(syn::Error::new(
-                        lit.span(),
-                        format!("unknown errors {other:?}; expected \"into\" or \"nested\""),
-                    )),
-                };
-                into.and_then(|into| set_once(&mut args.errors, (into, lit.span()), span, "errors"))
-            } else if lookahead.peek(kw::name) {
-                let span = input.parse::<kw::name>()?.span;
-                let lit = parse_value::<LitStr>(input)?;
-                if lit.value().is_empty() {
-                    Err(syn::Error::new(
-                        lit.span(),
-                        "a lock name must not be empty; it labels the lock's metrics, e.g. `name = \"stock\"`",
-                    ))
-                } else {
-                    set_once(&mut args.name, lit, span, "name")
+            });
+            if let Err(syntax) = parsed {
+                if !recover {
+                    return Err(syntax);
                 }
-            } else if lookahead.peek(kw::registry) {
-                let span = input.parse::<kw::registry>()?.span;
-                let expr = parse_value::<syn::Expr>(input)?;
-                set_once(&mut args.registry, expr, span, "registry")
-            } else if lookahead.peek(kw::watchdog) {
-                let span = input.parse::<kw::watchdog>()?.span;
-                let lit = parse_value::<LitBool>(input)?;
-                set_once(&mut args.watchdog, lit, span, "watchdog")
-            } else if lookahead.peek(Token![crate]) {
-                let span = input.parse::<Token![crate]>()?.span;
-                let lit = parse_value::<LitStr>(input)?;
-                lit.parse::<syn::Path>()
-                    .map_err(|_| {
-                        syn::Error::new(
-                            lit.span(),
-                            format!(
-                                "invalid crate path {:?}; expected a path such as \"lock_runtime\"",
-                                lit.value()
-                            ),
-                        )
-                    })
-                    .and_then(|path| set_once(&mut args.krate, path, span, "crate"))
-            } else if input.peek(Ident::peek_any) {
-                let ident = input.call(Ident::parse_any)?;
-                let expected = ARGUMENTS
-                    .iter()
-                    .map(|name| format!("`{name}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                return Err(syn::Error::new(
-                    ident.span(),
-                    format!("unknown argument `{ident}`; expected one of {expected}"),
-                ));
-            } else {
-                return Err(lookahead.error());
-            };
-            if let Err(err) = result {
-                errors.push(err);
+                errors.push(syntax);
+                skip_argument(input)?;
             }
-            if input.is_empty() {
+        }
+        Ok((args, errors))
+    }
+
+    /// Parses one `name = value` into `self`: a syntax error as the outer
+    /// error, a bad or duplicate value as the inner one.
+    fn parse_one(&mut self, input: ParseStream<'_>) -> syn::Result<syn::Result<()>> {
+        let args = self;
+        let lookahead = input.lookahead1();
+        let result = if lookahead.peek(kw::keys) {
+            let span = input.parse::<kw::keys>()?.span;
+            input.parse::<Token![=]>()?;
+            let list;
+            let bracket = syn::bracketed!(list in input);
+            let lits = syn::punctuated::Punctuated::<LitStr, Token![,]>::parse_terminated(&list)?;
+            if lits.is_empty() {
+                Err(syn::Error::new(
+                    bracket.span.join(),
+                    "`keys` needs at least one key template, e.g. `keys = [\"acct:{from}\", \"acct:{to}\"]`",
+                ))
+            } else {
+                lits.iter()
+                    .map(KeyTemplate::parse)
+                    .collect::<syn::Result<Vec<_>>>()
+                    .and_then(|templates| set_once(&mut args.keys, (templates, span), span, "keys"))
+            }
+        } else if lookahead.peek(kw::key) {
+            let span = input.parse::<kw::key>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            KeyTemplate::parse(&lit)
+                .and_then(|template| set_once(&mut args.key, template, span, "key"))
+        } else if lookahead.peek(kw::mode) {
+            let span = input.parse::<kw::mode>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            parse_mode(&lit)
+                .and_then(|mode| set_once(&mut args.mode, (mode, lit.span()), span, "mode"))
+        } else if lookahead.peek(kw::ttl) {
+            let span = input.parse::<kw::ttl>()?.span;
+            duration_arg(input, &mut args.ttl, span, "ttl")?
+        } else if lookahead.peek(kw::wait_timeout) {
+            let span = input.parse::<kw::wait_timeout>()?.span;
+            duration_arg(input, &mut args.wait_timeout, span, "wait_timeout")?
+        } else if lookahead.peek(kw::hold_at_least) {
+            let span = input.parse::<kw::hold_at_least>()?.span;
+            duration_arg(input, &mut args.hold_at_least, span, "hold_at_least")?
+        } else if lookahead.peek(kw::max_hold) {
+            let span = input.parse::<kw::max_hold>()?.span;
+            duration_arg(input, &mut args.max_hold, span, "max_hold")?
+        } else if lookahead.peek(kw::errors) {
+            let span = input.parse::<kw::errors>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            let into = match lit.value().as_str() {
+                "into" => Ok(true),
+                "nested" => Ok(false),
+                other => Err(syn::Error::new(
+                    lit.span(),
+                    format!("unknown errors {other:?}; expected \"into\" or \"nested\""),
+                )),
+            };
+            into.and_then(|into| set_once(&mut args.errors, (into, lit.span()), span, "errors"))
+        } else if lookahead.peek(kw::name) {
+            let span = input.parse::<kw::name>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            if lit.value().is_empty() {
+                Err(syn::Error::new(
+                    lit.span(),
+                    "a lock name must not be empty; it labels the lock's metrics, e.g. `name = \"stock\"`",
+                ))
+            } else {
+                set_once(&mut args.name, lit, span, "name")
+            }
+        } else if lookahead.peek(kw::registry) {
+            let span = input.parse::<kw::registry>()?.span;
+            let expr = parse_value::<syn::Expr>(input)?;
+            set_once(&mut args.registry, expr, span, "registry")
+        } else if lookahead.peek(kw::watchdog) {
+            let span = input.parse::<kw::watchdog>()?.span;
+            let lit = parse_value::<LitBool>(input)?;
+            set_once(&mut args.watchdog, lit, span, "watchdog")
+        } else if lookahead.peek(Token![crate]) {
+            let span = input.parse::<Token![crate]>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            lit.parse::<syn::Path>()
+                .map_err(|_| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "invalid crate path {:?}; expected a path such as \"lock_runtime\"",
+                            lit.value()
+                        ),
+                    )
+                })
+                .and_then(|path| set_once(&mut args.krate, path, span, "crate"))
+        } else if input.peek(Ident::peek_any) {
+            let ident = input.call(Ident::parse_any)?;
+            let expected = ARGUMENTS
+                .iter()
+                .map(|name| format!("`{name}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(syn::Error::new(
+                ident.span(),
+                format!("unknown argument `{ident}`; expected one of {expected}"),
+            ));
+        } else {
+            return Err(lookahead.error());
+        };
+        Ok(result)
+    }
+}
+
+/// Skips the tokens up to and including the next top-level comma.
+fn skip_argument(input: ParseStream<'_>) -> syn::Result<()> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tree, next)) = rest.token_tree() {
+            rest = next;
+            if matches!(&tree, TokenTree::Punct(punct) if punct.as_char() == ',') {
                 break;
             }
-            input.parse::<Token![,]>()?;
         }
-        errors.finish()?;
-        Ok(args)
-    }
+        Ok(((), rest))
+    })
 }
 
 /// Parses `= VALUE`.

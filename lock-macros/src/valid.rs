@@ -6,6 +6,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote};
 use syn::{FnArg, Pat};
 
+use crate::errors::Errors;
 use crate::input::{Body, LockFn};
 use crate::key::KeyTemplate;
 use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
@@ -69,28 +70,19 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
 }
 
 fn check(args: &LockArgs, func: &LockFn) -> syn::Result<Vec<KeyTemplate>> {
-    let mut errors: Option<syn::Error> = None;
-    let mut push = |err: syn::Error| match &mut errors {
-        Some(all) => all.combine(err),
-        None => errors = Some(err),
-    };
-
-    if let Err(err) = check_function(func) {
-        push(err);
-    }
-    if let Err(err) = check_options(args) {
-        push(err);
-    }
+    let mut errors = Errors::default();
+    errors.take(check_function(func));
+    check_options(args, &mut errors);
     let templates: Option<Vec<KeyTemplate>> = match (&args.key, &args.keys) {
         (Some(_), Some((_, span))) => {
-            push(syn::Error::new(
+            errors.push(syn::Error::new(
                 *span,
                 "give `key` for one lock or `keys` for several, not both",
             ));
             None
         }
         (None, None) => {
-            push(syn::Error::new(
+            errors.push(syn::Error::new(
                 Span::call_site(),
                 "missing required `key` argument, e.g. `key = \"order:{id}\"`",
             ));
@@ -99,18 +91,11 @@ fn check(args: &LockArgs, func: &LockFn) -> syn::Result<Vec<KeyTemplate>> {
         (Some(template), None) => Some(vec![template.clone()]),
         (None, Some((templates, _))) => Some(templates.clone()),
     };
-    let mut checked = true;
     for template in templates.iter().flatten() {
-        if let Err(err) = check_key(template, func) {
-            push(err);
-            checked = false;
-        }
+        errors.take(check_key(template, func));
     }
-    match (errors, templates) {
-        (Some(err), _) => Err(err),
-        (None, Some(templates)) if checked => Ok(templates),
-        (None, _) => Err(syn::Error::new(Span::call_site(), "invalid key")),
-    }
+    // No templates means an error was added.
+    errors.or(templates.unwrap_or_default())
 }
 
 fn check_function(func: &LockFn) -> syn::Result<()> {
@@ -130,9 +115,9 @@ fn check_function(func: &LockFn) -> syn::Result<()> {
     Ok(())
 }
 
-fn check_options(args: &LockArgs) -> syn::Result<()> {
+/// Adds to `errors` every way the options contradict each other.
+fn check_options(args: &LockArgs, errors: &mut Errors) {
     let ttl = args.ttl_millis();
-    let mut errors: Vec<syn::Error> = Vec::new();
     if let (Mode::Skip, Some(wait)) = (args.mode(), &args.wait_timeout) {
         errors.push(syn::Error::new(
             wait.span(),
@@ -168,14 +153,6 @@ fn check_options(args: &LockArgs) -> syn::Result<()> {
                     show_ttl(args)
                 ),
             ));
-        }
-    }
-    let mut errors = errors.into_iter();
-    match errors.next() {
-        None => Ok(()),
-        Some(mut first) => {
-            errors.for_each(|err| first.combine(err));
-            Err(first)
         }
     }
 }

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use crate::error::LockError;
 
-/// The longest duration any option accepts: ten years. Longer values are
-/// almost always a unit mistake, and they would overflow clocks.
-pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+pub use lock_limits::MAX_DURATION;
 
 /// How one lock is taken and held.
 ///
@@ -39,7 +37,7 @@ pub struct LockOptions {
 impl Default for LockOptions {
     fn default() -> Self {
         LockOptions {
-            ttl: Duration::from_secs(30),
+            ttl: lock_limits::DEFAULT_TTL,
             wait_timeout: None,
             hold_at_least: None,
             watchdog: true,
