@@ -190,8 +190,8 @@ pub(crate) struct LocalPermit {
 impl Drop for LocalPermit {
     fn drop(&mut self) {
         // Leaves before the next local waiter goes ahead, so the new
-        // holder's `has_waiters` sees only real waiters (it once saw this
-        // permit, and handed its lease over to nobody).
+        // holder's `has_waiters` counts only real waiters, not this permit
+        // (it would hand its lease over to nobody).
         self.slot.leave();
         self.slot.slot.queue.add_permits(1);
     }

@@ -58,7 +58,7 @@ fn hold(owner: &Arc<()>) -> Renewal {
 
 /// Short locks taken after the renewer went idle wake its task once,
 /// not once each (each wake-up costs thread wake-ups on a multi-thread
-/// runtime: two futex calls per lock, before this was fixed).
+/// runtime).
 #[tokio::test(start_paused = true)]
 async fn short_locks_after_an_idle_spell_wake_the_task_once() {
     let owner = Arc::new(());

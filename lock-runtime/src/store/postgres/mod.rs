@@ -1,6 +1,6 @@
 //! PostgreSQL: a lease table, for teams whose only shared store is their
-//! database (seed 004's database lock, done with expiring leases and
-//! fencing).
+//! database: a lock row per key, with an expiring lease and a fencing
+//! token.
 //!
 //! # Table
 //!

@@ -124,11 +124,10 @@ impl Table {
             // notifies. A marking caller is told of a holder only if the
             // row is marked: by this update (which waits for a release in
             // progress and then finds the row gone), or already (a release
-            // then notifies). Reading the row from the statement's snapshot
-            // instead once told a waiter of a holder whose release, not yet
-            // committed, had read `waiting` as false: no notification came,
-            // and the waiter slept until its timed retry (5 s in the
-            // benchmark's row 11).
+            // then notifies). The row is not read from the statement's
+            // snapshot: that could report a holder whose release, not yet
+            // committed, had read `waiting` as false, and no notification
+            // would come.
             refused: client
                 .prepare(&format!(
                     "WITH marked AS (

@@ -36,8 +36,8 @@ impl RedisStoreBuilder {
     /// How many times a failed connection is tried again, from 50 ms apart
     /// and backing off (default 2): a server that refuses connections makes
     /// `connect`, and a command while the connection is down, fail after a
-    /// few hundred milliseconds with the default (0.27 s measured on a
-    /// 2-core machine, 0.54 s on another), within a millisecond with 0.
+    /// few hundred milliseconds with the default, within a millisecond
+    /// with 0.
     pub fn connection_retries(mut self, retries: usize) -> Self {
         self.connection_retries = retries;
         self

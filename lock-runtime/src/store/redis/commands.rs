@@ -243,10 +243,8 @@ impl Retry {
 }
 
 /// A script call written straight into one `EVALSHA` command, with no
-/// buffer per key or argument. (`ScriptInvocation` copies each into a
-/// vector of its own, then all of them into the command: a profile of 64
-/// tasks on distinct keys found those allocations among the largest of the
-/// client's costs per lock.)
+/// buffer per key or argument (`ScriptInvocation` copies each into a
+/// vector of its own, then all of them into the command).
 pub(super) struct Call<'s> {
     script: &'s Script,
     cmd: ::redis::Cmd,

@@ -1,9 +1,7 @@
 //! Keys hashed once per lock.
 //!
 //! A lock looks its key up in a map several times (the local queue when it
-//! joins and leaves; the memory store when it acquires and releases), and
-//! each lookup hashed the key again with SipHash: four hashes per lock, a
-//! tenth of the runtime's own cost over `tokio::sync::Mutex`. A
+//! joins and leaves; the memory store when it acquires and releases). A
 //! [`HashedKey`] carries its hash, computed once with the map's randomly
 //! keyed [`RandomState`] (so keys chosen by a client cannot be made to
 //! collide), and a [`KeyMap`] uses that hash as it is.
