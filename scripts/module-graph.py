@@ -27,7 +27,9 @@ import re
 import sys
 from pathlib import Path
 
-PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
+# `$crate::..` in a macro body names a path in the caller's expansion: not
+# an import of this module.
+PATH = re.compile(r"(?<!\$)\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
 USE = re.compile(r"\buse\s+((?:crate|super|self)::[^;]*);", re.S)
 
 

@@ -6,7 +6,6 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod attribute;
-pub mod contract;
 mod etcd_server;
 mod postgres_server;
 pub mod processes;

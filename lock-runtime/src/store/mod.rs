@@ -44,6 +44,8 @@ pub mod postgres;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

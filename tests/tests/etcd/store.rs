@@ -4,11 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{EtcdStore, LockError, LockOptions, LockRegistry};
-use lock_tests::contract::Clients;
-use lock_tests::{
-    EtcdCluster, Proxy, lock_and_release, store_contract, time_to_lock, unique_key, wait_until,
-};
+use lock_tests::{EtcdCluster, Proxy, lock_and_release, time_to_lock, unique_key, wait_until};
 
 async fn etcd_store() -> Clients {
     let cluster = EtcdCluster::single();

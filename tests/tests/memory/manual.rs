@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryStore};
-use lock_tests::contract::Clients;
-use lock_tests::{is_held, store_contract, unique_key};
+use lock_tests::{is_held, unique_key};
 use tokio::time::Instant;
 
 async fn memory() -> Clients {

@@ -3,11 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresStore};
-use lock_tests::contract::Clients;
-use lock_tests::{
-    PostgresServer, is_held, lock_and_release, store_contract, time_to_lock, unique_key,
-};
+use lock_tests::{PostgresServer, is_held, lock_and_release, time_to_lock, unique_key};
 
 async fn postgres_store() -> Clients {
     let server = PostgresServer::new();

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockStore};
-use lock_tests::contract::Clients;
-use lock_tests::{RedisServers, is_held, measure_handoff, store_contract, unique_key};
+use lock_tests::{RedisServers, is_held, measure_handoff, unique_key};
 
 async fn redlock_store() -> Clients {
     let servers = RedisServers::spawn(3);

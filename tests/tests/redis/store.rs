@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::store::redis::Fencing;
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisStore};
-use lock_tests::contract::Clients;
 use lock_tests::{
-    RedisServer, is_held, lock_and_release, measure_handoff, store_contract, time_to_lock,
-    unique_key, wait_for_waiter, wait_until,
+    RedisServer, is_held, lock_and_release, measure_handoff, time_to_lock, unique_key,
+    wait_for_waiter, wait_until,
 };
 use redis::Commands;
 

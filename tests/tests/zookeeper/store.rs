@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::store::testkit::Clients;
+use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperStore};
-use lock_tests::contract::Clients;
-use lock_tests::{Proxy, ZooKeeperEnsemble, lock_and_release, store_contract, unique_key};
+use lock_tests::{Proxy, ZooKeeperEnsemble, lock_and_release, unique_key};
 
 /// The session timeout the tests ask for: above the contract's 10 s ttl.
 const SESSION: Duration = Duration::from_secs(20);

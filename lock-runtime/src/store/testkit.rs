@@ -1,6 +1,21 @@
 //! The contract every [`Store`] must keep, as public test functions, and
 //! [`store_contract!`](crate::store_contract) to expand them into one
-//! module of tests per store.
+//! module of tests per store: run it against a store of your own (feature
+//! `testkit`, in your dev-dependencies) as this crate runs it against its
+//! six.
+//!
+//! ```ignore
+//! async fn my_store() -> Clients {
+//!     let server = MyServer::start();
+//!     let url = server.url();
+//!     Clients::connect(server, async || MyStore::connect(&url).await).await
+//! }
+//!
+//! lock_runtime::store_contract!(my_store_contract, my_store, skip: [
+//!     shares_hold_together_and_an_exclusive_claim_alone,
+//!     a_semaphore_admits_up_to_its_limit,
+//! ]);
+//! ```
 //!
 //! Some cases check an ability a store may lack (a linger, shares, permits,
 //! pushed losses, increasing fencing tokens, a hand-over that moves the
@@ -16,9 +31,25 @@ use std::time::Duration;
 
 use std::num::NonZeroU32;
 
-use lock_runtime::store::{
+use super::{
     Acquire, AcquireRequest, Capabilities, Claim, HandOver, Lease, LockToken, LossSignal, Store,
 };
+
+/// A key no other case uses: `prefix`, then a random token.
+fn unique_key(prefix: &str) -> String {
+    format!("{prefix}:{}", LockToken::random())
+}
+
+/// Runs one case on a runtime of its own, as `#[tokio::test]` does; what
+/// [`store_contract!`](crate::store_contract) expands each case to.
+#[doc(hidden)]
+pub fn run<F: std::future::Future>(case: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the case")
+        .block_on(case)
+}
 
 /// A long lease: never expires during a case.
 const TTL: Duration = Duration::from_secs(10);
@@ -89,7 +120,7 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "shares_hold_together_and_an_exclusive_claim_alone" => caps.shares,
         "a_semaphore_admits_up_to_its_limit" => caps.permits,
         "a_hand_over_moves_the_lease_to_a_new_token" => {
-            let key = crate::unique_key("contract");
+            let key = unique_key("contract");
             let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
             match lease.hand_over().await.unwrap() {
                 HandOver::Moved { .. } => {
@@ -105,7 +136,6 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
                     false
                 }
                 HandOver::Lost => panic!("a held lease was lost in its hand-over"),
-                other => panic!("unknown hand-over answer {other:?}"),
             }
         }
         _ => true,
@@ -209,7 +239,7 @@ fn short_ttl(caps: &Capabilities) -> Duration {
 /// Only one holder at a time; a repeated attempt by the holder's token gets
 /// the same answer; a refusal says how long the lease has left.
 pub async fn acquire_is_exclusive(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (a, b) = (LockToken::random(), LockToken::random());
     let (mut lease, first) = granted(attempt(&store.a, &key, a, TTL).await);
     // A store that counts leases says how long this one has left.
@@ -225,7 +255,7 @@ pub async fn acquire_is_exclusive(store: &Clients) {
 
 /// Two clients race for one key many times: exactly one wins each round.
 pub async fn racing_clients_never_both_win(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     for round in 0..40 {
         let (ta, tb) = (LockToken::random(), LockToken::random());
         let (ra, rb) = tokio::join!(
@@ -248,7 +278,7 @@ pub async fn racing_clients_never_both_win(store: &Clients) {
 /// token (where the store promises that), and its old handle can no longer
 /// renew or release it.
 pub async fn an_expired_lease_is_free_and_stale(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let short = short_ttl(store.caps());
     let (mut stale, first) = granted(attempt(&store.a, &key, LockToken::random(), short).await);
     // Expiry is the thing under test: sleeping past it is the point.
@@ -269,7 +299,7 @@ pub async fn an_expired_lease_is_free_and_stale(store: &Clients) {
 /// Another token cannot undo the lease; the holder's renewal extends it;
 /// a second release is refused.
 pub async fn only_the_holder_renews_or_releases(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (owner, other) = (LockToken::random(), LockToken::random());
     let short = short_ttl(store.caps()) * 4;
     let (mut lease, _) = granted(attempt(&store.a, &key, owner, short).await);
@@ -293,7 +323,7 @@ pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
     store
         .needs("a_lingering_release_keeps_the_lease_that_long")
         .await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let linger = short_ttl(store.caps()) * 4;
     assert!(lease.release(linger).await.unwrap());
@@ -310,7 +340,7 @@ pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
 /// both clients, where the store promises that.
 pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
     store.needs("fencing_tokens_increase_across_holders").await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let mut last = 0;
     for round in 0..20 {
         let client = if round % 2 == 0 { &store.a } else { &store.b };
@@ -324,7 +354,7 @@ pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
 /// A watch made before a release reports it; one made when nothing is
 /// released stays quiet (while the holder renews and others are refused).
 pub async fn a_watch_fires_on_release_and_only_then(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let mut watch = store.b.watch(&key).await.unwrap();
     refused(attempt(&store.b, &key, LockToken::random(), TTL).await);
@@ -345,7 +375,7 @@ pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
     store
         .needs("a_hand_over_moves_the_lease_to_a_new_token")
         .await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let old = LockToken::random();
     let (mut lease, first) = granted(attempt(&store.a, &key, old, TTL).await);
     let second = moved(lease.hand_over().await.unwrap());
@@ -370,7 +400,7 @@ pub async fn a_forced_release_is_pushed_to_the_holder(store: &Clients) {
     store
         .needs("a_forced_release_is_pushed_to_the_holder")
         .await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let loss = LossSignal::new();
     let _lease = granted(attempt_with(&store.a, &key, LockToken::random(), TTL, &loss).await);
     assert!(store.b.force_release(&key).await.unwrap());
@@ -382,7 +412,7 @@ pub async fn a_forced_release_is_pushed_to_the_holder(store: &Clients) {
 /// A forced release frees the key and wakes waiters; the holder's handle is
 /// refused from then on.
 pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let mut watch = store.b.watch(&key).await.unwrap();
     assert!(store.b.force_release(&key).await.unwrap());
@@ -410,7 +440,7 @@ pub async fn a_forced_release_frees_the_key_and_tells_the_holder(store: &Clients
 /// An acquire whose answer nobody took up is undone by its token, and only
 /// by its token: the key is free at once, not after the ttl.
 pub async fn an_abandoned_acquire_leaves_no_lease(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let token = LockToken::random();
     // The answer is dropped unread, as when the caller gave up.
     drop(attempt(&store.a, &key, token, TTL).await);
@@ -429,7 +459,7 @@ pub async fn an_abandoned_acquire_leaves_no_lease(store: &Clients) {
 /// fencing token, what its lease has left), follows a hand-over, and finds
 /// the key free after a release or a forced release.
 pub async fn inspect_reports_the_holder(store: &Clients) {
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     assert_eq!(store.b.inspect(&key).await.unwrap(), None, "never taken");
     let token = LockToken::random();
     let (mut lease, fencing) = granted(attempt(&store.a, &key, token, TTL).await);
@@ -484,7 +514,7 @@ pub async fn shares_hold_together_and_an_exclusive_claim_alone(store: &Clients) 
     store
         .needs("shares_hold_together_and_an_exclusive_claim_alone")
         .await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let (mut first, _) = granted(claim(&store.a, &key, Claim::Shared).await);
     let (mut second, _) = granted(claim(&store.b, &key, Claim::Shared).await);
     refused(claim(&store.a, &key, Claim::Exclusive).await);
@@ -500,7 +530,7 @@ pub async fn shares_hold_together_and_an_exclusive_claim_alone(store: &Clients) 
 /// its own lease, and admits the next when one is released.
 pub async fn a_semaphore_admits_up_to_its_limit(store: &Clients) {
     store.needs("a_semaphore_admits_up_to_its_limit").await;
-    let key = crate::unique_key("contract");
+    let key = unique_key("contract");
     let three = Claim::permits(NonZeroU32::new(3).unwrap());
     let mut held = Vec::new();
     for client in [&store.a, &store.b, &store.a] {
@@ -519,7 +549,7 @@ pub async fn a_semaphore_admits_up_to_its_limit(store: &Clients) {
 /// `store_contract!(memory_contract, make)`, or with the cases whose
 /// ability the store lacks, `store_contract!(redis_contract, make, skip:
 /// [a_forced_release_is_pushed_to_the_holder, ...])`, where `make` is an
-/// async fn returning a [`Clients`](crate::contract::Clients). A skipped
+/// async fn returning a [`Clients`](crate::store::testkit::Clients). A skipped
 /// case is an ignored test that checks the store indeed lacks its ability.
 #[macro_export]
 macro_rules! store_contract {
@@ -536,19 +566,25 @@ macro_rules! store_contract {
             macro_rules! contract_case {
                 $(
                     ($skip) => {
-                        #[tokio::test]
+                        #[test]
                         #[ignore = "the store lacks the ability this case checks"]
-                        async fn $skip() {
-                            let store = $make().await;
-                            assert!(!$crate::contract::applies(stringify!($skip), &store).await);
+                        fn $skip() {
+                            $crate::store::testkit::run(async {
+                                let store = $make().await;
+                                let applies =
+                                    $crate::store::testkit::applies(stringify!($skip), &store).await;
+                                assert!(!applies);
+                            });
                         }
                     };
                 )*
                 ($d case:ident) => {
-                    #[tokio::test]
-                    async fn $d case() {
-                        let store = $make().await;
-                        $crate::contract::$d case(&store).await;
+                    #[test]
+                    fn $d case() {
+                        $crate::store::testkit::run(async {
+                            let store = $make().await;
+                            $crate::store::testkit::$d case(&store).await;
+                        });
                     }
                 };
             }
@@ -569,14 +605,16 @@ macro_rules! store_contract {
             contract_case!(shares_hold_together_and_an_exclusive_claim_alone);
             contract_case!(a_semaphore_admits_up_to_its_limit);
 
-            #[tokio::test]
-            async fn the_skipped_cases_are_the_missing_abilities() {
-                let store = $make().await;
-                $crate::contract::the_skipped_cases_are_the_missing_abilities(
-                    &store,
-                    &[$(stringify!($skip)),*],
-                )
-                .await;
+            #[test]
+            fn the_skipped_cases_are_the_missing_abilities() {
+                $crate::store::testkit::run(async {
+                    let store = $make().await;
+                    $crate::store::testkit::the_skipped_cases_are_the_missing_abilities(
+                        &store,
+                        &[$(stringify!($skip)),*],
+                    )
+                    .await;
+                });
             }
         }
     };

@@ -1,0 +1,187 @@
+//! Scenarios across processes: the worker process, the hot key shared by four processes, and the hand-off from one process to another.
+
+use super::*;
+
+/// Worker process: `--worker hot LIB URL KEY TASKS OPS START_NS` or
+/// `--worker handoff LIB URL KEY ROUNDS START_NS`.
+pub(crate) async fn worker(args: &[String]) -> Result<(), Error> {
+    let [kind, lib, url, key, count, start] = args else {
+        return Err("worker arguments: KIND LIB URL KEY COUNT START_NS".into());
+    };
+    let count: u64 = count.parse()?;
+    let start: u128 = start.parse()?;
+    if kind.starts_with("wake") {
+        return wake_worker(kind, url, key, count, start).await;
+    }
+    let lib = make_lib(lib, url).await?;
+
+    // Start together with the other processes.
+    let wait = start.saturating_sub(now_ns());
+    tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+    match kind.as_str() {
+        "hot" => {
+            let began = now_ns();
+            let mut handles = Vec::new();
+            for _ in 0..4 {
+                let (lib, key) = (lib.clone(), key.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut waits = Vec::new();
+                    for _ in 0..count {
+                        waits.push(lib.section(&key).await?.as_nanos());
+                    }
+                    Ok::<_, Error>(waits)
+                }));
+            }
+            let mut waits = Vec::new();
+            for handle in handles {
+                waits.extend(handle.await??);
+            }
+            let ended = now_ns();
+            let list: Vec<String> = waits.iter().map(u128::to_string).collect();
+            println!("span {began} {ended}");
+            println!("waits {}", list.join(","));
+        }
+        "handoff" => {
+            // Hold 5 ms, release, pause 1 ms so the other process (already
+            // waiting) takes over, then queue again behind it.
+            for _ in 0..count {
+                let called = Instant::now();
+                let hold = async {
+                    let acquired = now_ns();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    (acquired, now_ns())
+                };
+                let (_, (acquired, released)) = lib.with_lock(key, hold).await?;
+                println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        other => return Err(format!("unknown worker kind {other}").into()),
+    }
+    Ok(())
+}
+
+/// A worker's arguments, as [`worker`] reads them: `KIND LIB URL KEY COUNT
+/// START_NS`.
+pub(crate) fn worker_args(
+    kind: &str,
+    lib: &str,
+    url: &str,
+    key: &str,
+    count: u64,
+    start: u128,
+) -> Vec<String> {
+    let (count, start) = (count.to_string(), start.to_string());
+    [kind, lib, url, key, &count, &start]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect()
+}
+
+/// Starts `processes` worker processes; returns their stdout lines.
+pub(crate) fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, Error> {
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        children.push(
+            Command::new(&exe)
+                .arg("--worker")
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()?,
+        );
+    }
+    let mut outputs = Vec::new();
+    for mut child in children {
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let lines: Vec<String> = BufReader::new(stdout).lines().collect::<Result<_, _>>()?;
+        if !child.wait()?.success() {
+            return Err("a worker process failed".into());
+        }
+        outputs.push(lines);
+    }
+    Ok(outputs)
+}
+
+/// Scenario 4: 4 processes x 4 tasks on one hot key.
+pub(crate) fn run_processes(
+    scenario: &str,
+    name: &str,
+    url: &str,
+    ops: u64,
+) -> Result<Measured, Error> {
+    let key = format!("bench:{}:procs", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    let args = worker_args("hot", name, url, &key, ops, start);
+    let outputs = spawn_workers(4, &args)?;
+    let (mut first, mut last) = (u128::MAX, 0u128);
+    let mut waits = Vec::new();
+    for lines in &outputs {
+        for line in lines {
+            if let Some(span) = line.strip_prefix("span ") {
+                let mut parts = span.split(' ').filter_map(|p| p.parse::<u128>().ok());
+                first = first.min(parts.next().unwrap_or(u128::MAX));
+                last = last.max(parts.next().unwrap_or(0));
+            } else if let Some(list) = line.strip_prefix("waits ") {
+                waits.extend(
+                    list.split(',')
+                        .filter_map(|w| w.parse::<u64>().ok())
+                        .map(Duration::from_nanos),
+                );
+            }
+        }
+    }
+    waits.sort_unstable();
+    Ok(Measured {
+        scenario: scenario.into(),
+        lib: name.into(),
+        ops: waits.len() as u64,
+        elapsed: Duration::from_nanos(last.saturating_sub(first) as u64),
+        waits,
+        note: None,
+        round_trip: None,
+        paired: None,
+    })
+}
+
+/// Scenario 5: release in one process to acquire in the other.
+pub(crate) fn run_handoff(
+    scenario: &str,
+    name: &str,
+    url: &str,
+    rounds: u64,
+) -> Result<Measured, Error> {
+    let key = format!("bench:{}:handoff", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    let args = worker_args("handoff", name, url, &key, rounds, start);
+    let outputs = spawn_workers(2, &args)?;
+    let mut holds: Vec<(u128, u128, usize)> = Vec::new();
+    for (process, lines) in outputs.iter().enumerate() {
+        for line in lines {
+            if let Some(rest) = line.strip_prefix("hold ") {
+                let parts: Vec<u128> = rest.split(' ').filter_map(|p| p.parse().ok()).collect();
+                if let [acquired, released, _] = parts[..] {
+                    holds.push((acquired, released, process));
+                }
+            }
+        }
+    }
+    holds.sort_unstable();
+    let mut handoffs: Vec<Duration> = holds
+        .windows(2)
+        .filter(|w| w[0].2 != w[1].2 && w[1].0 >= w[0].1)
+        .map(|w| Duration::from_nanos((w[1].0 - w[0].1) as u64))
+        .collect();
+    handoffs.sort_unstable();
+    let count = handoffs.len();
+    Ok(Measured {
+        scenario: scenario.into(),
+        lib: name.into(),
+        ops: count as u64,
+        elapsed: Duration::ZERO,
+        waits: handoffs,
+        note: Some(format!("{count} hand-offs")),
+        round_trip: None,
+        paired: None,
+    })
+}

@@ -1,0 +1,152 @@
+//! What the machine and its processes spend: CPU time, resident memory, the machine's description, round trips.
+
+use super::*;
+
+/// A process's parent and CPU time (user and system) in 10 ms ticks, from
+/// `/proc/{pid}/stat`: the fields after the command's closing parenthesis,
+/// of which the parent is the 2nd and utime and stime the 12th and 13th.
+pub(crate) fn proc_stat(pid: &str) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((fields.get(1)?.parse().ok()?, ticks))
+}
+
+/// The CPU time (user and system) of every process started under this one
+/// (the store's servers), read from `/proc`.
+pub(crate) fn servers_cpu_time() -> Duration {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let pid = name.to_str()?;
+            let (ppid, ticks) = proc_stat(pid)?;
+            Some((pid.parse().ok()?, ppid, ticks))
+        })
+        .collect();
+    let mut ours = vec![std::process::id()];
+    let mut ticks = 0;
+    while let Some(parent) = ours.pop() {
+        for &(pid, ppid, own) in &all {
+            if ppid == parent {
+                ticks += own;
+                ours.push(pid);
+            }
+        }
+    }
+    Duration::from_millis(ticks * 10)
+}
+
+/// This process's CPU time so far (user and system), from /proc (10 ms
+/// ticks: meaningful over runs of a second or more).
+pub(crate) fn cpu_time() -> Duration {
+    let ticks = proc_stat("self").map_or(0, |(_, ticks)| ticks);
+    Duration::from_millis(ticks * 10)
+}
+
+pub(crate) fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Scenario 8: RSS growth after `keys` distinct keys locked and released.
+pub(crate) async fn run_growth(lib: &Lib, name: &str, keys: u64) -> Result<Measured, Error> {
+    let before = rss_bytes();
+    let started = Instant::now();
+    let tasks = 64u64;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let lib = lib.clone();
+        handles.push(tokio::spawn(async move {
+            let mut k = t;
+            while k < keys {
+                lib.section(&format!("bench:growth:{k}")).await?;
+                k += tasks;
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    let elapsed = started.elapsed();
+    let after = rss_bytes();
+    let grown = after as i64 - before as i64;
+    Ok(Measured {
+        scenario: format!("8. RSS growth after {keys} distinct keys"),
+        lib: name.into(),
+        ops: keys,
+        elapsed,
+        waits: Vec::new(),
+        note: Some(format!(
+            "{:+.1} MB (RSS {:.1} -> {:.1} MB)",
+            grown as f64 / 1e6,
+            before as f64 / 1e6,
+            after as f64 / 1e6
+        )),
+        round_trip: None,
+        paired: None,
+    })
+}
+
+/// Median PING round trip.
+pub(crate) async fn round_trip(conn: &MultiplexedConnection) -> Result<Duration, Error> {
+    let mut conn = conn.clone();
+    let mut samples = Vec::new();
+    for _ in 0..2_000 {
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        samples.push(t.elapsed());
+    }
+    samples.sort_unstable();
+    Ok(percentile(&samples, 50.0))
+}
+
+pub(crate) fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .map_or(0.0, |kb| kb as f64 / 1024.0 / 1024.0);
+    let redis = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{date}; {cores} cores ({cpu}), {mem:.0} GiB; Linux {}; {redis}; redis-server on loopback",
+        kernel.trim()
+    )
+}
