@@ -24,6 +24,33 @@ pub(crate) struct Measured {
 }
 
 impl Measured {
+    /// `ops` sections of `lib` in `scenario` over `elapsed`, with their
+    /// sorted `waits`; no note, round trip or pairing.
+    pub(crate) fn new(
+        scenario: impl Into<String>,
+        lib: impl Into<String>,
+        ops: u64,
+        elapsed: Duration,
+        waits: Vec<Duration>,
+    ) -> Measured {
+        Measured {
+            scenario: scenario.into(),
+            lib: lib.into(),
+            ops,
+            elapsed,
+            waits,
+            note: None,
+            round_trip: None,
+            paired: None,
+        }
+    }
+
+    /// This row with `note` in place of its throughput.
+    pub(crate) fn noted(mut self, note: String) -> Measured {
+        self.note = Some(note);
+        self
+    }
+
     pub(crate) fn throughput(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
@@ -74,16 +101,13 @@ pub(crate) async fn run_tasks(
     }
     let elapsed = started.elapsed();
     waits.sort_unstable();
-    Ok(Measured {
-        scenario: scenario.into(),
-        lib: name.into(),
-        ops: tasks as u64 * ops,
+    Ok(Measured::new(
+        scenario,
+        name,
+        tasks as u64 * ops,
         elapsed,
         waits,
-        note: None,
-        round_trip: None,
-        paired: None,
-    })
+    ))
 }
 
 pub(crate) fn now_ns() -> u128 {

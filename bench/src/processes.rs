@@ -103,6 +103,20 @@ pub(crate) fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec
     Ok(outputs)
 }
 
+/// Runs `processes` workers of `kind` on a fresh key, starting together
+/// 300 ms from now; their stdout lines.
+fn run_workers(
+    processes: usize,
+    kind: &str,
+    name: &str,
+    url: &str,
+    count: u64,
+) -> Result<Vec<Vec<String>>, Error> {
+    let key = format!("bench:{}:{kind}", rand_u128() as u32);
+    let start = now_ns() + 300_000_000;
+    spawn_workers(processes, &worker_args(kind, name, url, &key, count, start))
+}
+
 /// Scenario 4: 4 processes x 4 tasks on one hot key.
 pub(crate) fn run_processes(
     scenario: &str,
@@ -110,10 +124,7 @@ pub(crate) fn run_processes(
     url: &str,
     ops: u64,
 ) -> Result<Measured, Error> {
-    let key = format!("bench:{}:procs", rand_u128() as u32);
-    let start = now_ns() + 300_000_000;
-    let args = worker_args("hot", name, url, &key, ops, start);
-    let outputs = spawn_workers(4, &args)?;
+    let outputs = run_workers(4, "hot", name, url, ops)?;
     let (mut first, mut last) = (u128::MAX, 0u128);
     let mut waits = Vec::new();
     for lines in &outputs {
@@ -132,16 +143,14 @@ pub(crate) fn run_processes(
         }
     }
     waits.sort_unstable();
-    Ok(Measured {
-        scenario: scenario.into(),
-        lib: name.into(),
-        ops: waits.len() as u64,
-        elapsed: Duration::from_nanos(last.saturating_sub(first) as u64),
+    let elapsed = Duration::from_nanos(last.saturating_sub(first) as u64);
+    Ok(Measured::new(
+        scenario,
+        name,
+        waits.len() as u64,
+        elapsed,
         waits,
-        note: None,
-        round_trip: None,
-        paired: None,
-    })
+    ))
 }
 
 /// Scenario 5: release in one process to acquire in the other.
@@ -151,10 +160,7 @@ pub(crate) fn run_handoff(
     url: &str,
     rounds: u64,
 ) -> Result<Measured, Error> {
-    let key = format!("bench:{}:handoff", rand_u128() as u32);
-    let start = now_ns() + 300_000_000;
-    let args = worker_args("handoff", name, url, &key, rounds, start);
-    let outputs = spawn_workers(2, &args)?;
+    let outputs = run_workers(2, "handoff", name, url, rounds)?;
     let mut holds: Vec<(u128, u128, usize)> = Vec::new();
     for (process, lines) in outputs.iter().enumerate() {
         for line in lines {
@@ -174,14 +180,8 @@ pub(crate) fn run_handoff(
         .collect();
     handoffs.sort_unstable();
     let count = handoffs.len();
-    Ok(Measured {
-        scenario: scenario.into(),
-        lib: name.into(),
-        ops: count as u64,
-        elapsed: Duration::ZERO,
-        waits: handoffs,
-        note: Some(format!("{count} hand-offs")),
-        round_trip: None,
-        paired: None,
-    })
+    Ok(
+        Measured::new(scenario, name, count as u64, Duration::ZERO, handoffs)
+            .noted(format!("{count} hand-offs")),
+    )
 }

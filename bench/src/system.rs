@@ -82,21 +82,14 @@ pub(crate) async fn run_growth(lib: &Lib, name: &str, keys: u64) -> Result<Measu
     let elapsed = started.elapsed();
     let after = rss_bytes();
     let grown = after as i64 - before as i64;
-    Ok(Measured {
-        scenario: format!("8. RSS growth after {keys} distinct keys"),
-        lib: name.into(),
-        ops: keys,
-        elapsed,
-        waits: Vec::new(),
-        note: Some(format!(
-            "{:+.1} MB (RSS {:.1} -> {:.1} MB)",
-            grown as f64 / 1e6,
-            before as f64 / 1e6,
-            after as f64 / 1e6
-        )),
-        round_trip: None,
-        paired: None,
-    })
+    let scenario = format!("8. RSS growth after {keys} distinct keys");
+    let note = format!(
+        "{:+.1} MB (RSS {:.1} -> {:.1} MB)",
+        grown as f64 / 1e6,
+        before as f64 / 1e6,
+        after as f64 / 1e6
+    );
+    Ok(Measured::new(scenario, name, keys, elapsed, Vec::new()).noted(note))
 }
 
 /// Median PING round trip.

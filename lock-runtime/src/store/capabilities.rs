@@ -32,7 +32,9 @@ pub struct Capabilities {
     /// The longest ttl the store can honour, if it has a limit (ZooKeeper:
     /// the session timeout).
     pub max_ttl: Option<Duration>,
-    /// Whether a release can keep the lease for a while (`hold_at_least`).
+    /// Whether a release can keep the lease for a while: a linger, what is
+    /// left of the lock's `hold_at_least` when its body ends early (see
+    /// [`Lease::release`](super::Lease::release)).
     pub linger: bool,
     /// Whether the store serves [`Claim::Shared`]: many holders of a key
     /// at once, none of them alongside an exclusive holder.

@@ -48,6 +48,14 @@ async fn take(store: &MemoryStore, key: &str, claim: Claim) -> (Box<dyn Lease>, 
         .expect("granted")
 }
 
+/// A writer that waits for `key` behind its shares, refused once.
+async fn writer_waits(store: &MemoryStore, key: &str) -> LockToken {
+    let writer = LockToken::random();
+    let answer = attempt(store, key, writer, Claim::Exclusive, true).await;
+    assert!(answer.is_err(), "the writer got in among the shares");
+    writer
+}
+
 async fn refused(store: &MemoryStore, key: &str, claim: Claim) -> Duration {
     match attempt(store, key, LockToken::random(), claim, false).await {
         Err(remaining) => remaining.expect("the memory store counts leases"),
@@ -139,12 +147,7 @@ async fn shares_hold_together_and_an_exclusive_claim_alone() {
 async fn a_waiting_exclusive_claim_holds_new_shares_off() {
     let store = MemoryStore::new();
     let (mut reader, _) = take(&store, "rw", Claim::Shared).await;
-    let writer = LockToken::random();
-    assert!(
-        attempt(&store, "rw", writer, Claim::Exclusive, true)
-            .await
-            .is_err()
-    );
+    let writer = writer_waits(&store, "rw").await;
     refused(&store, "rw", Claim::Shared).await;
     assert!(reader.release(Duration::ZERO).await.unwrap());
     let (mut writing, _) = attempt(&store, "rw", writer, Claim::Exclusive, true)
@@ -168,12 +171,7 @@ async fn a_waiting_exclusive_claim_holds_new_shares_off() {
 async fn an_abandoned_exclusive_wait_lets_shares_in() {
     let store = MemoryStore::new();
     let (_reader, _) = take(&store, "rw", Claim::Shared).await;
-    let writer = LockToken::random();
-    assert!(
-        attempt(&store, "rw", writer, Claim::Exclusive, true)
-            .await
-            .is_err()
-    );
+    let writer = writer_waits(&store, "rw").await;
     refused(&store, "rw", Claim::Shared).await;
     assert!(!store.abandon("rw", writer).await.unwrap(), "held nothing");
     take(&store, "rw", Claim::Shared).await;
