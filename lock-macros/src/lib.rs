@@ -66,6 +66,7 @@ use proc_macro::TokenStream;
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |
 /// | `errors = "into"` | `"nested"` | for a body returning `Result<T, E>` with `E: From<LockError>`: wait mode returns `Result<T, E>` and skip mode `Result<Option<T>, E>`, the lock's errors converted into `E` (a missing `From` is one compile error at `E`); `"nested"` gives `Result<Result<T, E>, LockError>` |
+/// | `name = "stock"` | the key template(s) | the lock's name in metrics (the `lock` label) and spans: a fixed name, so a template's values do not make one series per key |
 /// | `crate = "path"` | `::lock_runtime` | path of the runtime crate, for renamed dependencies |
 ///
 /// Every argument is checked at compile time: an unknown or duplicate

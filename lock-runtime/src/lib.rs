@@ -111,7 +111,7 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
-pub use store::redis::RedisStore;
+pub use store::redis::{Fencing, RedisStore};
 #[cfg(feature = "redis")]
 pub use store::redlock::RedlockStore;
 #[cfg(feature = "zookeeper")]

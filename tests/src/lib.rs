@@ -37,6 +37,18 @@ pub fn unique_key(prefix: &str) -> String {
     format!("{prefix}:{}:{nanos:x}:{n}", std::process::id())
 }
 
+/// An error and every source under it, as one line: `a: b: c`.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut shown = err.to_string();
+    let mut source = err.source();
+    while let Some(next) = source {
+        shown.push_str(": ");
+        shown.push_str(&next.to_string());
+        source = next.source();
+    }
+    shown
+}
+
 /// Takes and releases `key` once (warms up scripts and connections).
 pub async fn lock_and_release(registry: &lock_runtime::LockRegistry, key: &str) {
     let guard = registry

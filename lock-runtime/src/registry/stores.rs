@@ -2,6 +2,13 @@
 //! The only part of the API that names stores; each is
 //! [`LockRegistry::new`] over the store's own `connect`.
 
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+use crate::error::LockError;
 #[cfg(feature = "etcd")]
 use crate::store::etcd::EtcdStore;
 use crate::store::memory::MemoryStore;
@@ -11,17 +18,8 @@ use crate::store::postgres::PostgresStore;
 use crate::store::redis::RedisStore;
 #[cfg(feature = "redis")]
 use crate::store::redlock::RedlockStore;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-use crate::store::support::redact::redact;
 #[cfg(feature = "zookeeper")]
 use crate::store::zookeeper::ZooKeeperStore;
-#[cfg(any(
-    feature = "redis",
-    feature = "postgres",
-    feature = "etcd",
-    feature = "zookeeper"
-))]
-use crate::{error::LockError, store::Store};
 
 use super::LockRegistry;
 
@@ -55,12 +53,7 @@ impl LockRegistry {
     /// majority reachable.
     #[cfg(feature = "redis")]
     pub async fn redlock(urls: &[&str]) -> Result<LockRegistry, LockError> {
-        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
-        connected(
-            "redlock",
-            &shown.join(", "),
-            RedlockStore::connect(urls).await,
-        )
+        Ok(LockRegistry::new(RedlockStore::connect(urls).await?))
     }
 
     /// A registry over a PostgreSQL database
@@ -75,11 +68,9 @@ impl LockRegistry {
     /// credentials, or the table cannot be created.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
-        connected(
-            "postgres",
-            &redact(url),
-            PostgresStore::builder(url).connect().await,
-        )
+        Ok(LockRegistry::new(
+            PostgresStore::builder(url).connect().await?,
+        ))
     }
 
     /// A registry over the etcd cluster at `endpoints`
@@ -90,11 +81,9 @@ impl LockRegistry {
     /// [`LockError::Connect`] naming the endpoints when none answers.
     #[cfg(feature = "etcd")]
     pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
-        connected(
-            "etcd",
-            &endpoints.join(","),
-            EtcdStore::builder(endpoints).connect().await,
-        )
+        Ok(LockRegistry::new(
+            EtcdStore::builder(endpoints).connect().await?,
+        ))
     }
 
     /// A registry over the ZooKeeper ensemble at `connect_string`
@@ -106,31 +95,8 @@ impl LockRegistry {
     /// [`LockError::Connect`] naming the servers when none answers.
     #[cfg(feature = "zookeeper")]
     pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
-        connected(
-            "zookeeper",
-            connect_string,
-            ZooKeeperStore::builder(connect_string).connect().await,
-        )
+        Ok(LockRegistry::new(
+            ZooKeeperStore::builder(connect_string).connect().await?,
+        ))
     }
-}
-
-/// A registry over a `store` just connected to `address`: a failed connect
-/// is a [`LockError::Connect`] naming the address, password redacted.
-#[cfg(any(
-    feature = "redis",
-    feature = "postgres",
-    feature = "etcd",
-    feature = "zookeeper"
-))]
-fn connected<S: Store>(
-    name: &'static str,
-    address: &str,
-    store: Result<S, crate::error::BackendError>,
-) -> Result<LockRegistry, LockError> {
-    let store = store.map_err(|source| LockError::Connect {
-        store: name,
-        address: address.to_owned(),
-        source,
-    })?;
-    Ok(LockRegistry::new(store))
 }

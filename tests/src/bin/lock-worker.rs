@@ -201,12 +201,7 @@ async fn main() -> Result<(), LockError> {
         let backend = lock_runtime::ZooKeeperStore::builder(servers)
             .session_timeout(session)
             .connect()
-            .await
-            .map_err(|source| LockError::Connect {
-                store: "zookeeper",
-                address: servers.to_owned(),
-                source,
-            })?;
+            .await?;
         LockRegistry::builder(backend).build()?
     } else if url.contains(',') {
         let urls: Vec<&str> = url.split(',').collect();

@@ -327,8 +327,8 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
         .user("root", "wrong-secret-2")
         .connect()
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let err = lock_tests::error_chain(&err);
     assert!(err.contains("authentication failed"), "{err}");
     assert!(!err.contains("wrong-secret-2"), "{err}");
     let backend = EtcdStore::builder(&endpoints)
@@ -515,8 +515,8 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     let cluster = EtcdCluster::single_tls();
     let certs = cluster.certs().unwrap();
     let endpoint = cluster.endpoint(0);
-    let error = |result: Result<EtcdStore, lock_runtime::BackendError>| {
-        let err = result.map(|_| ()).unwrap_err().to_string();
+    let error = |result: Result<EtcdStore, LockError>| {
+        let err = lock_tests::error_chain(&result.map(|_| ()).unwrap_err());
         eprintln!("{err}");
         err
     };

@@ -85,9 +85,9 @@ async fn the_table_is_created_once_and_shared() {
         .table("locks; DROP TABLE lock_leases")
         .connect()
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(err.starts_with("invalid table name"), "{err}");
+        .unwrap_err();
+    let err = lock_tests::error_chain(&err);
+    assert!(err.contains(": invalid table name"), "{err}");
 }
 
 #[tokio::test]

@@ -455,7 +455,8 @@ async fn a_chroot_confines_every_node_under_it() {
         .connect()
         .await
         .unwrap_err();
-    assert!(bad.to_string().contains("chroot `apps/`"), "{bad}");
+    let bad = lock_tests::error_chain(&bad);
+    assert!(bad.contains("chroot `apps/`"), "{bad}");
 }
 
 /// With digest credentials the nodes admit only sessions holding the same

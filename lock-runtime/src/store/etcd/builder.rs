@@ -10,8 +10,8 @@ use etcd_client::{Client, ConnectOptions};
 use super::calls::within;
 use super::shared::Shared;
 use super::{EtcdStore, Inner, capabilities};
-use crate::error::BackendError;
-use crate::store::support::timeouts::{Timeouts, timeout_setters};
+use crate::error::{BackendError, LockError};
+use crate::store::support::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects an [`EtcdStore`].
 pub struct EtcdStoreBuilder {
@@ -117,7 +117,14 @@ impl EtcdStoreBuilder {
     ///
     /// No endpoint given or none answers, refused credentials. Never
     /// contains the password.
-    pub async fn connect(self) -> Result<EtcdStore, BackendError> {
+    pub async fn connect(self) -> Result<EtcdStore, LockError> {
+        let shown = self.endpoints.join(",");
+        self.open()
+            .await
+            .map_err(|source| connect::failed("etcd", shown, source))
+    }
+
+    async fn open(self) -> Result<EtcdStore, BackendError> {
         let shown = self.endpoints.join(",");
         if self.endpoints.is_empty() {
             return Err("no etcd endpoint given".into());

@@ -13,9 +13,9 @@ use super::listener::Listener;
 use super::session::Opener;
 use super::shared::Shared;
 use super::table::Table;
-use crate::error::BackendError;
+use crate::error::{BackendError, LockError};
+use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
-use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects a [`PostgresStore`].
 #[derive(Debug)]
@@ -71,7 +71,14 @@ impl PostgresStoreBuilder {
     /// An invalid connect string or table name, an unreachable server,
     /// refused credentials, or no right to create the table. Never contains
     /// the password.
-    pub async fn connect(self) -> Result<PostgresStore, BackendError> {
+    pub async fn connect(self) -> Result<PostgresStore, LockError> {
+        let shown = redact(&self.url);
+        self.open()
+            .await
+            .map_err(|source| connect::failed("postgres", shown, source))
+    }
+
+    async fn open(self) -> Result<PostgresStore, BackendError> {
         let table = Table::new(&self.table)?;
         let mut config: Config = self
             .url

@@ -10,8 +10,8 @@ use super::commands::{Commands, Fencing, ReplicaAcks};
 use super::connection::{RedisConnection, Source};
 use super::subscriber::Subscriber;
 use crate::error::{BackendError, LockError};
+use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
-use crate::store::support::timeouts::{Timeouts, timeout_setters};
 
 /// Configures and connects a [`RedisStore`].
 #[derive(Debug)]
@@ -83,11 +83,7 @@ impl RedisStoreBuilder {
         let shown = redact(&self.url);
         self.connect_backend()
             .await
-            .map_err(|source| LockError::Connect {
-                store: "redis",
-                address: shown,
-                source,
-            })
+            .map_err(|source| connect::failed("redis", shown, source))
     }
 
     /// [`connect`](Self::connect), with the store's own error.

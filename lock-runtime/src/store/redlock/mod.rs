@@ -60,7 +60,8 @@ use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
     ReleaseWatch, Reply, SafetyMargin, Store,
 };
-use crate::error::BackendError;
+use crate::error::{BackendError, LockError};
+use crate::store::support::connect;
 use crate::store::support::redact::redact;
 
 /// What Redlock can do. The shortest lease leaves room for the node round
@@ -106,7 +107,14 @@ impl RedlockStore {
     /// database), an invalid URL, or fewer than a majority of the nodes
     /// reachable now. Nodes that are down but not a majority are connected
     /// when they come back.
-    pub async fn connect(urls: &[&str]) -> Result<RedlockStore, BackendError> {
+    pub async fn connect(urls: &[&str]) -> Result<RedlockStore, LockError> {
+        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+        RedlockStore::open(urls)
+            .await
+            .map_err(|source| connect::failed("redlock", shown.join(", "), source))
+    }
+
+    async fn open(urls: &[&str]) -> Result<RedlockStore, BackendError> {
         if urls.len() < 3 {
             return Err(format!(
                 "redlock needs at least 3 independent Redis masters, got {}",

@@ -8,8 +8,8 @@ use super::session::{Digest, Session};
 use super::shared::deletions;
 use super::shared::{Failed, Shared, watch_session};
 use super::{ZooKeeperStore, capabilities};
-use crate::error::BackendError;
-use crate::store::support::timeouts::{Timeouts, timeout_setters};
+use crate::error::{BackendError, LockError};
+use crate::store::support::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects a [`ZooKeeperStore`].
 #[derive(Debug)]
@@ -67,7 +67,14 @@ impl ZooKeeperStoreBuilder {
     /// # Errors
     ///
     /// No server answers, or the root cannot be created.
-    pub async fn connect(self) -> Result<ZooKeeperStore, BackendError> {
+    pub async fn connect(self) -> Result<ZooKeeperStore, LockError> {
+        let shown = self.connect_string.clone();
+        self.open()
+            .await
+            .map_err(|source| connect::failed("zookeeper", shown, source))
+    }
+
+    async fn open(self) -> Result<ZooKeeperStore, BackendError> {
         let shown = self.connect_string.clone();
         let (servers, chroot) = match self.connect_string.split_once('/') {
             Some((servers, path)) => (servers.to_owned(), Some(format!("/{path}"))),

@@ -1,7 +1,19 @@
-//! The timeouts every store that talks to a server takes, and their
-//! builder setters, defined once.
+//! What every store that connects to a server shares: its timeouts and
+//! their builder setters, and the error a failed connect gives.
 
 use std::time::Duration;
+
+use crate::error::{BackendError, LockError};
+
+/// A failed connect to the `store` at `address` (already without its
+/// password).
+pub(crate) fn failed(store: &'static str, address: String, source: BackendError) -> LockError {
+    LockError::Connect {
+        store,
+        address,
+        source,
+    }
+}
 
 /// How long a store waits on its server: for one answer, and for a
 /// connection.
