@@ -33,17 +33,12 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
 /// function itself cannot be read.
 fn fallback(args: &TokenStream, item: TokenStream) -> Option<TokenStream> {
     let func: LockFn = syn::parse2(item).ok()?;
-    let LockFn {
-        attrs,
-        vis,
-        mut sig,
-        inner_attrs,
-        body,
-    } = func;
-    let Body::Tokens(stmts) = body else {
+    let Body::Tokens(stmts) = &func.body else {
         return None;
     };
-    sig.asyncness?;
+    func.sig.asyncness?;
+    let (attrs, vis, inner_attrs) = (&func.attrs, &func.vis, &func.inner_attrs);
+    let mut sig = func.sig.clone();
     let args = syn::parse::Parser::parse2(LockArgs::parse_lenient, args.clone()).ok()?;
     let mode = args.mode();
     let krate = args

@@ -3,12 +3,8 @@
 //! Do not depend on this crate directly: use `lock-runtime`, which re-exports
 //! the attribute and provides everything its expansion calls.
 
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+// The workspace's lints, and docs on every public item.
+#![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
 mod errors;

@@ -74,12 +74,8 @@
 //! span's fields are never evaluated. [`LockRegistry::inspect`] says who
 //! holds a key, and [`LockRegistry::force_release`] frees a stuck one.
 
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+// The workspace's lints, and docs on every public item.
+#![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
 // The API: what users of locks call.

@@ -49,6 +49,17 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     shown
 }
 
+/// The error of a connect that must fail, with its sources
+/// ([`error_chain`]).
+pub async fn connect_error<S>(
+    connecting: impl std::future::Future<Output = Result<S, lock_runtime::LockError>>,
+) -> String {
+    match connecting.await {
+        Ok(_) => panic!("connected, where the connect had to fail"),
+        Err(err) => error_chain(&err),
+    }
+}
+
 /// Takes and releases `key` once (warms up scripts and connections).
 pub async fn lock_and_release(registry: &lock_runtime::LockRegistry, key: &str) {
     let guard = registry

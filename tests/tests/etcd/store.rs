@@ -323,12 +323,8 @@ async fn refused_credentials_are_a_clear_error_without_the_password() {
     admin.auth_enable().await.unwrap();
     let endpoints = cluster.endpoints();
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-    let err = EtcdStore::builder(&endpoints)
-        .user("root", "wrong-secret-2")
-        .connect()
-        .await
-        .unwrap_err();
-    let err = lock_tests::error_chain(&err);
+    let wrong = EtcdStore::builder(&endpoints).user("root", "wrong-secret-2");
+    let err = lock_tests::connect_error(wrong.connect()).await;
     assert!(err.contains("authentication failed"), "{err}");
     assert!(!err.contains("wrong-secret-2"), "{err}");
     let backend = EtcdStore::builder(&endpoints)

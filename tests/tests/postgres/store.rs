@@ -81,12 +81,8 @@ async fn the_table_is_created_once_and_shared() {
     let shop = LockRegistry::builder(custom).build().unwrap();
     lock_and_release(&shop, &key).await;
     assert_eq!(server.psql("SELECT count(*) FROM shop_locks"), "0");
-    let err = PostgresStore::builder(&server.url())
-        .table("locks; DROP TABLE lock_leases")
-        .connect()
-        .await
-        .unwrap_err();
-    let err = lock_tests::error_chain(&err);
+    let bad = PostgresStore::builder(&server.url()).table("locks; DROP TABLE lock_leases");
+    let err = lock_tests::connect_error(bad.connect()).await;
     assert!(err.contains(": invalid table name"), "{err}");
 }
 

@@ -450,12 +450,8 @@ async fn a_chroot_confines_every_node_under_it() {
     guard.release().await.unwrap();
     other.release().await.unwrap();
 
-    let bad = ZooKeeperStore::builder(&zk.connect_string())
-        .chroot("apps/")
-        .connect()
-        .await
-        .unwrap_err();
-    let bad = lock_tests::error_chain(&bad);
+    let bad = ZooKeeperStore::builder(&zk.connect_string()).chroot("apps/");
+    let bad = lock_tests::connect_error(bad.connect()).await;
     assert!(bad.contains("chroot `apps/`"), "{bad}");
 }
 

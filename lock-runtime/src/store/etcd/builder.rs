@@ -119,9 +119,7 @@ impl EtcdStoreBuilder {
     /// contains the password.
     pub async fn connect(self) -> Result<EtcdStore, LockError> {
         let shown = self.endpoints.join(",");
-        self.open()
-            .await
-            .map_err(|source| connect::failed("etcd", shown, source))
+        connect::opened("etcd", shown, self.open()).await
     }
 
     async fn open(self) -> Result<EtcdStore, BackendError> {

@@ -73,9 +73,7 @@ impl PostgresStoreBuilder {
     /// the password.
     pub async fn connect(self) -> Result<PostgresStore, LockError> {
         let shown = redact(&self.url);
-        self.open()
-            .await
-            .map_err(|source| connect::failed("postgres", shown, source))
+        connect::opened("postgres", shown, self.open()).await
     }
 
     async fn open(self) -> Result<PostgresStore, BackendError> {

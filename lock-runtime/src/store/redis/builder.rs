@@ -81,9 +81,7 @@ impl RedisStoreBuilder {
     /// password.
     pub async fn connect(self) -> Result<RedisStore, LockError> {
         let shown = redact(&self.url);
-        self.connect_backend()
-            .await
-            .map_err(|source| connect::failed("redis", shown, source))
+        connect::opened("redis", shown, self.connect_backend()).await
     }
 
     /// [`connect`](Self::connect), with the store's own error.

@@ -109,9 +109,7 @@ impl RedlockStore {
     /// when they come back.
     pub async fn connect(urls: &[&str]) -> Result<RedlockStore, LockError> {
         let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
-        RedlockStore::open(urls)
-            .await
-            .map_err(|source| connect::failed("redlock", shown.join(", "), source))
+        connect::opened("redlock", shown.join(", "), RedlockStore::open(urls)).await
     }
 
     async fn open(urls: &[&str]) -> Result<RedlockStore, BackendError> {

@@ -5,14 +5,18 @@ use std::time::Duration;
 
 use crate::error::{BackendError, LockError};
 
-/// A failed connect to the `store` at `address` (already without its
-/// password).
-pub(crate) fn failed(store: &'static str, address: String, source: BackendError) -> LockError {
-    LockError::Connect {
+/// The store `open` connects to the `store` at `address` (already without
+/// its password), or the failed-connect error naming them.
+pub(crate) async fn opened<S>(
+    store: &'static str,
+    address: String,
+    open: impl Future<Output = Result<S, BackendError>>,
+) -> Result<S, LockError> {
+    open.await.map_err(|source| LockError::Connect {
         store,
         address,
         source,
-    }
+    })
 }
 
 /// How long a store waits on its server: for one answer, and for a

@@ -69,9 +69,7 @@ impl ZooKeeperStoreBuilder {
     /// No server answers, or the root cannot be created.
     pub async fn connect(self) -> Result<ZooKeeperStore, LockError> {
         let shown = self.connect_string.clone();
-        self.open()
-            .await
-            .map_err(|source| connect::failed("zookeeper", shown, source))
+        connect::opened("zookeeper", shown, self.open()).await
     }
 
     async fn open(self) -> Result<ZooKeeperStore, BackendError> {
