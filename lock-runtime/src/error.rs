@@ -67,6 +67,18 @@ pub enum LockError {
         source: BackendError,
     },
 
+    /// A store's settings cannot work (an argument out of range, or two that
+    /// contradict each other); found before anything is sent to it.
+    #[error("invalid settings for the {store} store at `{address}`: {reason}")]
+    InvalidSettings {
+        /// The store's name: "redis", "postgres", ...
+        store: &'static str,
+        /// The store's address, without its password.
+        address: String,
+        /// What cannot work, and what would.
+        reason: String,
+    },
+
     /// The store could not be reached or answered with an error, for one
     /// lock.
     #[error("lock backend failed to {action} `{key}`")]

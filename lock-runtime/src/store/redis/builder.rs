@@ -81,11 +81,14 @@ impl RedisStoreBuilder {
     /// password.
     pub async fn connect(self) -> Result<RedisStore, LockError> {
         let shown = redact(&self.url);
+        if let Err(reason) = self.check() {
+            return Err(invalid_settings(shown, reason));
+        }
         connect::opened("redis", shown, self.connect_backend()).await
     }
 
-    /// [`connect`](Self::connect), with the store's own error.
-    pub(crate) async fn connect_backend(self) -> Result<RedisStore, BackendError> {
+    /// Whether the settings can work together: what makes them unusable.
+    fn check(&self) -> Result<(), String> {
         if let Some(acks) = self.replica_acks
             && acks.timeout >= self.timeouts.response
         {
@@ -94,12 +97,14 @@ impl RedisStoreBuilder {
             return Err(format!(
                 "the replica_acks timeout ({:?}) must be shorter than the response timeout ({:?})",
                 acks.timeout, self.timeouts.response
-            )
-            .into());
+            ));
         }
-        if let Some(grant_timeout) = self.fair {
-            check_grant_timeout(grant_timeout)?;
-        }
+        self.fair.map_or(Ok(()), check_grant_timeout)
+    }
+
+    /// [`connect`](Self::connect), with the store's own error.
+    pub(crate) async fn connect_backend(self) -> Result<RedisStore, BackendError> {
+        self.check()?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeouts.response))
             .set_connection_timeout(Some(self.timeouts.connection))
@@ -124,14 +129,22 @@ impl RedisStoreBuilder {
 
 /// Refuses a fair mode's grant timeout too short for waiters to keep their
 /// place.
-pub(super) fn check_grant_timeout(grant_timeout: Duration) -> Result<(), BackendError> {
+pub(super) fn check_grant_timeout(grant_timeout: Duration) -> Result<(), String> {
     if grant_timeout < Duration::from_millis(50) {
         return Err(format!(
             "the fair mode's grant timeout ({grant_timeout:?}) must be at least 50 ms"
-        )
-        .into());
+        ));
     }
     Ok(())
+}
+
+/// Settings of the Redis store at `address` that cannot work, for `reason`.
+pub(super) fn invalid_settings(address: String, reason: String) -> LockError {
+    LockError::InvalidSettings {
+        store: "redis",
+        address,
+        reason,
+    }
 }
 
 impl RedisStore {

@@ -96,7 +96,7 @@ use ::redis::Client;
 use ::redis::aio::ConnectionLike;
 
 pub use builder::RedisStoreBuilder;
-use builder::check_grant_timeout;
+use builder::{check_grant_timeout, invalid_settings};
 pub use commands::Fencing;
 use commands::{Call, Commands, Retry, invoke, millis};
 pub use connection::RedisConnection;
@@ -169,14 +169,11 @@ where
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] naming the store, when `grant_timeout` is
-    /// shorter than 50 ms.
+    /// [`LockError::InvalidSettings`] naming the store, when
+    /// `grant_timeout` is shorter than 50 ms.
     pub fn fair(mut self, grant_timeout: Duration) -> Result<Self, LockError> {
-        check_grant_timeout(grant_timeout).map_err(|source| LockError::Backend {
-            key: self.shown_url.clone(),
-            action: "use fair mode on",
-            source,
-        })?;
+        check_grant_timeout(grant_timeout)
+            .map_err(|reason| invalid_settings(self.shown_url.clone(), reason))?;
         self.commands.fair = Some(grant_timeout);
         Ok(RedisStore::new(
             self.commands,
