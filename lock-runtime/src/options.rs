@@ -1,5 +1,8 @@
 //! Per-lock options: lease length, waiting, watchdog, minimum and maximum hold.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::LockError;
@@ -105,8 +108,15 @@ impl LockOptions {
     /// `"stock"` for every `stock:{id}` key, so the label set stays
     /// bounded. Without one the label is `unnamed`; the attribute uses its
     /// key template.
-    pub fn name(mut self, name: &'static str) -> Self {
-        self.name = Some(name);
+    ///
+    /// Any string will do (`"stock"`, or a `String` read from
+    /// configuration); a name that is not `'static` is kept once for the
+    /// life of the process, as its metrics are, so names should be few.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(match name.into() {
+            Cow::Borrowed(name) => name,
+            Cow::Owned(name) => interned(name),
+        });
         self
     }
 
@@ -154,8 +164,33 @@ impl LockOptions {
     }
 }
 
+/// `name` as a `'static` string: the same one for every equal name, kept
+/// for the life of the process.
+fn interned(name: String) -> &'static str {
+    static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+    let mut names = NAMES.lock().unwrap_or_else(|poison| poison.into_inner());
+    let names = names.get_or_insert_with(HashSet::new);
+    if let Some(&kept) = names.get(name.as_str()) {
+        return kept;
+    }
+    let kept: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(kept);
+    kept
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_name_may_be_any_string_and_equal_names_are_one() {
+        let fixed = super::LockOptions::default().name("stock");
+        assert_eq!(fixed.name, Some("stock"));
+        let read = super::LockOptions::default().name(String::from("orders"));
+        let again = super::LockOptions::default().name(format!("or{}", "ders"));
+        let (read, again) = (read.name.unwrap(), again.name.unwrap());
+        assert_eq!(read, "orders");
+        assert!(std::ptr::eq(read, again), "one copy of an equal name");
+    }
+
     use super::*;
 
     fn check(opts: LockOptions, mode: Mode) -> String {
