@@ -232,15 +232,11 @@ impl IntoResponse for ApiError {
 }
 
 /// The status for a lock error, and a `Retry-After` in seconds where a
-/// retry may succeed.
+/// retry may succeed ([`LockError::http_status`]).
 fn lock_status(err: &LockError) -> (StatusCode, Option<u64>) {
-    match err {
-        LockError::Timeout { .. } => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
-        LockError::Lost { .. } => (StatusCode::CONFLICT, None),
-        LockError::Backend { .. } => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
-        LockError::InvalidKey { .. } => (StatusCode::BAD_REQUEST, None),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
-    }
+    let (status, retry_after) = err.http_status();
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, retry_after.map(|after| after.as_secs().max(1)))
 }
 
 #[tokio::main]

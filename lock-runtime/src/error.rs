@@ -95,6 +95,39 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// The HTTP status a service answers a request with when its lock failed
+    /// this way, and the delay to put in `Retry-After` where a retry may
+    /// succeed:
+    ///
+    /// | error | status | retry after |
+    /// |---|---|---|
+    /// | `Timeout`, `Backend`, `Connect` | 503 Service Unavailable | 1 s |
+    /// | `Lost` | 409 Conflict | none: the work may have half happened |
+    /// | `InvalidKey` | 400 Bad Request (the key comes from the request) | none |
+    /// | the others (programming or set-up errors) | 500 Internal Server Error | none |
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::LockError;
+    ///
+    /// let err = LockError::Timeout { key: "stock:7".into(), waited: Duration::from_secs(2) };
+    /// assert_eq!(err.http_status(), (503, Some(Duration::from_secs(1))));
+    /// ```
+    pub fn http_status(&self) -> (u16, Option<Duration>) {
+        const RETRY: Option<Duration> = Some(Duration::from_secs(1));
+        match self {
+            LockError::Timeout { .. } | LockError::Backend { .. } | LockError::Connect { .. } => {
+                (503, RETRY)
+            }
+            LockError::Lost { .. } => (409, None),
+            LockError::InvalidKey { .. } => (400, None),
+            LockError::NotInitialized
+            | LockError::AlreadyInitialized
+            | LockError::InvalidOptions { .. }
+            | LockError::InvalidSettings { .. } => (500, None),
+        }
+    }
+
     /// Shortens a key for an error message, so a 4 KB key does not fill the log.
     pub(crate) fn shown_key(key: &str) -> String {
         const MAX: usize = 200;
