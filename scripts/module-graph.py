@@ -93,7 +93,7 @@ def resolve(path: str, here: tuple, modules: set):
 # that matches a module wins). A module may import its own layer and the
 # layers listed for it.
 LAYERS = [
-    ("api", lambda m: m == () or m[0] in ("registry", "guard", "multi", "context", "private", "options")),
+    ("api", lambda m: m == () or m[0] in ("registry", "guard", "multi", "context", "private", "options", "body")),
     ("engine", lambda m: m[0] in ("acquire", "local_queue", "renewal", "telemetry")),
     ("support", lambda m: m[:2] == ("store", "support")),
     ("store", lambda m: m[0] == "store" and len(m) > 1 and m[1] in STORES),

@@ -184,8 +184,9 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             //             let key = render_key(..);
             //             run_wait(key, options, async move { let ret: R = { body }; ret }).await
             //         }
+            let failed = failed(into.is_some(), krate);
             let call = quote! {
-                #krate::__private::#run(#in_registry #key, #options, async move {
+                #krate::__private::#run(#in_registry #key, #options, #failed, async move {
                     #pin_output
                     let #ret: #value_ty = { #stmts };
                     #[allow(unreachable_code, clippy::needless_return)]
@@ -210,7 +211,9 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             if let Some(err) = rewrite.error {
                 return Err(err);
             }
-            let call = quote!(#krate::__private::#run(#in_registry #key, #options, #inner));
+            let failed = failed(rewrite.parts.is_some(), krate);
+            let call =
+                quote!(#krate::__private::#run(#in_registry #key, #options, #failed, #inner));
             let done = finish(call, mode, rewrite.parts.as_ref(), krate);
             // Input:  fn f(&self) -> Pin<Box<dyn Future<Output = R> + ..>> { stmts; Box::pin(async move { .. }) }
             // Output: fn f(&self) -> Pin<Box<dyn Future<Output = Result<R, LockError>> + ..>> {
@@ -327,7 +330,7 @@ fn finish(
     }
 }
 
-/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name)`:
+/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost)`:
 /// a literal becomes `Duration::from_millis(N)`, an expression is used as
 /// it is, typed `Duration` at its own span (so a wrong type is reported
 /// there).
@@ -361,8 +364,19 @@ fn options(config: &Config) -> TokenStream {
     let hold_at_least = optional(&config.hold_at_least);
     let max_hold = optional(&config.max_hold);
     let name = &config.name;
+    let notify_on_lost = config.notify_on_lost;
     quote! {
-        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name)
+        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost)
+    }
+}
+
+/// The runtime's test of whether the body's output is its own error:
+/// `__private::is_err` with `errors = "into"`, else `__private::never_err`.
+fn failed(into: bool, krate: &TokenStream) -> TokenStream {
+    if into {
+        quote!(#krate::__private::is_err)
+    } else {
+        quote!(#krate::__private::never_err)
     }
 }
 

@@ -25,6 +25,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "hold_at_least",
     "watchdog",
     "max_hold",
+    "on_lost",
     "registry",
     "errors",
     "name",
@@ -48,6 +49,7 @@ mod kw {
     syn::custom_keyword!(hold_at_least);
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(max_hold);
+    syn::custom_keyword!(on_lost);
     syn::custom_keyword!(registry);
     syn::custom_keyword!(errors);
     syn::custom_keyword!(name);
@@ -115,6 +117,9 @@ pub(crate) struct LockArgs {
     pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: Option<LitBool>,
     pub(crate) max_hold: Option<DurationArg>,
+    /// `on_lost = "notify"` (`true`) or `"cancel"`: whether a lost lease
+    /// lets the body finish rather than cancelling it.
+    pub(crate) on_lost: Option<(bool, Span)>,
     /// `registry = expr`: a registry other than the global one.
     pub(crate) registry: Option<syn::Expr>,
     /// `errors = "into"` (its span) or `"nested"`: whether a body's
@@ -142,6 +147,11 @@ impl LockArgs {
     /// Whether `errors = "into"` was given.
     pub(crate) fn errors_into(&self) -> bool {
         self.errors.is_some_and(|(into, _)| into)
+    }
+
+    /// Whether `on_lost = "notify"` was given.
+    pub(crate) fn notify_on_lost(&self) -> bool {
+        self.on_lost.is_some_and(|(notify, _)| notify)
     }
 
     pub(crate) fn watchdog(&self) -> bool {
@@ -246,6 +256,20 @@ impl LockArgs {
         } else if lookahead.peek(kw::max_hold) {
             let span = input.parse::<kw::max_hold>()?.span;
             duration_arg(input, &mut args.max_hold, span, "max_hold")?
+        } else if lookahead.peek(kw::on_lost) {
+            let span = input.parse::<kw::on_lost>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            let notify = match lit.value().as_str() {
+                "notify" => Ok(true),
+                "cancel" => Ok(false),
+                other => Err(syn::Error::new(
+                    lit.span(),
+                    format!("unknown on_lost {other:?}; expected \"cancel\" or \"notify\""),
+                )),
+            };
+            notify.and_then(|notify| {
+                set_once(&mut args.on_lost, (notify, lit.span()), span, "on_lost")
+            })
         } else if lookahead.peek(kw::errors) {
             let span = input.parse::<kw::errors>()?.span;
             let lit = parse_value::<LitStr>(input)?;
@@ -453,7 +477,7 @@ mod tests {
     fn parses_every_argument() {
         let args = parse(
             r#"key = "a:{id}", mode = "skip", ttl = "1m30s", hold_at_least = "10s",
-               watchdog = false, max_hold = "10m", crate = "my::locks""#,
+               watchdog = false, max_hold = "10m", on_lost = "notify", crate = "my::locks""#,
         )
         .unwrap();
         assert_eq!(args.key.as_ref().unwrap().lit.value(), "a:{id}");
@@ -462,6 +486,7 @@ mod tests {
         assert_eq!(args.hold_at_least.as_ref().unwrap().millis(), Some(10_000));
         assert!(!args.watchdog.as_ref().unwrap().value());
         assert_eq!(args.max_hold.as_ref().unwrap().millis(), Some(600_000));
+        assert!(args.notify_on_lost());
         let krate = args.krate.unwrap();
         assert_eq!(krate.segments.len(), 2);
     }
@@ -472,6 +497,7 @@ mod tests {
         assert_eq!(args.mode(), Mode::Wait);
         assert_eq!(args.ttl_millis(), Some(DEFAULT_TTL_MILLIS));
         assert!(args.watchdog());
+        assert!(!args.notify_on_lost());
         assert!(args.wait_timeout.is_none());
     }
 

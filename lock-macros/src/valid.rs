@@ -27,6 +27,8 @@ pub(crate) struct Config {
     pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<DurationArg>,
+    /// `on_lost = "notify"`: a lost lease lets the body finish.
+    pub(crate) notify_on_lost: bool,
     /// `registry = expr`, or the global registry.
     pub(crate) registry: Option<syn::Expr>,
     /// `errors = "into"`: keep the body's `Result<T, E>`.
@@ -42,6 +44,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let multi = args.keys.is_some();
     let watchdog = args.watchdog();
     let errors_into = args.errors_into();
+    let notify_on_lost = args.notify_on_lost();
     let name = match &args.name {
         Some(name) => name.value(),
         None => keys
@@ -63,6 +66,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
         hold_at_least: args.hold_at_least,
         watchdog,
         max_hold: args.max_hold,
+        notify_on_lost,
         registry: args.registry,
         errors_into,
         name,

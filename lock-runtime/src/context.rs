@@ -1,8 +1,12 @@
-//! The locks the current task holds through the attribute: re-entrancy and
-//! [`fencing_token`].
+//! The locks the current task holds through the attribute: re-entrancy,
+//! [`fencing_token`] and [`lost`].
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
+
+use crate::store::LossSignal;
 
 tokio::task_local! {
     static HELD: Vec<Frame>;
@@ -16,6 +20,8 @@ pub(crate) struct Frame {
     pub(crate) key: Arc<str>,
     pub(crate) full_key: Arc<str>,
     pub(crate) fencing: u64,
+    /// Raised when the lease is lost.
+    pub(crate) loss: LossSignal,
 }
 
 /// Returns the fencing token of the innermost lock held by the current task
@@ -79,6 +85,67 @@ pub fn fencing_token_for(key: &str) -> Option<u64> {
     })
     .ok()
     .flatten()
+}
+
+/// Completes when a lease the current task holds through
+/// `#[distributed_lock]` is lost; never completes outside an annotated
+/// body, where no lease can be lost.
+///
+/// A body run under `on_lost = "cancel"` (the default) is cancelled at its
+/// next `.await` when its lease is lost, so this matters to bodies under
+/// `on_lost = "notify"`, which are left to run: select on it to stop or
+/// undo a step. The call still ends in [`LockError::Lost`](crate::LockError::Lost)
+/// (with `errors = "into"`, unless the body returns its own error).
+///
+/// # Examples
+///
+/// ```
+/// use lock_runtime::{LockRegistry, distributed_lock};
+///
+/// #[distributed_lock(key = "export", on_lost = "notify")]
+/// async fn export() -> &'static str {
+///     tokio::select! {
+///         () = lock_runtime::lost() => "rolled back",
+///         () = async { /* write the export */ } => "written",
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// lock_runtime::init(LockRegistry::memory())?;
+/// assert_eq!(export().await?, "written");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn lost() {
+    let losses: Vec<LossSignal> = HELD
+        .try_with(|held| held.iter().map(|frame| frame.loss.clone()).collect())
+        .unwrap_or_default();
+    if losses.is_empty() {
+        return std::future::pending().await;
+    }
+    let mut waits: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = losses
+        .iter()
+        .map(|loss| Box::pin(loss.raised()) as Pin<Box<dyn Future<Output = ()> + Send + '_>>)
+        .collect();
+    std::future::poll_fn(|cx| {
+        if waits
+            .iter_mut()
+            .any(|wait| wait.as_mut().poll(cx).is_ready())
+        {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Whether a lease the current task holds through `#[distributed_lock]`
+/// is known to be lost; `false` outside an annotated body. See [`lost`].
+pub fn is_lost() -> bool {
+    HELD.try_with(|held| held.iter().any(|frame| frame.loss.is_raised()))
+        .unwrap_or(false)
 }
 
 /// The frame of `full_key` if the current task already holds it.

@@ -241,6 +241,11 @@ impl LockGuard {
         self.held().state.loss.raised().await;
     }
 
+    /// The lease's loss signal, for the re-entrancy record.
+    pub(crate) fn loss(&self) -> &LossSignal {
+        &self.held().state.loss
+    }
+
     /// The registry and full key, for the re-entrancy record.
     pub(crate) fn owner(&self) -> (usize, &Arc<str>) {
         let held = self.held();

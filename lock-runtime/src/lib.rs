@@ -79,6 +79,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 // The API: what users of locks call.
+mod body;
 mod context;
 mod error;
 mod guard;
@@ -94,11 +95,11 @@ mod telemetry;
 // The contract, and the stores under it.
 pub mod store;
 
-pub use context::{fencing_token, fencing_token_for};
+pub use context::{fencing_token, fencing_token_for, is_lost, lost};
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use multi::LockGuards;
-pub use options::{LockOptions, MAX_DURATION};
+pub use options::{LockOptions, MAX_DURATION, OnLost};
 pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
 
 #[cfg(feature = "etcd")]

@@ -35,6 +35,25 @@ pub struct LockOptions {
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) name: Option<&'static str>,
+    pub(crate) on_lost: OnLost,
+}
+
+/// What happens to a body run by `#[distributed_lock]` when its lease is
+/// lost (a renewal refused or too late, `max_hold` passed, the store's
+/// session gone): see [`LockOptions::on_lost`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnLost {
+    /// The body is cancelled (dropped) at its next `.await`; the call
+    /// returns [`LockError::Lost`]. The default: work that is not covered
+    /// by a lease stops.
+    #[default]
+    Cancel,
+    /// The body runs on to its end and can learn of the loss from
+    /// [`lost`](crate::lost) or [`is_lost`](crate::is_lost); the call then
+    /// returns [`LockError::Lost`] all the same (with `errors = "into"`,
+    /// the body's own error if it returns one). For a body that must
+    /// finish or undo a step rather than stop halfway.
+    Notify,
 }
 
 impl Default for LockOptions {
@@ -46,6 +65,7 @@ impl Default for LockOptions {
             watchdog: true,
             max_hold: None,
             name: None,
+            on_lost: OnLost::Cancel,
         }
     }
 }
@@ -101,6 +121,16 @@ impl LockOptions {
     /// hung but living holder cannot keep the lock forever.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Whether a body run under the lock by `#[distributed_lock]` is
+    /// cancelled when the lease is lost (the default) or runs on to its end,
+    /// told by [`lost`](crate::lost); the attribute's `on_lost = "cancel"
+    /// | "notify"`. A guard from [`lock`](crate::LockRegistry::lock) cancels
+    /// nothing: its owner watches [`LockGuard::lost`](crate::LockGuard::lost).
+    pub fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
         self
     }
 

@@ -7,12 +7,11 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::body;
 use crate::context::{self, Frame};
 use crate::error::LockError;
-use crate::guard::LockGuard;
 use crate::multi::LockGuards;
-use crate::options::LockOptions;
-use crate::options::Mode;
+use crate::options::{LockOptions, Mode, OnLost};
 use crate::registry::LockRegistry;
 use crate::telemetry;
 
@@ -26,6 +25,7 @@ pub fn render_key(args: fmt::Arguments<'_>) -> String {
 /// `Duration::from_millis(..)` at compile time, or the user's `Duration`
 /// expressions, checked when the call runs); `name` labels its metrics.
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub const fn options(
     ttl: Duration,
     wait_timeout: Option<Duration>,
@@ -33,6 +33,7 @@ pub const fn options(
     watchdog: bool,
     max_hold: Option<Duration>,
     name: &'static str,
+    notify_on_lost: bool,
 ) -> LockOptions {
     LockOptions {
         ttl,
@@ -41,7 +42,25 @@ pub const fn options(
         watchdog,
         max_hold,
         name: Some(name),
+        on_lost: if notify_on_lost {
+            OnLost::Notify
+        } else {
+            OnLost::Cancel
+        },
     }
+}
+
+/// Whether a body's output is its own error (`errors = "into"`): under
+/// `on_lost = "notify"` it stands rather than `Lost`.
+#[doc(hidden)]
+pub fn is_err<T, E>(output: &Result<T, E>) -> bool {
+    output.is_err()
+}
+
+/// A body's output is never its own error (the plain `LockError` shape).
+#[doc(hidden)]
+pub fn never_err<T>(_output: &T) -> bool {
+    false
 }
 
 /// The registry of `registry = expr`: an owned clone, so the expression's
@@ -56,9 +75,10 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 pub async fn run_wait<F: Future>(
     key: String,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    run_wait_in(crate::registry()?, key, opts, body).await
+    run_wait_in(crate::registry()?, key, opts, failed, body).await
 }
 
 /// [`run_wait`] on the registry of `registry = expr`.
@@ -67,14 +87,10 @@ pub async fn run_wait_in<F: Future>(
     registry: &LockRegistry,
     key: String,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let full_key = registry.full_key(&key)?;
-    if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
-        return Ok(reenter(&key, frame, body).await);
-    }
-    let guard = registry.wait_for(&key, &full_key, &opts).await?;
-    run_locked(guard, body).await
+    registry.run_waiting(&key, opts, failed, body).await
 }
 
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.
@@ -82,9 +98,10 @@ pub async fn run_wait_in<F: Future>(
 pub async fn run_skip<F: Future>(
     key: String,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    run_skip_in(crate::registry()?, key, opts, body).await
+    run_skip_in(crate::registry()?, key, opts, failed, body).await
 }
 
 /// [`run_skip`] on the registry of `registry = expr`.
@@ -93,66 +110,18 @@ pub async fn run_skip_in<F: Future>(
     registry: &LockRegistry,
     key: String,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let full_key = registry.full_key(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
-        return Ok(Some(reenter(&key, frame, body).await));
+        return Ok(Some(body::reenter(&key, frame, body).await));
     }
     match registry.acquire(&key, &full_key, &opts, Mode::Skip).await? {
-        Some(guard) => run_locked(guard, body).await.map(Some),
+        Some(guard) => body::run_locked(guard, opts.on_lost, failed, body)
+            .await
+            .map(Some),
         None => Ok(None),
-    }
-}
-
-/// A nested call on a key the task already holds: runs at once, under the
-/// outer lease (whose loss cancels this body with the outer one).
-async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
-    tracing::trace!(key, "re-entering a lock this task holds");
-    context::with_frame(frame, body).await
-}
-
-/// The re-entrancy frame of a held lock.
-fn frame_of(guard: &LockGuard) -> Frame {
-    let (registry, full_key) = guard.owner();
-    Frame {
-        registry,
-        key: guard.key().into(),
-        full_key: full_key.clone(),
-        fencing: guard.fencing_token(),
-    }
-}
-
-/// Runs `body` with `frames` held, until it ends (`Some`) or `lost`
-/// completes first (`None`: the body is cancelled).
-async fn until_lost<F: Future>(
-    frames: impl IntoIterator<Item = Frame>,
-    lost: impl Future<Output = ()>,
-    body: F,
-) -> Option<F::Output> {
-    context::with_frames(frames, async {
-        tokio::select! {
-            biased;
-            () = lost => None,
-            output = body => Some(output),
-        }
-    })
-    .await
-}
-
-/// The call's result once the body finished and `released` says how its
-/// release went. A release that found a lease lost means mutual exclusion
-/// may not have held: `Lost`. If only the store is unreachable, the body's
-/// result stands: the lease was held throughout (the watchdog would have
-/// said otherwise) and ends at its TTL.
-fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T, LockError> {
-    match released {
-        Ok(()) => Ok(output),
-        Err(LockError::Backend { key, source, .. }) => {
-            tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
-            Ok(output)
-        }
-        Err(error) => Err(error),
     }
 }
 
@@ -164,10 +133,11 @@ pub async fn run_wait_all<F: Future>(
     registry: Option<&LockRegistry>,
     keys: Vec<String>,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
     let first = keys.first().cloned().unwrap_or_default();
-    match run_all(registry, keys, opts, Mode::Wait, body).await? {
+    match run_all(registry, keys, opts, Mode::Wait, failed, body).await? {
         Some(output) => Ok(output),
         None => Err(LockError::Timeout {
             key: LockError::shown_key(&first),
@@ -182,9 +152,10 @@ pub async fn run_skip_all<F: Future>(
     registry: Option<&LockRegistry>,
     keys: Vec<String>,
     opts: LockOptions,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    run_all(registry, keys, opts, Mode::Skip, body).await
+    run_all(registry, keys, opts, Mode::Skip, failed, body).await
 }
 
 /// Takes the keys this task does not hold yet, runs `body` under every
@@ -194,6 +165,7 @@ async fn run_all<F: Future>(
     keys: Vec<String>,
     opts: LockOptions,
     mode: Mode,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let registry = match registry {
@@ -201,7 +173,7 @@ async fn run_all<F: Future>(
         None => crate::registry()?,
     };
     let span = telemetry::locks_span(&keys, mode);
-    let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, body));
+    let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, failed, body));
     let outcome = match &result {
         Ok(Some(_)) => "acquired",
         Ok(None) => "skipped",
@@ -218,6 +190,7 @@ async fn run_all_in<F: Future>(
     keys: Vec<String>,
     opts: LockOptions,
     mode: Mode,
+    failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let mut wanted = Vec::new();
@@ -235,11 +208,23 @@ async fn run_all_in<F: Future>(
             None => return Ok(None),
         }
     };
-    let frames: Vec<Frame> = guards.iter().map(frame_of).collect();
-    let guards = LockGuards::new(guards);
-    match until_lost(frames, guards.lost(), body).await {
-        Some(output) => settle(Some(output), guards.release().await),
-        None => {
+    run_guarded(LockGuards::new(guards), opts.on_lost, failed, body)
+        .await
+        .map(Some)
+}
+
+/// [`body::run_locked`] under several leases: a loss of any counts.
+async fn run_guarded<F: Future>(
+    guards: LockGuards,
+    on_lost: OnLost,
+    failed: fn(&F::Output) -> bool,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let frames: Vec<Frame> = guards.guards().iter().map(body::frame_of).collect();
+    let output = body::until_lost(frames, guards.lost(), on_lost, body).await;
+    match output {
+        Some(output) if guards.is_held() => body::settle(output, guards.release().await),
+        output => {
             let lost = guards
                 .guards()
                 .iter()
@@ -247,26 +232,7 @@ async fn run_all_in<F: Future>(
                 .map(|guard| guard.key().to_owned())
                 .unwrap_or_default();
             let _ = guards.release().await;
-            Err(LockError::lost(&lost))
-        }
-    }
-}
-
-/// Runs `body` while the lease is held; cancels it when the lease is lost;
-/// then releases (see [`settle`]).
-async fn run_locked<F: Future>(guard: LockGuard, body: F) -> Result<F::Output, LockError> {
-    let span = guard.span();
-    let outcome = telemetry::in_span!(
-        span,
-        until_lost(std::iter::once(frame_of(&guard)), guard.lost(), body)
-    );
-    let key = guard.key().to_owned();
-    match outcome {
-        Some(output) => settle(output, guard.release().await),
-        None => {
-            // Owner-checked: a lease already taken over is left alone.
-            let _ = guard.release().await;
-            Err(LockError::lost(&key))
+            body::lost_under(&lost, output, failed)
         }
     }
 }

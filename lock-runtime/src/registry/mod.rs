@@ -5,6 +5,7 @@
 //! `::redis(url)`, ...) are in [`stores`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,8 @@ use once_cell::sync::OnceCell;
 mod stores;
 
 use crate::acquire::{self, Parts};
+use crate::body;
+use crate::context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
@@ -191,6 +194,62 @@ impl LockRegistry {
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         let full_key = self.full_key(key)?;
         self.wait_for(key, &full_key, &opts).await
+    }
+
+    /// Waits for the lock on `key`, runs `body` under it and releases it:
+    /// the attribute's wait mode, for code that builds its key or options at
+    /// run time. Re-entrant as the attribute is (a key the task holds runs
+    /// `body` at once), and `body` sees [`fencing_token`](crate::fencing_token)
+    /// and [`lost`](crate::lost).
+    ///
+    /// A lost lease cancels `body` at its next `.await`, or with
+    /// [`OnLost::Notify`](crate::OnLost::Notify) lets it finish; either way
+    /// the call returns [`LockError::Lost`].
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), and [`LockError::Lost`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_runtime::{LockOptions, LockRegistry, OnLost};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = LockRegistry::memory();
+    /// let opts = LockOptions::default().on_lost(OnLost::Notify);
+    /// let token = registry
+    ///     .with_lock("report:eu", opts, async { lock_runtime::fencing_token() })
+    ///     .await?;
+    /// assert!(token.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lock<F: Future>(
+        &self,
+        key: &str,
+        opts: LockOptions,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        self.run_waiting(key, opts, |_| false, body).await
+    }
+
+    /// [`with_lock`](Self::with_lock), for the attribute too: `failed`
+    /// tells whether the body's output is its own error.
+    pub(crate) async fn run_waiting<F: Future>(
+        &self,
+        key: &str,
+        opts: LockOptions,
+        failed: fn(&F::Output) -> bool,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        let full_key = self.full_key(key)?;
+        if let Some(frame) = context::held_by_task(self.id(), &full_key) {
+            return Ok(body::reenter(key, frame, body).await);
+        }
+        let guard = self.wait_for(key, &full_key, &opts).await?;
+        body::run_locked(guard, opts.on_lost, failed, body).await
     }
 
     /// Waits for the lock on an already namespaced key.

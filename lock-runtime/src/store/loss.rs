@@ -12,7 +12,8 @@ use tokio::sync::Notify;
 /// [`AcquireRequest`](super::AcquireRequest). Whoever learns first that the lease is gone raises
 /// it: the runtime's renewal (a renewal refused or too late), or the store
 /// itself (a session expired, a lease revoked). Raising it cancels the body
-/// that holds the lease, which then returns
+/// that holds the lease (or, under [`OnLost::Notify`](crate::OnLost::Notify),
+/// tells it), and the call then returns
 /// [`LockError::Lost`](crate::LockError::Lost). Cheap to clone; clones
 /// share the signal.
 #[derive(Clone)]

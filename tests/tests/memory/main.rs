@@ -6,6 +6,7 @@ mod attribute_errors;
 mod attribute_keys;
 mod attribute_settings;
 mod inspect;
+mod lost_lease;
 mod manual;
 mod registry;
 mod spans;

@@ -17,6 +17,16 @@ async fn long_body(key: &str, entered: oneshot::Sender<()>) -> &'static str {
     "finished"
 }
 
+/// Told of the loss rather than cancelled: says so on `undone` after an
+/// `.await` past the loss.
+#[distributed_lock(key = "{key}", ttl = "600ms", on_lost = "notify")]
+async fn notified_body(key: &str, entered: oneshot::Sender<()>, undone: oneshot::Sender<()>) {
+    entered.send(()).unwrap();
+    lock_runtime::lost().await;
+    tokio::task::yield_now().await;
+    undone.send(()).unwrap();
+}
+
 #[distributed_lock(key = "{key}", mode = "skip", ttl = "30s")]
 async fn skip_job(key: &str) -> u8 {
     1
@@ -56,6 +66,27 @@ async fn lease_removed_under_the_body(server: &RedisServer, flush: bool) {
         noticed < Duration::from_millis(450),
         "noticed after {noticed:?}"
     );
+}
+
+/// As [`lease_removed_under_the_body`], for a body under
+/// `on_lost = "notify"`: the renewal's refusal reaches the body through
+/// `lost()`, it finishes its step, and the call still returns `Lost`.
+async fn lease_removed_under_a_notified_body(server: &RedisServer) {
+    let key = unique_key("notified");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (undone_tx, undone_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let key = key.clone();
+        async move { notified_body(&key, entered_tx, undone_tx).await }
+    });
+    entered_rx.await.unwrap();
+    let removed: i64 = server.connection().del(lock_name(&key)).unwrap();
+    assert_eq!(removed, 1);
+    match call.await.unwrap() {
+        Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    undone_rx.await.expect("the body ran on past the loss");
 }
 
 /// How long until the key is gone from Redis after `since`.
@@ -106,6 +137,7 @@ async fn the_attribute_over_redis() {
     lock_runtime::init(LockRegistry::redis(&server.url()).await.unwrap()).unwrap();
     lease_removed_under_the_body(&server, false).await;
     lease_removed_under_the_body(&server, true).await;
+    lease_removed_under_a_notified_body(&server).await;
     let mut conn = server.connection();
     let mut entries =
         async |key: &str| usize::from(conn.exists::<_, bool>(lock_name(key)).unwrap());

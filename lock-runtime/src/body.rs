@@ -1,0 +1,110 @@
+//! Running a body under held leases: re-entrancy frames, cancellation or
+//! notice on a lost lease, and the call's result after the release.
+
+use std::future::Future;
+
+use crate::context::{self, Frame};
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::options::OnLost;
+use crate::telemetry;
+
+/// A nested call on a key the task already holds: runs at once, under the
+/// outer lease (whose loss cancels this body with the outer one).
+pub(crate) async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
+    tracing::trace!(key, "re-entering a lock this task holds");
+    context::with_frame(frame, body).await
+}
+
+/// The re-entrancy frame of a held lock.
+pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
+    let (registry, full_key) = guard.owner();
+    Frame {
+        registry,
+        key: guard.key().into(),
+        full_key: full_key.clone(),
+        fencing: guard.fencing_token(),
+        loss: guard.loss().clone(),
+    }
+}
+
+/// Runs `body` with `frames` held: to its end (`Some`), or, under
+/// [`OnLost::Cancel`], until `lost` completes first (`None`: the body is
+/// cancelled).
+pub(crate) async fn until_lost<F: Future>(
+    frames: impl IntoIterator<Item = Frame>,
+    lost: impl Future<Output = ()>,
+    on_lost: OnLost,
+    body: F,
+) -> Option<F::Output> {
+    context::with_frames(frames, async {
+        match on_lost {
+            OnLost::Cancel => tokio::select! {
+                biased;
+                () = lost => None,
+                output = body => Some(output),
+            },
+            OnLost::Notify => Some(body.await),
+        }
+    })
+    .await
+}
+
+/// The call's result when the lease on `key` was lost while the body ran
+/// (and it was left to finish, `output`): `Lost`, or the body's own error.
+pub(crate) fn lost_under<T>(
+    key: &str,
+    output: Option<T>,
+    failed: fn(&T) -> bool,
+) -> Result<T, LockError> {
+    match output {
+        Some(output) if failed(&output) => Ok(output),
+        _ => Err(LockError::lost(key)),
+    }
+}
+
+/// The call's result once the body finished and `released` says how its
+/// release went. A release that found a lease lost means mutual exclusion
+/// may not have held: `Lost`. If only the store is unreachable, the body's
+/// result stands: the lease was held throughout (the watchdog would have
+/// said otherwise) and ends at its TTL.
+pub(crate) fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T, LockError> {
+    match released {
+        Ok(()) => Ok(output),
+        Err(LockError::Backend { key, source, .. }) => {
+            tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
+            Ok(output)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Runs `body` while the lease is held; cancels it when the lease is lost
+/// (or, under [`OnLost::Notify`], lets it finish); then releases (see
+/// [`settle`] and [`lost_under`]).
+pub(crate) async fn run_locked<F: Future>(
+    guard: LockGuard,
+    on_lost: OnLost,
+    failed: fn(&F::Output) -> bool,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let span = guard.span();
+    let outcome = telemetry::in_span!(
+        span,
+        until_lost(
+            std::iter::once(frame_of(&guard)),
+            guard.lost(),
+            on_lost,
+            body
+        )
+    );
+    let key = guard.key().to_owned();
+    match outcome {
+        Some(output) if guard.is_held() => settle(output, guard.release().await),
+        output => {
+            // Owner-checked: a lease already taken over is left alone.
+            let _ = guard.release().await;
+            lost_under(&key, output, failed)
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! A lease lost under a running body: cancelled at its next `.await` (the
+//! default), or with `on_lost = "notify"` left to run to its end, told by
+//! `lock_runtime::lost()`, the call still ending in `Lost` (or, with
+//! `errors = "into"`, the body's own error). The memory store pushes a
+//! forced release to the holder at once, so each loss here is immediate.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockOptions, LockRegistry, OnLost, distributed_lock};
+use lock_tests::unique_key;
+use tokio::sync::oneshot;
+
+/// Where a body got to.
+#[derive(Default)]
+struct Steps(Mutex<Vec<&'static str>>);
+
+impl Steps {
+    fn push(&self, step: &'static str) {
+        self.0.lock().unwrap().push(step);
+    }
+
+    fn taken(&self) -> Vec<&'static str> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Says it is in (and whether its lease is lost yet), waits for the loss,
+/// then takes a step that needs an `.await` (the undo).
+async fn wait_for_loss_then_undo(entered: oneshot::Sender<bool>, steps: &Steps) {
+    entered.send(lock_runtime::is_lost()).unwrap();
+    lock_runtime::lost().await;
+    steps.push("saw the loss");
+    assert!(lock_runtime::is_lost());
+    tokio::task::yield_now().await;
+    steps.push("undid the step");
+}
+
+#[distributed_lock(key = "export:{k}", registry = locks, on_lost = "notify")]
+async fn notified(locks: &LockRegistry, k: &str, entered: oneshot::Sender<bool>, steps: &Steps) {
+    wait_for_loss_then_undo(entered, steps).await;
+}
+
+#[distributed_lock(key = "export:{k}", registry = locks, on_lost = "cancel")]
+async fn cancelled(locks: &LockRegistry, k: &str, entered: oneshot::Sender<bool>, steps: &Steps) {
+    wait_for_loss_then_undo(entered, steps).await;
+}
+
+/// Runs `call` until it is inside its body, frees `key` as an operator
+/// would, and returns the call's result.
+async fn lose_lease_under<T>(
+    locks: &LockRegistry,
+    key: &str,
+    call: impl Future<Output = T>,
+    entered: oneshot::Receiver<bool>,
+) -> T {
+    let lose = async {
+        let lost_before = entered.await.unwrap();
+        assert!(!lost_before, "is_lost() before the loss");
+        assert!(locks.force_release(key).await.unwrap());
+    };
+    let (result, ()) =
+        tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(call, lose) })
+            .await
+            .expect("the call ended after the loss");
+    result
+}
+
+#[tokio::test]
+async fn a_notified_body_runs_on_past_the_loss_and_the_call_is_lost() {
+    let locks = LockRegistry::memory();
+    let k = unique_key("notify");
+    let steps = Steps::default();
+    let (tx, rx) = oneshot::channel();
+    let key = format!("export:{k}");
+    let result = lose_lease_under(&locks, &key, notified(&locks, &k, tx, &steps), rx).await;
+    match result {
+        Err(LockError::Lost { key: lost }) => assert_eq!(lost, key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(steps.taken(), ["saw the loss", "undid the step"]);
+    assert_eq!(locks.local_keys(), 0, "nothing left held");
+}
+
+#[tokio::test]
+async fn by_default_the_body_is_cancelled_at_the_loss() {
+    let locks = LockRegistry::memory();
+    let k = unique_key("cancel");
+    let steps = Steps::default();
+    let (tx, rx) = oneshot::channel();
+    let key = format!("export:{k}");
+    let result = lose_lease_under(&locks, &key, cancelled(&locks, &k, tx, &steps), rx).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    assert!(steps.taken().is_empty(), "cancelled: {:?}", steps.taken());
+}
+
+#[derive(Debug, PartialEq)]
+enum ExportError {
+    RolledBack,
+    Lock(String),
+}
+
+impl From<LockError> for ExportError {
+    fn from(error: LockError) -> Self {
+        ExportError::Lock(error.to_string())
+    }
+}
+
+/// With `errors = "into"`: after the loss the body undoes its step and
+/// returns its own error (`undo`), or returns `Ok` regardless.
+#[distributed_lock(key = "export:{k}", registry = locks, on_lost = "notify", errors = "into")]
+async fn fallible(
+    locks: &LockRegistry,
+    k: &str,
+    entered: oneshot::Sender<bool>,
+    undo: bool,
+) -> Result<u32, ExportError> {
+    entered.send(false).unwrap();
+    lock_runtime::lost().await;
+    if undo {
+        Err(ExportError::RolledBack)
+    } else {
+        Ok(7)
+    }
+}
+
+#[tokio::test]
+async fn a_notified_body_s_own_error_stands_and_its_ok_becomes_lost() {
+    let locks = LockRegistry::memory();
+    for undo in [true, false] {
+        let k = unique_key("into");
+        let (tx, rx) = oneshot::channel();
+        let key = format!("export:{k}");
+        let result = lose_lease_under(&locks, &key, fallible(&locks, &k, tx, undo), rx).await;
+        if undo {
+            assert_eq!(result, Err(ExportError::RolledBack));
+        } else {
+            match result {
+                Err(ExportError::Lock(message)) => {
+                    assert!(
+                        message.contains("lost") && message.contains(&key),
+                        "{message}"
+                    )
+                }
+                other => panic!("expected the lock's Lost, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[distributed_lock(keys = ["acct:{a}", "acct:{b}"], registry = locks, on_lost = "notify")]
+async fn notified_pair(
+    locks: &LockRegistry,
+    a: &str,
+    b: &str,
+    entered: oneshot::Sender<bool>,
+    steps: &Steps,
+) {
+    wait_for_loss_then_undo(entered, steps).await;
+}
+
+#[tokio::test]
+async fn with_several_keys_a_loss_on_one_is_told_and_the_other_is_freed() {
+    let locks = LockRegistry::memory();
+    let (a, b) = (unique_key("a"), unique_key("b"));
+    let steps = Steps::default();
+    let (tx, rx) = oneshot::channel();
+    let lost_key = format!("acct:{b}");
+    let call = notified_pair(&locks, &a, &b, tx, &steps);
+    match lose_lease_under(&locks, &lost_key, call, rx).await {
+        Err(LockError::Lost { key }) => assert_eq!(key, lost_key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(steps.taken(), ["saw the loss", "undid the step"]);
+    let other = locks
+        .try_lock(&format!("acct:{a}"), LockOptions::default())
+        .await
+        .unwrap();
+    assert!(other.is_some(), "the key not lost was released");
+}
+
+#[tokio::test]
+async fn with_lock_runs_a_body_under_the_lock_and_honours_on_lost() {
+    let locks = LockRegistry::memory();
+    let key = unique_key("with");
+    // Re-entrant, as the attribute: the nested call shares the lease.
+    let (outer, inner) = locks
+        .with_lock(&key, LockOptions::default(), async {
+            let outer = lock_runtime::fencing_token().unwrap();
+            let inner = locks
+                .with_lock(&key, LockOptions::default(), async {
+                    lock_runtime::fencing_token().unwrap()
+                })
+                .await
+                .unwrap();
+            (outer, inner)
+        })
+        .await
+        .unwrap();
+    assert_eq!(outer, inner);
+
+    for on_lost in [OnLost::Cancel, OnLost::Notify] {
+        let steps = Steps::default();
+        let (tx, rx) = oneshot::channel();
+        let opts = LockOptions::default().on_lost(on_lost);
+        let call = locks.with_lock(&key, opts, wait_for_loss_then_undo(tx, &steps));
+        let result = lose_lease_under(&locks, &key, call, rx).await;
+        assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+        let expected: &[&str] = match on_lost {
+            OnLost::Cancel => &[],
+            OnLost::Notify => &["saw the loss", "undid the step"],
+        };
+        assert_eq!(steps.taken(), expected, "{on_lost:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn outside_a_locked_body_nothing_is_lost() {
+    assert!(!lock_runtime::is_lost());
+    let waited = tokio::time::timeout(Duration::from_secs(3600), lock_runtime::lost()).await;
+    assert!(waited.is_err(), "lost() completed with no lease held");
+}
