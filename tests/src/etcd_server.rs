@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::certs::TestCerts;
+
 /// How long a cluster may take to elect its first leader.
 const READY_DEADLINE: Duration = Duration::from_secs(15);
 
@@ -34,105 +36,6 @@ struct Member {
     child: Option<Child>,
 }
 
-/// A throwaway certificate authority and the certificates it signed, for
-/// an etcd member that serves TLS and asks clients for a certificate
-/// (`--client-cert-auth`). Made with the `openssl` command.
-#[derive(Debug)]
-pub struct EtcdCerts {
-    dir: PathBuf,
-}
-
-impl EtcdCerts {
-    /// A CA, a server certificate for `127.0.0.1` and a client
-    /// certificate it signed, and a second CA that signed nothing of this.
-    fn make(dir: PathBuf) -> EtcdCerts {
-        std::fs::create_dir_all(&dir).expect("create the certificates' directory");
-        let certs = EtcdCerts { dir };
-        for ca in ["ca", "other-ca"] {
-            certs.openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                &format!("/CN=lock-tests {ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.crt"),
-            ]);
-        }
-        for (name, extensions) in [
-            (
-                "server",
-                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-            ),
-            ("client", "extendedKeyUsage=clientAuth\n"),
-        ] {
-            std::fs::write(certs.dir.join(format!("{name}.ext")), extensions)
-                .expect("write the extensions");
-            certs.openssl(&[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN=lock-tests {name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ]);
-            certs.openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.crt"),
-            ]);
-        }
-        certs
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let made = Command::new("openssl")
-            .args(args)
-            .current_dir(&self.dir)
-            .output()
-            .expect("run openssl (apt-get install -y openssl)");
-        assert!(
-            made.status.success(),
-            "openssl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-
-    /// The path of `name` (`ca.crt`, `server.key`, ...).
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// The contents of `name` (`ca.crt`, `client.crt`, `client.key`,
-    /// `other-ca.crt`, ...).
-    pub fn pem(&self, name: &str) -> Vec<u8> {
-        std::fs::read(self.path(name)).expect("read a certificate")
-    }
-}
-
 /// An etcd cluster of one or more members on `127.0.0.1`, with fast Raft
 /// timings (10 ms heartbeats, 100 ms elections: the shortest lease is then
 /// 1 s). Every member is killed (SIGKILL) and its directory removed on drop.
@@ -141,7 +44,7 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
     /// Set: the members serve their clients over TLS with these.
-    tls: Option<EtcdCerts>,
+    tls: Option<TestCerts>,
 }
 
 /// Where the etcd store keeps `key`'s lock under its default prefix: the
@@ -196,7 +99,7 @@ impl EtcdCluster {
         for _ in 0..3 {
             let mut cluster = EtcdCluster::planned(n);
             if tls {
-                cluster.tls = Some(EtcdCerts::make(cluster.members[0].dir.join("certs")));
+                cluster.tls = Some(TestCerts::make(cluster.members[0].dir.join("certs")));
             }
             for i in 0..n {
                 cluster.start(i);
@@ -326,7 +229,7 @@ impl EtcdCluster {
     }
 
     /// The certificates of a [`single_tls`](Self::single_tls) member.
-    pub fn certs(&self) -> Option<&EtcdCerts> {
+    pub fn certs(&self) -> Option<&TestCerts> {
         self.tls.as_ref()
     }
 

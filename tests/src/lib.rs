@@ -6,6 +6,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod attribute;
+mod certs;
 mod etcd_server;
 mod postgres_server;
 pub mod processes;
@@ -15,12 +16,13 @@ mod server_process;
 mod worker;
 mod zookeeper_server;
 
-pub use etcd_server::{
-    EtcdCerts, EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range,
-};
+pub use certs::TestCerts;
+pub use etcd_server::{EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range};
 pub use postgres_server::PostgresServer;
 pub use proxy::Proxy;
-pub use redis_server::{RedisCluster, RedisSentinels, RedisServer, RedisServers, SENTINEL_MASTER};
+pub use redis_server::{
+    RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
+};
 pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;
 

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::certs::TestCerts;
+
 /// How long a server may take to answer its first PING.
 const READY_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -288,6 +290,62 @@ impl RedisServer {
 impl Default for RedisServer {
     fn default() -> Self {
         RedisServer::new()
+    }
+}
+
+/// A `redis-server` that serves TLS on its own port (beside a plain port
+/// the harness uses to see it is up), with a certificate for `127.0.0.1`
+/// from a throwaway CA, and a password.
+#[derive(Debug)]
+pub struct RedisTlsServer {
+    /// The server (its plain port is for the harness only).
+    pub server: RedisServer,
+    /// The CA, the server's and a client's certificates, and a second CA.
+    pub certs: TestCerts,
+    tls_port: u16,
+    password: String,
+}
+
+impl RedisTlsServer {
+    /// Starts the server; with `client_certs`, it refuses clients that do
+    /// not show a certificate its CA signed (`tls-auth-clients yes`).
+    pub fn new(password: &str, client_certs: bool) -> RedisTlsServer {
+        let certs = TestCerts::make(temp_dir().join("certs"));
+        let tls_port = free_port();
+        let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
+        let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+        let auth = if client_certs { "yes" } else { "no" };
+        let tls_port_arg = tls_port.to_string();
+        let server = RedisServer::with_args(&[
+            "--tls-port",
+            &tls_port_arg,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            auth,
+            "--requirepass",
+            password,
+        ]);
+        RedisTlsServer {
+            server,
+            certs,
+            tls_port,
+            password: password.to_owned(),
+        }
+    }
+
+    /// `rediss://:PASSWORD@127.0.0.1:TLS_PORT`.
+    pub fn url(&self) -> String {
+        format!("rediss://:{}@127.0.0.1:{}", self.password, self.tls_port)
+    }
+
+    /// The TLS port.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
     }
 }
 

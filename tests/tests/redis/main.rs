@@ -9,3 +9,4 @@ mod processes;
 mod redlock;
 mod redlock_processes;
 mod store;
+mod tls;

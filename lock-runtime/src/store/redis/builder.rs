@@ -7,7 +7,7 @@ use ::redis::aio::ConnectionManagerConfig;
 
 use super::RedisStore;
 use super::commands::{Commands, Fencing, ReplicaAcks};
-use super::connection::{RedisConnection, Source};
+use super::connection::{RedisConnection, Source, TlsSettings};
 use super::subscriber::Subscriber;
 use crate::error::{BackendError, LockError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
@@ -22,6 +22,7 @@ pub struct RedisStoreBuilder {
     connection_retries: usize,
     replica_acks: Option<ReplicaAcks>,
     fair: Option<Duration>,
+    tls: TlsSettings,
 }
 
 impl RedisStoreBuilder {
@@ -68,6 +69,25 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the CA (or CAs) in `ca_pem` for a `rediss://` server's
+    /// certificate, in place of the system's roots: for a private CA or a
+    /// self-signed server. The server's certificate must name the host of
+    /// the URL.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
+        self.tls.ca = Some(ca_pem.as_ref().to_vec());
+        self
+    }
+
+    /// Shows the certificate chain `cert_pem` with its private key
+    /// `key_pem` to a `rediss://` server that asks for client certificates
+    /// (`tls-auth-clients yes`).
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
+        self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
+        self
+    }
+
     /// Connects (one command connection, reconnected as needed; the
     /// subscriber connection is made on the first wait). For a
     /// `redis+sentinel://` URL, the connection goes to the master the
@@ -89,6 +109,7 @@ impl RedisStoreBuilder {
 
     /// Whether the settings can work together: what makes them unusable.
     fn check(&self) -> Result<(), String> {
+        check_tls(&self.url, self.tls.is_set(), cfg!(feature = "redis-tls"))?;
         if let Some(acks) = self.replica_acks
             && acks.timeout >= self.timeouts.response
         {
@@ -111,7 +132,8 @@ impl RedisStoreBuilder {
             .set_number_of_retries(self.connection_retries)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        let conn = RedisConnection::connect(&self.url, config, self.timeouts.connection).await?;
+        let conn = RedisConnection::connect(&self.url, &self.tls, config, self.timeouts.connection)
+            .await?;
         let subscriber =
             Subscriber::new(Source::Connection(conn.clone()), self.timeouts.connection);
         Ok(RedisStore::new(
@@ -125,6 +147,25 @@ impl RedisStoreBuilder {
             redact(&self.url),
         ))
     }
+}
+
+/// Refuses a `rediss://` URL without the TLS feature (`built_with_tls`),
+/// and certificates (`certificates`) the URL would not use.
+fn check_tls(url: &str, certificates: bool, built_with_tls: bool) -> Result<(), String> {
+    let tls_url = url.starts_with("rediss://");
+    if tls_url && !built_with_tls {
+        return Err(
+            "a rediss:// URL needs lock-runtime's `redis-tls` feature (TLS through rustls)"
+                .to_owned(),
+        );
+    }
+    if certificates && !tls_url {
+        return Err(
+            "TLS certificates are set but the URL is not rediss:// (Sentinel over TLS is not supported): the connection would not use them"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// Refuses a fair mode's grant timeout too short for waiters to keep their
@@ -149,8 +190,8 @@ pub(super) fn invalid_settings(address: String, reason: String) -> LockError {
 
 impl RedisStore {
     /// Starts configuring a store for `url`: `redis://[:password@]host:port[/db]`
-    /// for one server (`rediss://` for TLS when the `redis` crate is built
-    /// with it), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
+    /// for one server (`rediss://` for TLS, with the `redis-tls` feature; see
+    /// the [module docs](super#tls)), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
     /// for the master of a Sentinel group (the password is the master's).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         RedisStoreBuilder {
@@ -160,6 +201,27 @@ impl RedisStore {
             connection_retries: 2,
             replica_acks: None,
             fair: None,
+            tls: TlsSettings::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_tls;
+
+    #[test]
+    fn tls_needs_the_feature_and_certificates_need_tls() {
+        let tls = "rediss://127.0.0.1:6380";
+        let plain = "redis://127.0.0.1:6379";
+        assert!(check_tls(tls, false, true).is_ok());
+        assert!(check_tls(tls, true, true).is_ok());
+        assert!(check_tls(plain, false, false).is_ok());
+        let no_feature = check_tls(tls, false, false).unwrap_err();
+        assert!(no_feature.contains("`redis-tls` feature"), "{no_feature}");
+        let unused = check_tls(plain, true, true).unwrap_err();
+        assert!(unused.contains("not rediss://"), "{unused}");
+        let sentinel = check_tls("redis+sentinel://127.0.0.1:26379/main", true, true);
+        assert!(sentinel.unwrap_err().contains("Sentinel"));
     }
 }

@@ -51,16 +51,68 @@ struct Sentinel {
 /// Where the subscriber connects: a given client, or the command
 /// connection's current server.
 pub(super) enum Source {
-    Client(Client),
+    Client(Box<Client>),
     Connection(RedisConnection),
 }
 
 impl Source {
     pub(super) async fn client(&self) -> Result<Client, BackendError> {
         Ok(match self {
-            Source::Client(client) => client.clone(),
+            Source::Client(client) => (**client).clone(),
             Source::Connection(connection) => connection.current().1,
         })
+    }
+}
+
+/// The certificates a `rediss://` connection trusts and shows: the
+/// system's roots and no client certificate unless set.
+#[derive(Clone, Default)]
+pub(super) struct TlsSettings {
+    /// PEM: the CA (or CAs) the server's certificate must chain to.
+    pub(super) ca: Option<Vec<u8>>,
+    /// PEM: the client's certificate chain and private key.
+    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsSettings {
+    /// Whether anything other than the defaults is set.
+    pub(super) fn is_set(&self) -> bool {
+        self.ca.is_some() || self.identity.is_some()
+    }
+
+    /// A client for the server at `url` with these settings.
+    pub(super) fn client(&self, url: &str) -> Result<Client, RedisError> {
+        #[cfg(feature = "redis-tls")]
+        if url.starts_with("rediss://") {
+            // rustls needs a process-wide provider; one the application
+            // installed stays.
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            if self.is_set() {
+                let certificates = ::redis::TlsCertificates {
+                    client_tls: self.identity.clone().map(|(client_cert, client_key)| {
+                        ::redis::ClientTlsConfig {
+                            client_cert,
+                            client_key,
+                        }
+                    }),
+                    root_cert: self.ca.clone(),
+                };
+                return Client::build_with_tls(url, certificates);
+            }
+        }
+        Client::open(url)
+    }
+}
+
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Certificates and keys are never printed.
+        f.debug_struct("TlsSettings")
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
     }
 }
 
@@ -69,11 +121,12 @@ impl RedisConnection {
     /// master the Sentinels name, and checks it answers `PING`.
     pub(super) async fn connect(
         url: &str,
+        tls: &TlsSettings,
         config: ConnectionManagerConfig,
         timeout: Duration,
     ) -> Result<RedisConnection, BackendError> {
         let (client, sentinel) = match SentinelUrl::parse(url)? {
-            None => (Client::open(url)?, None),
+            None => (tls.client(url)?, None),
             Some(spec) => {
                 let mut builder = SentinelClientBuilder::new(
                     spec.sentinels,

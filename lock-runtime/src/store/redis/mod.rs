@@ -79,6 +79,28 @@
 //! old one's by more than the failover took). Tokens are large (about
 //! 1.8 × 10¹⁵ in 2026) and not dense. [`Fencing::Off`] turns them off
 //! (always 0).
+//!
+//! # TLS
+//!
+//! With the `redis-tls` feature, a `rediss://` URL connects over TLS
+//! (rustls with ring; no OpenSSL), checking the server's certificate
+//! against the system's roots, as managed services (ElastiCache with
+//! in-transit encryption, Azure Cache, Upstash) need:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), lock_runtime::LockError> {
+//! let locks = lock_runtime::LockRegistry::redis("rediss://:PASSWORD@my-cache.example.com:6380").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A private CA and client certificates (`tls-auth-clients yes`) are set on
+//! the builder with [`RedisStoreBuilder::tls_ca`] and
+//! [`RedisStoreBuilder::tls_identity`]. A certificate that does not check
+//! out is a [`LockError::Connect`] naming the
+//! server (never the password). Without the feature, a `rediss://` URL is
+//! refused with [`LockError::InvalidSettings`].
+//! Sentinel over TLS is not supported yet (the `redis` crate's Sentinel
+//! client can do it; this store does not wire it).
 
 mod builder;
 mod commands;
@@ -158,7 +180,7 @@ where
                 replica_acks: None,
                 fair: None,
             },
-            Subscriber::new(Source::Client(pubsub), Duration::from_secs(1)),
+            Subscriber::new(Source::Client(Box::new(pubsub)), Duration::from_secs(1)),
             "custom connection".into(),
         )
     }
