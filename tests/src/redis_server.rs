@@ -293,6 +293,52 @@ impl Default for RedisServer {
     }
 }
 
+/// Waits until `server`, if a cluster primary, has a write confirmed by
+/// `replicas` replicas (`WAIT`): a replica "online" just after it joined
+/// may not stream writes yet.
+fn wait_replicated(server: &RedisServer, replicas: usize, deadline: Instant) {
+    let mut conn = server.connection();
+    let role: String = redis::cmd("ROLE")
+        .query::<Vec<redis::Value>>(&mut conn)
+        .ok()
+        .and_then(|role| match role.first() {
+            Some(redis::Value::BulkString(role)) => {
+                Some(String::from_utf8_lossy(role).into_owned())
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    if role != "master" {
+        return;
+    }
+    // A key this primary owns: the first probe it does not redirect.
+    let key = (0..)
+        .map(|i| format!("replication-probe:{i}"))
+        .find(|key| {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(1)
+                .query::<()>(&mut conn)
+                .is_ok()
+        })
+        .expect("a key of this primary");
+    loop {
+        let () = redis::cmd("SET").arg(&key).arg(1).query(&mut conn).unwrap();
+        let acked: usize = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(100)
+            .query(&mut conn)
+            .unwrap();
+        if acked >= replicas {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas never confirmed a write"
+        );
+    }
+}
+
 /// A `redis-server` that serves TLS on its own port (beside a plain port
 /// the harness uses to see it is up), with a certificate for `127.0.0.1`
 /// from a throwaway CA, and a password.
@@ -411,7 +457,7 @@ impl RedisServers {
     }
 }
 
-/// A Redis Cluster of `n` primaries (no replicas), all on loopback, built
+/// A Redis Cluster of primaries (and replicas, if asked), all on loopback, built
 /// with `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -421,7 +467,14 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts the nodes, joins them and waits for `cluster_state:ok`.
     pub fn spawn(n: usize) -> RedisCluster {
-        let servers: Vec<RedisServer> = (0..n)
+        RedisCluster::spawn_with_replicas(n, 0)
+    }
+
+    /// Starts `primaries * (1 + replicas)` nodes, joins them with
+    /// `replicas` replicas per primary, and waits for `cluster_state:ok`
+    /// and for every primary to see its replicas online.
+    pub fn spawn_with_replicas(primaries: usize, replicas: usize) -> RedisCluster {
+        let servers: Vec<RedisServer> = (0..primaries * (1 + replicas))
             .map(|_| {
                 RedisServer::with_args(&[
                     "--cluster-enabled",
@@ -430,6 +483,8 @@ impl RedisCluster {
                     "{dir}/nodes.conf",
                     "--cluster-node-timeout",
                     "5000",
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ])
             })
             .collect();
@@ -441,7 +496,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli (it comes with redis-server, in redis-tools)");
         assert!(
@@ -463,7 +518,22 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        if replicas > 0 {
+            for server in &servers {
+                wait_replicated(server, replicas, deadline);
+            }
+        }
         RedisCluster { servers }
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`: every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .servers
+            .iter()
+            .map(|server| format!("127.0.0.1:{}", server.port()))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
     }
 
     /// Every node's URL.

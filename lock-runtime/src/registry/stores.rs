@@ -30,8 +30,11 @@ impl LockRegistry {
         LockRegistry::new(MemoryStore::new())
     }
 
-    /// A registry over one Redis server (`redis://[:password@]host:port[/db]`),
-    /// with the [`RedisStore`] defaults.
+    /// A registry over one Redis server (`redis://[:password@]host:port[/db]`,
+    /// `rediss://` for TLS), a Redis Cluster
+    /// (`redis+cluster://host:port[,host:port...]`) or the master of a
+    /// Sentinel group (`redis+sentinel://host:port[,..]/master`), with the
+    /// [`RedisStore`] defaults (see [`RedisStore::builder`]).
     ///
     /// # Errors
     ///

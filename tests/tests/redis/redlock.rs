@@ -181,3 +181,77 @@ async fn a_release_on_any_node_wakes_the_waiter() {
     let handoff = measure_handoff(&a, b, &unique_key("wake"), servers.get(0)).await;
     assert!(handoff < Duration::from_secs(1), "{handoff:?}");
 }
+
+/// The builder's node timeout bounds a round when a node is frozen: with
+/// 50 ms an acquire completes in well under the default's 1 s (a tenth of
+/// the 30 s ttl, capped), which the control shows it takes.
+#[tokio::test]
+async fn the_builder_s_node_timeout_bounds_a_round_with_a_frozen_node() {
+    let servers = RedisServers::spawn(3);
+    let urls = servers.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let quick = RedlockStore::builder(&urls)
+        .node_timeout(Duration::from_millis(50))
+        .clock_drift(0.05)
+        .retry_delay(Duration::from_millis(5))
+        .connect()
+        .await
+        .unwrap();
+    let quick = LockRegistry::new(quick);
+    // The drift allowance widens the runtime's margin with it.
+    assert_eq!(
+        quick.store().capabilities().margin.parts_per_million,
+        50_000
+    );
+    let default = LockRegistry::redlock(&urls).await.unwrap();
+    let round = async |registry: &LockRegistry| {
+        let key = unique_key("frozen");
+        let started = Instant::now();
+        let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+        let took = started.elapsed();
+        guard.release().await.unwrap();
+        took
+    };
+    // Connected while every node was up.
+    round(&quick).await;
+    round(&default).await;
+    servers.get(2).pause();
+    let (fast, slow) = (round(&quick).await, round(&default).await);
+    servers.get(2).resume();
+    assert!(fast < Duration::from_millis(400), "{fast:?}");
+    assert!(slow >= Duration::from_secs(1), "the control: {slow:?}");
+}
+
+/// Timings that cannot work are refused before any connection, naming the
+/// nodes without their passwords.
+#[tokio::test]
+async fn the_builder_refuses_timings_that_cannot_work() {
+    let nodes = [
+        "redis://:pw1@127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ];
+    for (builder, reason) in [
+        (
+            RedlockStore::builder(&nodes).clock_drift(0.7),
+            "clock drift factor",
+        ),
+        (
+            RedlockStore::builder(&nodes).node_timeout(Duration::ZERO),
+            "node timeout",
+        ),
+        (
+            RedlockStore::builder(&nodes).retry_delay(Duration::ZERO),
+            "retry delay",
+        ),
+    ] {
+        let err = builder.connect().await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidSettings { .. }), "{err:?}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(reason) && shown.contains("127.0.0.1:3"),
+            "{shown}"
+        );
+        assert!(!shown.contains("pw1"), "{shown}");
+    }
+}

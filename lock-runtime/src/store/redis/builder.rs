@@ -7,14 +7,14 @@ use ::redis::aio::ConnectionManagerConfig;
 
 use super::RedisStore;
 use super::commands::{Commands, Fencing, ReplicaAcks};
-use super::connection::{RedisConnection, Source, TlsSettings};
+use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
 use super::subscriber::Subscriber;
 use crate::error::{BackendError, LockError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
 
 /// Configures and connects a [`RedisStore`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
     url: String,
     fencing: Fencing,
@@ -51,6 +51,10 @@ impl RedisStoreBuilder {
     /// replica fails too (see the README for what it costs). Off by default.
     /// `timeout` must be shorter than the
     /// [response timeout](Self::response_timeout), or `connect` refuses it.
+    ///
+    /// On a Redis Cluster, `WAIT` goes to every primary and the fewest
+    /// acknowledgements count: each primary needs `replicas` replicas
+    /// online for any grant to go out.
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = Some(ReplicaAcks { replicas, timeout });
         self
@@ -132,8 +136,18 @@ impl RedisStoreBuilder {
             .set_number_of_retries(self.connection_retries)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        let conn = RedisConnection::connect(&self.url, &self.tls, config, self.timeouts.connection)
-            .await?;
+        let cluster = ClusterSettings {
+            response: self.timeouts.response,
+            retries: u32::try_from(self.connection_retries).unwrap_or(u32::MAX),
+        };
+        let conn = RedisConnection::connect(
+            &self.url,
+            &self.tls,
+            config,
+            cluster,
+            self.timeouts.connection,
+        )
+        .await?;
         let subscriber =
             Subscriber::new(Source::Connection(conn.clone()), self.timeouts.connection);
         Ok(RedisStore::new(
@@ -152,7 +166,7 @@ impl RedisStoreBuilder {
 /// Refuses a `rediss://` URL without the TLS feature (`built_with_tls`),
 /// and certificates (`certificates`) the URL would not use.
 fn check_tls(url: &str, certificates: bool, built_with_tls: bool) -> Result<(), String> {
-    let tls_url = url.starts_with("rediss://");
+    let tls_url = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
     if tls_url && !built_with_tls {
         return Err(
             "a rediss:// URL needs lock-runtime's `redis-tls` feature (TLS through rustls)"
@@ -191,7 +205,9 @@ pub(super) fn invalid_settings(address: String, reason: String) -> LockError {
 impl RedisStore {
     /// Starts configuring a store for `url`: `redis://[:password@]host:port[/db]`
     /// for one server (`rediss://` for TLS, with the `redis-tls` feature; see
-    /// the [module docs](super#tls)), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
+    /// the [module docs](super#tls)),
+    /// `redis+cluster://[:password@]host:port[,host:port...]` for a Redis
+    /// Cluster (any of its nodes; `rediss+cluster://` for TLS), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
     /// for the master of a Sentinel group (the password is the master's).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         RedisStoreBuilder {
@@ -216,6 +232,8 @@ mod tests {
         let plain = "redis://127.0.0.1:6379";
         assert!(check_tls(tls, false, true).is_ok());
         assert!(check_tls(tls, true, true).is_ok());
+        assert!(check_tls("rediss+cluster://a:1,b:2", true, true).is_ok());
+        assert!(check_tls("rediss+cluster://a:1", false, false).is_err());
         assert!(check_tls(plain, false, false).is_ok());
         let no_feature = check_tls(tls, false, false).unwrap_err();
         assert!(no_feature.contains("`redis-tls` feature"), "{no_feature}");

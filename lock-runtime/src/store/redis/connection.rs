@@ -1,5 +1,6 @@
-//! The command connection of a Redis store: to one server, or to the master
-//! that a set of Sentinels names, found again after a failover.
+//! The command connection of a Redis store: to one server, to the nodes of
+//! a Redis Cluster, or to the master that a set of Sentinels names, found
+//! again after a failover.
 //!
 //! The `redis` crate's own Sentinel client finds the master once; it does not
 //! follow a failover. This connection asks the Sentinels again whenever a
@@ -12,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClientBuilder;
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::Mutex as AsyncMutex;
@@ -23,20 +26,30 @@ use crate::error::BackendError;
 const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 
 /// The connection a [`RedisStore`](super::RedisStore) sends its commands
-/// on: to one server (`redis://`), or to the current master of a Sentinel
-/// group (`redis+sentinel://`). Cheap to clone; clones share it.
+/// on: to one server (`redis://`), to a Redis Cluster
+/// (`redis+cluster://`), or to the current master of a Sentinel group
+/// (`redis+sentinel://`). Cheap to clone; clones share it.
 #[derive(Clone)]
 pub struct RedisConnection {
-    /// The plain server's connection, used directly: no lock, no second
-    /// future on the path of every command. Without its client, whose
-    /// strings a clone would copy: every command clones the connection.
-    direct: Option<ConnectionManager>,
+    /// The server's or the cluster's connection, used directly: no lock,
+    /// no second future on the path of every command. `None` for a
+    /// Sentinel group, whose master may change.
+    direct: Option<Direct>,
     shared: Arc<Shared>,
 }
 
+/// A connection that never moves.
+#[derive(Clone)]
+enum Direct {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
 struct Shared {
-    /// The connection to the server, or to the current master.
-    current: Mutex<(ConnectionManager, Client)>,
+    /// The connection to the server or to the current master, with its
+    /// client (for a cluster: the client of its first node, which the
+    /// subscriber uses: the cluster bus carries every node's publications).
+    current: Mutex<(Option<ConnectionManager>, Client)>,
     /// Set for a Sentinel group.
     sentinel: Option<Sentinel>,
 }
@@ -59,7 +72,7 @@ impl Source {
     pub(super) async fn client(&self) -> Result<Client, BackendError> {
         Ok(match self {
             Source::Client(client) => (**client).clone(),
-            Source::Connection(connection) => connection.current().1,
+            Source::Connection(connection) => connection.client(),
         })
     }
 }
@@ -90,19 +103,24 @@ impl TlsSettings {
                 let _ = rustls::crypto::ring::default_provider().install_default();
             }
             if self.is_set() {
-                let certificates = ::redis::TlsCertificates {
-                    client_tls: self.identity.clone().map(|(client_cert, client_key)| {
-                        ::redis::ClientTlsConfig {
-                            client_cert,
-                            client_key,
-                        }
-                    }),
-                    root_cert: self.ca.clone(),
-                };
-                return Client::build_with_tls(url, certificates);
+                return Client::build_with_tls(url, self.certificates());
             }
         }
         Client::open(url)
+    }
+
+    /// The certificates, as the `redis` crate takes them.
+    #[cfg(feature = "redis-tls")]
+    fn certificates(&self) -> ::redis::TlsCertificates {
+        ::redis::TlsCertificates {
+            client_tls: self.identity.clone().map(|(client_cert, client_key)| {
+                ::redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.ca.clone(),
+        }
     }
 }
 
@@ -117,14 +135,19 @@ impl fmt::Debug for TlsSettings {
 }
 
 impl RedisConnection {
-    /// Connects to the server at `url`, or (`redis+sentinel://`) to the
-    /// master the Sentinels name, and checks it answers `PING`.
+    /// Connects to the server at `url`, to the cluster
+    /// (`redis+cluster://`), or (`redis+sentinel://`) to the master the
+    /// Sentinels name, and checks it answers `PING`.
     pub(super) async fn connect(
         url: &str,
         tls: &TlsSettings,
         config: ConnectionManagerConfig,
+        cluster: ClusterSettings,
         timeout: Duration,
     ) -> Result<RedisConnection, BackendError> {
+        if let Some(nodes) = cluster_nodes(url)? {
+            return RedisConnection::cluster(nodes, tls, cluster, timeout).await;
+        }
         let (client, sentinel) = match SentinelUrl::parse(url)? {
             None => (tls.client(url)?, None),
             Some(spec) => {
@@ -156,18 +179,63 @@ impl RedisConnection {
         let mut conn = client.get_connection_manager_with_config(config).await?;
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        let direct = sentinel.is_none().then(|| conn.clone());
+        let direct = sentinel.is_none().then(|| Direct::Server(conn.clone()));
         Ok(RedisConnection {
             direct,
             shared: Arc::new(Shared {
-                current: Mutex::new((conn, client)),
+                current: Mutex::new((Some(conn), client)),
                 sentinel,
             }),
         })
     }
 
-    fn current(&self) -> (ConnectionManager, Client) {
+    /// Connects to the cluster that `nodes` (`redis://` or `rediss://`
+    /// URLs) belong to, and checks every primary answers `PING`.
+    async fn cluster(
+        nodes: Vec<String>,
+        tls: &TlsSettings,
+        config: ClusterSettings,
+        timeout: Duration,
+    ) -> Result<RedisConnection, BackendError> {
+        let pubsub = tls.client(&nodes[0])?;
+        let builder = ClusterClientBuilder::new(nodes)
+            .connection_timeout(timeout)
+            .response_timeout(config.response)
+            .retries(config.retries);
+        #[cfg(feature = "redis-tls")]
+        let builder = match tls.is_set() {
+            true => builder.certs(tls.certificates()),
+            false => builder,
+        };
+        let client = builder.build()?;
+        let mut conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
+            .await
+            .map_err(|_| "no node of the cluster answered in time")??;
+        ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        Ok(RedisConnection {
+            direct: Some(Direct::Cluster(conn)),
+            shared: Arc::new(Shared {
+                current: Mutex::new((None, pubsub)),
+                sentinel: None,
+            }),
+        })
+    }
+
+    fn current(&self) -> (Option<ConnectionManager>, Client) {
         lock(&self.shared.current).clone()
+    }
+
+    /// The client of the server, the current master or the cluster's first
+    /// node.
+    fn client(&self) -> Client {
+        lock(&self.shared.current).1.clone()
+    }
+
+    /// The current master's connection (a Sentinel group's).
+    fn master(&self) -> Result<ConnectionManager, RedisError> {
+        self.current().0.ok_or_else(|| {
+            RedisError::from((::redis::ErrorKind::Client, "no connection to the master"))
+        })
     }
 
     /// After an error a failover explains, asks the Sentinels for the master
@@ -197,7 +265,7 @@ impl RedisConnection {
             Err(_) => return,
         };
         let now = master.get_connection_info().addr().to_string();
-        let was = self.current().1.get_connection_info().addr().to_string();
+        let was = self.client().get_connection_info().addr().to_string();
         if now == was {
             return;
         }
@@ -207,7 +275,7 @@ impl RedisConnection {
         {
             Ok(conn) => {
                 tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");
-                *lock(&self.shared.current) = (conn, master);
+                *lock(&self.shared.current) = (Some(conn), master);
             }
             Err(error) => tracing::debug!(%error, master = %now, "cannot reach the new master yet"),
         }
@@ -230,17 +298,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        // `if let Some(..) = &mut self.direct { return .. }` would keep
-        // `self` borrowed on the other path too (the borrow checker's known
-        // limit with conditional returns of borrows).
+        // `match &mut self.direct { .., None => async { self .. } }` would
+        // keep `self` borrowed on the `None` path too (the borrow checker's
+        // known limit with conditional returns of borrows).
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
-            let conn = self.direct.as_mut().expect("checked above");
-            return conn.req_packed_command(cmd);
+            return match self.direct.as_mut().expect("checked above") {
+                Direct::Server(conn) => conn.req_packed_command(cmd),
+                Direct::Cluster(conn) => conn.req_packed_command(cmd),
+            };
         }
         Box::pin(async move {
-            let (mut conn, _) = self.current();
-            let result = conn.req_packed_command(cmd).await;
+            let result = match self.master() {
+                Ok(mut conn) => conn.req_packed_command(cmd).await,
+                Err(error) => Err(error),
+            };
             if let Err(error) = &result {
                 self.follow_failover(error).await;
             }
@@ -257,12 +329,16 @@ impl ConnectionLike for RedisConnection {
         // As in `req_packed_command`.
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
-            let conn = self.direct.as_mut().expect("checked above");
-            return conn.req_packed_commands(pipeline, offset, count);
+            return match self.direct.as_mut().expect("checked above") {
+                Direct::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+                Direct::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            };
         }
         Box::pin(async move {
-            let (mut conn, _) = self.current();
-            let result = conn.req_packed_commands(pipeline, offset, count).await;
+            let result = match self.master() {
+                Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Err(error) => Err(error),
+            };
             if let Err(error) = &result {
                 self.follow_failover(error).await;
             }
@@ -272,20 +348,72 @@ impl ConnectionLike for RedisConnection {
 
     fn get_db(&self) -> i64 {
         match &self.direct {
-            Some(conn) => conn.get_db(),
-            None => self.current().0.get_db(),
+            Some(Direct::Server(conn)) => conn.get_db(),
+            Some(Direct::Cluster(conn)) => conn.get_db(),
+            None => self.current().0.map_or(0, |conn| conn.get_db()),
         }
     }
 }
 
 impl fmt::Debug for RedisConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let server = self.current().1.get_connection_info().addr().to_string();
+        let server = self.client().get_connection_info().addr().to_string();
         f.debug_struct("RedisConnection")
             .field("server", &server)
+            .field("cluster", &matches!(self.direct, Some(Direct::Cluster(_))))
             .field("sentinel", &self.shared.sentinel.is_some())
             .finish()
     }
+}
+
+/// The settings a cluster connection takes from the builder.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ClusterSettings {
+    pub(super) response: Duration,
+    pub(super) retries: u32,
+}
+
+/// The node URLs of `redis+cluster://[[user]:password@]host:port[,host:port...]`
+/// (`rediss+cluster://` for TLS): `redis://[..@]host:port` each, the
+/// credentials on every one. `None` for a URL of another scheme.
+fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, BackendError> {
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        ("redis", rest)
+    } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+        ("rediss", rest)
+    } else {
+        return Ok(None);
+    };
+    let invalid = |why: &str| -> BackendError {
+        format!(
+            "invalid Redis Cluster URL `{}`: {why}; expected redis+cluster://host:port[,host:port...]",
+            crate::store::support::redact::redact(url)
+        )
+        .into()
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('/') {
+        return Err(invalid("a path (a cluster has only database 0)"));
+    }
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), rest),
+    };
+    hosts
+        .split(',')
+        .map(|host| {
+            let (name, port) = host
+                .rsplit_once(':')
+                .ok_or_else(|| invalid("a node without a port"))?;
+            if name.is_empty() {
+                return Err(invalid("a node without a host"));
+            }
+            port.parse::<u16>()
+                .map_err(|_| invalid("a port that is not a number"))?;
+            Ok(format!("{scheme}://{userinfo}{host}"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// `redis+sentinel://[[user]:password@]host:port[,host:port...]/master[/db]`.
@@ -367,6 +495,32 @@ impl SentinelUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_urls_name_every_node_with_the_credentials() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://:pw@a:1,b:2/").unwrap(),
+            Some(vec![
+                "redis://:pw@a:1".to_owned(),
+                "redis://:pw@b:2".to_owned()
+            ])
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://a:1").unwrap(),
+            Some(vec!["rediss://a:1".to_owned()])
+        );
+        assert_eq!(cluster_nodes("redis://a:1").unwrap(), None);
+        for bad in [
+            "redis+cluster://:secret@a",
+            "redis+cluster://:secret@a:1/2",
+            "redis+cluster://:secret@:1",
+            "redis+cluster://:secret@a:1,b:x",
+        ] {
+            let err = cluster_nodes(bad).unwrap_err().to_string();
+            assert!(err.starts_with("invalid Redis Cluster URL"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+    }
 
     #[test]
     fn sentinel_urls_name_hosts_master_database_and_password() {

@@ -4,13 +4,15 @@
 //! # Algorithm
 //!
 //! - **Acquire**: the single-node acquire script runs on all N nodes at once,
-//!   each bounded by a per-node timeout of `ttl / 10` (between 5 ms and 1 s).
+//!   each bounded by a per-node timeout of `ttl / 10` (between 5 ms and 1 s;
+//!   [`RedlockStoreBuilder::node_timeout`] sets it).
 //!   The lock is ours when a majority (N/2 + 1) granted it and time is left:
 //!   validity = `ttl` − elapsed (monotonic clock) − drift, with drift =
-//!   `ttl × 0.01 + 2 ms`. Otherwise it is released on every node, those that
+//!   `ttl × 0.01 + 2 ms` ([`RedlockStoreBuilder::clock_drift`]). Otherwise it is released on every node, those that
 //!   failed included, and the caller retries: when the holder's lease ends,
 //!   on a release notification, or after a short random delay when no one won
-//!   the vote.
+//!   the vote (up to `ttl / 20`, between 2 and 50 ms;
+//!   [`RedlockStoreBuilder::retry_delay`]).
 //! - **Renew** (the watchdog, every `ttl / 3`) re-acquires on every node: an
 //!   owner-checked extension where the lease is still ours and, while a
 //!   majority still has it, the acquire script where a node lost it (a
@@ -55,28 +57,39 @@ use futures_util::future::join_all;
 use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout};
 
-use super::redis::RedisStore;
+mod builder;
+
+pub use builder::RedlockStoreBuilder;
+use builder::Timing;
+
+use super::redis::{RedisStore, RedisStoreBuilder};
 use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
     ReleaseWatch, Reply, SafetyMargin, Store,
 };
 use crate::error::{BackendError, LockError};
-use crate::store::support::connect;
 use crate::store::support::redact::redact;
 
 /// What Redlock can do. The shortest lease leaves room for the node round
-/// trips and the margin: the drift allowance (1 % of the ttl plus 2 ms) plus
-/// the 10 ms a single Redis keeps for timers and cancelling the body.
-const CAPABILITIES: Capabilities = Capabilities::new("redlock")
-    .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
-    .with_linger()
-    .with_margin(SafetyMargin::new(Duration::from_millis(12), 10_000))
-    .with_fencing(FencingPromise::INCREASING);
+/// trips and the margin: the drift allowance (by default 1 % of the ttl
+/// plus 2 ms) plus the 10 ms a single Redis keeps for timers and cancelling
+/// the body.
+fn capabilities(timing: &Timing) -> Capabilities {
+    Capabilities::new("redlock")
+        .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
+        .with_linger()
+        .with_margin(SafetyMargin::new(
+            Duration::from_millis(12),
+            timing.drift_ppm,
+        ))
+        .with_fencing(FencingPromise::INCREASING)
+}
 
 /// One Redis master, connected on first use (so a node that is down when the
 /// registry is built can join later).
 struct Node {
-    url: String,
+    /// Its URL and connection settings.
+    builder: RedisStoreBuilder,
     shown: String,
     backend: OnceCell<RedisStore>,
 }
@@ -84,7 +97,7 @@ struct Node {
 impl Node {
     async fn backend(&self) -> Result<&RedisStore, BackendError> {
         self.backend
-            .get_or_try_init(|| RedisStore::builder(&self.url).connect_backend())
+            .get_or_try_init(|| self.builder.clone().connect_backend())
             .await
     }
 }
@@ -93,26 +106,36 @@ impl Node {
 #[derive(Clone)]
 pub struct RedlockStore {
     nodes: Arc<[Node]>,
+    timing: Timing,
+    capabilities: Capabilities,
 }
 
 /// A node's answer, or why there was none.
 type NodeResult<T> = Result<T, BackendError>;
 
 impl RedlockStore {
-    /// Connects to the nodes at `urls`.
+    /// Connects to the nodes at `urls` with the default settings (see
+    /// [`builder`](Self::builder)).
     ///
     /// # Errors
     ///
-    /// Fewer than 3 nodes, an address given twice (same host, port and
-    /// database), an invalid URL, or fewer than a majority of the nodes
-    /// reachable now. Nodes that are down but not a majority are connected
-    /// when they come back.
+    /// As [`RedlockStoreBuilder::connect`].
     pub async fn connect(urls: &[&str]) -> Result<RedlockStore, LockError> {
-        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
-        connect::opened("redlock", shown.join(", "), RedlockStore::open(urls)).await
+        RedlockStore::builder(urls).connect().await
     }
 
-    async fn open(urls: &[&str]) -> Result<RedlockStore, BackendError> {
+    /// Starts configuring a store over the Redis masters at `urls`
+    /// (`redis://` or, with the `redis-tls` feature, `rediss://`).
+    pub fn builder(urls: &[&str]) -> RedlockStoreBuilder {
+        RedlockStoreBuilder::new(urls)
+    }
+
+    /// Checks the nodes and connects to those that answer.
+    async fn open(
+        urls: &[String],
+        node: impl Fn(&str) -> RedisStoreBuilder,
+        timing: Timing,
+    ) -> Result<RedlockStore, BackendError> {
         if urls.len() < 3 {
             return Err(format!(
                 "redlock needs at least 3 independent Redis masters, got {}",
@@ -122,7 +145,7 @@ impl RedlockStore {
         }
         let mut seen = HashSet::new();
         for url in urls {
-            let info = ::redis::Client::open(*url)
+            let info = ::redis::Client::open(url.as_str())
                 .map_err(|err| format!("invalid node URL `{}`: {err}", redact(url)))?
                 .get_connection_info()
                 .clone();
@@ -138,11 +161,13 @@ impl RedlockStore {
             nodes: urls
                 .iter()
                 .map(|url| Node {
-                    url: (*url).to_owned(),
+                    builder: node(url),
                     shown: redact(url),
                     backend: OnceCell::new(),
                 })
                 .collect(),
+            capabilities: capabilities(&timing),
+            timing,
         };
         let reached = join_all(backend.nodes.iter().map(|node| async move {
             timeout(Duration::from_secs(2), node.backend())
@@ -163,13 +188,14 @@ impl RedlockStore {
         self.nodes.len() / 2 + 1
     }
 
-    /// The per-node timeout for a lease of `ttl`: a small fraction of it.
-    fn node_timeout(ttl: Duration) -> Duration {
-        (ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
+    /// The per-node timeout for a lease of `ttl`.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.timing.node_timeout(ttl)
     }
 
-    fn drift(ttl: Duration) -> Duration {
-        ttl / 100 + Duration::from_millis(2)
+    /// The clock-drift allowance for a lease of `ttl`.
+    fn drift(&self, ttl: Duration) -> Duration {
+        self.timing.drift(ttl)
     }
 
     /// Runs `op` on every node at once, each within `limit`.
@@ -184,7 +210,7 @@ impl RedlockStore {
     /// Releases `token`'s lease on every node; how many released it.
     async fn release_everywhere(&self, key: &str, token: LockToken, ttl: Duration) -> usize {
         let results = self
-            .on_all(Self::node_timeout(ttl), |node| {
+            .on_all(self.node_timeout(ttl), |node| {
                 node.release_token(key, token, Duration::ZERO)
             })
             .await;
@@ -233,15 +259,9 @@ fn tally(results: &[NodeResult<bool>]) -> (usize, usize) {
     (ours, not_ours)
 }
 
-/// A random pause for a split vote, so contenders do not collide again.
-fn split_vote_delay(ttl: Duration) -> Duration {
-    let max = (ttl / 20).clamp(Duration::from_millis(2), Duration::from_millis(50));
-    Duration::from_micros(rand::random_range(1_000..=max.as_micros() as u64))
-}
-
 impl Store for RedlockStore {
     fn capabilities(&self) -> &Capabilities {
-        &CAPABILITIES
+        &self.capabilities
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
@@ -250,7 +270,7 @@ impl Store for RedlockStore {
         } = request;
         Box::pin(async move {
             let started = Instant::now();
-            let limit = Self::node_timeout(ttl);
+            let limit = self.node_timeout(ttl);
             let results = self
                 .on_all(limit, |node| node.try_acquire(key, token, ttl))
                 .await;
@@ -265,7 +285,7 @@ impl Store for RedlockStore {
             }
             let validity = ttl
                 .checked_sub(started.elapsed())
-                .and_then(|left| left.checked_sub(Self::drift(ttl)));
+                .and_then(|left| left.checked_sub(self.drift(ttl)));
             if fencing.len() >= self.quorum() && validity.is_some_and(|v| !v.is_zero()) {
                 let token_value = fencing.iter().copied().max().unwrap_or(0);
                 let raised = self
@@ -277,7 +297,7 @@ impl Store for RedlockStore {
                         key: key.to_owned(),
                         token,
                         ttl,
-                        valid_until: started + ttl - Self::drift(ttl),
+                        valid_until: started + ttl - self.drift(ttl),
                     };
                     return Ok(Acquire::Acquired {
                         fencing: token_value,
@@ -300,7 +320,7 @@ impl Store for RedlockStore {
                 // The lease stands while a majority still has it.
                 Some(ends[ends.len() - self.quorum()])
             } else {
-                Some(split_vote_delay(ttl))
+                Some(self.timing.split_vote_delay(ttl))
             };
             Ok(Acquire::Held { remaining })
         })
@@ -407,7 +427,7 @@ impl Lease for RedlockLease {
             let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
             let redlock = &self.redlock;
             let started = Instant::now();
-            let limit = RedlockStore::node_timeout(ttl);
+            let limit = redlock.node_timeout(ttl);
             let mut results = redlock
                 .on_all(limit, |node| node.renew_token(key, token, ttl))
                 .await;
@@ -432,7 +452,7 @@ impl Lease for RedlockLease {
                 .await;
             }
             let (ours, not_ours) = tally(&results);
-            let drift = RedlockStore::drift(ttl);
+            let drift = redlock.drift(ttl);
             if ours >= redlock.quorum() && started.elapsed() + drift < ttl {
                 self.valid_until = started + ttl - drift;
                 return Ok(true);
@@ -450,7 +470,7 @@ impl Lease for RedlockLease {
             let (key, token) = (self.key.as_str(), self.token);
             let redlock = &self.redlock;
             let was_valid = self.is_valid();
-            let limit = RedlockStore::node_timeout(linger.max(Duration::from_secs(1)));
+            let limit = redlock.node_timeout(linger.max(Duration::from_secs(1)));
             let results = redlock
                 .on_all(limit, |node| node.release_token(key, token, linger))
                 .await;
