@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs with apt-get what the tests and the `--all-features` build need,
 # when it is missing: the servers the integration tests start (redis-server,
-# PostgreSQL, etcd, ZooKeeper), OpenSSL for the TLS test, and protoc with its
+# PostgreSQL and PgBouncer, etcd, ZooKeeper), OpenSSL for the TLS test, and protoc with its
 # well-known protos for the etcd client's build. Run by scripts/test.sh and
 # by CI before its first build.
 set -euo pipefail
@@ -18,6 +18,8 @@ pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev pkg-config)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+# PgBouncer, for the PostgreSQL store behind a pooler.
+[ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 # ZooKeeper (apt brings the Java runtime it needs).
 [ -x /usr/share/zookeeper/bin/zkServer.sh ] || missing+=(zookeeper)
 if [ ${#missing[@]} -gt 0 ]; then

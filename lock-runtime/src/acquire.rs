@@ -219,7 +219,13 @@ async fn contend(
             );
             continue;
         };
-        let mut wake = Instant::now() + retry_delay(remaining, queue_poll);
+        // A store that cannot announce releases is asked again as often as
+        // it says, as one whose queue needs its waiters back.
+        let poll = match (queue_poll, parts.capabilities.release_poll) {
+            (Some(queue), Some(release)) => Some(queue.min(release)),
+            (queue, release) => queue.or(release),
+        };
+        let mut wake = Instant::now() + retry_delay(remaining, poll);
         if let Some(deadline) = deadline {
             wake = wake.min(deadline);
         }

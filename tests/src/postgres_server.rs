@@ -347,3 +347,139 @@ impl Drop for PostgresServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// How a [`PgBouncer`] lends its server connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolMode {
+    /// A client keeps one server connection while it is connected.
+    Session,
+    /// A client has a server connection for one transaction at a time.
+    Transaction,
+}
+
+/// A PgBouncer in front of a [`PostgresServer`], on a free loopback port,
+/// trusting every user; killed on drop. Runs as the `postgres` user when
+/// we are root (PgBouncer refuses root).
+#[derive(Debug)]
+pub struct PgBouncer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PgBouncer {
+    /// Starts a PgBouncer for `server`'s databases in `mode`, with at most
+    /// `pool_size` server connections per database and user.
+    pub fn start(server: &PostgresServer, mode: PoolMode, pool_size: u32) -> PgBouncer {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-pgbouncer-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create PgBouncer's directory");
+        let user = run_as();
+        let mode = match mode {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+        };
+        let mut last_log = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let ini = format!(
+                "[databases]\n\
+                 * = host=127.0.0.1 port={server_port}\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = trust\n\
+                 auth_file = {dir}/users.txt\n\
+                 pool_mode = {mode}\n\
+                 default_pool_size = {pool_size}\n\
+                 max_client_conn = 200\n\
+                 ignore_startup_parameters = extra_float_digits,options\n\
+                 logfile = {dir}/pgbouncer.log\n",
+                server_port = server.port(),
+                dir = dir.display(),
+            );
+            std::fs::write(dir.join("pgbouncer.ini"), ini).expect("write pgbouncer.ini");
+            std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").expect("write users.txt");
+            if let Some((uid, gid)) = user {
+                for path in [
+                    dir.clone(),
+                    dir.join("pgbouncer.ini"),
+                    dir.join("users.txt"),
+                ] {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+            let mut command = Command::new(binary());
+            command
+                .arg(dir.join("pgbouncer.ini"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if let Some((uid, gid)) = user {
+                command.uid(uid).gid(gid);
+            }
+            let child = command
+                .spawn()
+                .expect("run pgbouncer (apt-get install -y pgbouncer)");
+            let mut bouncer = PgBouncer {
+                port,
+                dir: dir.clone(),
+                child: Some(child),
+            };
+            if bouncer.wait_ready() {
+                return bouncer;
+            }
+            last_log = std::fs::read_to_string(dir.join("pgbouncer.log")).unwrap_or_default();
+            bouncer.kill();
+        }
+        panic!("pgbouncer did not start in 3 attempts; log:\n{last_log}");
+    }
+
+    /// True once the port accepts connections.
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
+            if exited {
+                return false;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`, through the pooler.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Kills PgBouncer (SIGKILL).
+    pub fn kill(&mut self) {
+        crate::server_process::kill(&mut self.child);
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The PgBouncer binary: `LOCK_TEST_PGBOUNCER_BIN`, else Debian's.
+fn binary() -> PathBuf {
+    std::env::var_os("LOCK_TEST_PGBOUNCER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/pgbouncer"))
+}

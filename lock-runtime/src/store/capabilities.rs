@@ -55,6 +55,11 @@ pub struct Capabilities {
     /// cancellation) gives its place up through [`Store::abandon`](super::Store::abandon), so no
     /// release is granted to it.
     pub waiter_queue: Option<Duration>,
+    /// Set when the store cannot tell watchers of releases (its
+    /// [`watch`](super::Store::watch) never fires): how often a waiter must
+    /// ask again instead. The runtime's waiters never sleep longer between
+    /// attempts.
+    pub release_poll: Option<Duration>,
     /// How long before the store can expire a lease the holder gives up.
     pub margin: SafetyMargin,
     /// What the fencing tokens promise.
@@ -77,6 +82,7 @@ impl Capabilities {
             permits: false,
             pushes_loss: false,
             waiter_queue: None,
+            release_poll: None,
             margin: SafetyMargin::new(Duration::from_millis(2), 0),
             fencing: FencingPromise::NONE,
         }
@@ -125,6 +131,13 @@ impl Capabilities {
     /// again at least every `poll` (see [`waiter_queue`](Self::waiter_queue)).
     pub const fn with_waiter_queue(mut self, poll: Duration) -> Self {
         self.waiter_queue = Some(poll);
+        self
+    }
+
+    /// Says that the store's watches never fire, and waiters should ask
+    /// again every `poll` (see [`release_poll`](Self::release_poll)).
+    pub const fn with_polled_releases(mut self, poll: Duration) -> Self {
+        self.release_poll = Some(poll);
         self
     }
 

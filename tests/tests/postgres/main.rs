@@ -1,7 +1,8 @@
-//! The PostgreSQL store against real servers the harness makes with `initdb`: the contract, the attribute and real OS processes.
+//! The PostgreSQL store against real servers the harness makes with `initdb`: the contract, the attribute, real OS processes, and PgBouncer in front.
 //!
 //! One binary for the family: its modules are the suites.
 
 mod attribute;
+mod pooler;
 mod processes;
 mod store;

@@ -1,5 +1,6 @@
-//! Configuring and connecting a [`PostgresStore`]: the table, TLS, the
-//! number of connections and timeouts.
+//! Configuring and connecting a [`PostgresStore`]: where it connects (a
+//! connect string or the service's own `tokio_postgres::Config`), the
+//! table, TLS, a pooler in front, the number of connections and timeouts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +9,11 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, Socket};
 
-use super::PostgresStore;
 use super::listener::Listener;
 use super::session::Opener;
 use super::shared::Shared;
 use super::table::Table;
+use super::{PostgresStore, Waking};
 use crate::error::{BackendError, LockError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
@@ -20,11 +21,63 @@ use crate::store::support::redact::redact;
 /// Configures and connects a [`PostgresStore`].
 #[derive(Debug)]
 pub struct PostgresStoreBuilder {
-    url: String,
+    source: Source,
     table: String,
     connections: usize,
     timeouts: Timeouts,
     opener: Opener,
+    /// Set behind a pooler in transaction mode: how often a waiter asks
+    /// again.
+    transaction_pooling: Option<Duration>,
+}
+
+/// Where the store connects.
+enum Source {
+    Url(String),
+    Config(Box<Config>),
+}
+
+impl Source {
+    /// How errors and `Debug` show it: never with the password.
+    fn shown(&self) -> String {
+        match self {
+            Source::Url(url) => redact(url),
+            Source::Config(config) => {
+                let hosts: Vec<String> = config
+                    .get_hosts()
+                    .iter()
+                    .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+                    .map(|(host, port)| match host {
+                        tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                        tokio_postgres::config::Host::Unix(path) => {
+                            format!("{}:{port}", path.display())
+                        }
+                    })
+                    .collect();
+                format!(
+                    "host={} user={} dbname={}",
+                    hosts.join(","),
+                    config.get_user().unwrap_or("(default)"),
+                    config.get_dbname().unwrap_or("(default)")
+                )
+            }
+        }
+    }
+
+    fn config(&self) -> Result<Config, BackendError> {
+        match self {
+            Source::Url(url) => url
+                .parse()
+                .map_err(|err| format!("invalid connect string `{}`: {err}", redact(url)).into()),
+            Source::Config(config) => Ok((**config).clone()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
 }
 
 impl PostgresStoreBuilder {
@@ -54,6 +107,22 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// For a server behind a pooler that lends its sessions per
+    /// transaction (PgBouncer's `pool_mode = transaction`, and most
+    /// "transaction mode" poolers of hosted databases): every statement is
+    /// sent whole with its parameter types (one round trip, nothing
+    /// prepared on a session that the next statement may not get), and
+    /// waiters do not `LISTEN` (a notification would reach whichever client
+    /// holds the server session then): a waiter asks again every `poll`
+    /// (and when the holder's lease ends, if sooner). A release then
+    /// reaches a waiter `poll / 2` later on average, at one statement per
+    /// waiter per `poll`. Without it, a store that finds notifications do
+    /// not reach it refuses to connect. Session pooling needs nothing.
+    pub fn transaction_pooling(mut self, poll: Duration) -> Self {
+        self.transaction_pooling = Some(poll);
+        self
+    }
+
     /// How many connections run statements (default 4). Each pipelines the
     /// statements of many tasks; a connection that drops is replaced.
     pub fn connections(mut self, connections: usize) -> Self {
@@ -62,32 +131,61 @@ impl PostgresStoreBuilder {
     }
 
     /// Connects the first statement connection, creates the table and the
-    /// sequence if they are missing, and prepares the statements. The
-    /// listening connection is made on the first wait. Sessions are plain
+    /// sequence if they are missing, and prepares the statements; then
+    /// checks that a notification reaches a listening session (unless
+    /// [`transaction_pooling`](Self::transaction_pooling)). The listening
+    /// connection waiters use is made on the first wait. Sessions are plain
     /// TCP unless [`tls`](Self::tls) gave a connector.
     ///
     /// # Errors
     ///
-    /// An invalid connect string or table name, an unreachable server,
-    /// refused credentials, or no right to create the table. Never contains
-    /// the password.
+    /// [`LockError::Connect`] for an invalid connect string or table name,
+    /// an unreachable server, refused credentials, or no right to create
+    /// the table; [`LockError::InvalidSettings`] when notifications do not
+    /// reach a listening session (a pooler in transaction mode) or the
+    /// poll interval is zero. Never contains the password.
     pub async fn connect(self) -> Result<PostgresStore, LockError> {
-        let shown = redact(&self.url);
-        connect::opened("postgres", shown, self.open()).await
+        let shown = self.source.shown();
+        let invalid = |reason: String| LockError::InvalidSettings {
+            store: "postgres",
+            address: shown.clone(),
+            reason,
+        };
+        if self.transaction_pooling.is_some_and(|poll| poll.is_zero()) {
+            return Err(invalid(
+                "the transaction pooling poll interval must be longer than zero".to_owned(),
+            ));
+        }
+        let listens = self.transaction_pooling.is_none();
+        let timeout = self.timeouts.connection;
+        let store = connect::opened("postgres", shown.clone(), self.open()).await?;
+        if listens {
+            let heard = connect::opened(
+                "postgres",
+                shown.clone(),
+                store.notifications_arrive(timeout),
+            )
+            .await?;
+            if !heard {
+                return Err(invalid(
+                    "a notification sent to a listening session never arrived: a pooler in transaction mode (PgBouncer's pool_mode = transaction) does not keep the session LISTEN needs; connect directly or through session pooling, or use PostgresStoreBuilder::transaction_pooling"
+                        .to_owned(),
+                ));
+            }
+        }
+        Ok(store)
     }
 
     async fn open(self) -> Result<PostgresStore, BackendError> {
         let table = Table::new(&self.table)?;
-        let mut config: Config = self
-            .url
-            .parse()
-            .map_err(|err| format!("invalid connect string `{}`: {err}", redact(&self.url)))?;
+        let mut config = self.source.config()?;
         config.connect_timeout(self.timeouts.connection);
         let shared = Arc::new(Shared {
             opener: self.opener.clone(),
             config,
             table,
             response_timeout: self.timeouts.response,
+            prepare: self.transaction_pooling.is_none(),
             slots: (0..self.connections)
                 .map(|_| AsyncMutex::new(None))
                 .collect(),
@@ -96,24 +194,59 @@ impl PostgresStoreBuilder {
         shared.table.create(&client).await?;
         let first = shared.prepared(client).await?;
         *shared.slots[0].lock().await = Some(first);
-        let listener = Listener::new(shared.config.clone(), self.opener, self.timeouts.connection);
-        Ok(PostgresStore {
-            shared,
-            listener,
-            shown: redact(&self.url),
-        })
+        let waking = match self.transaction_pooling {
+            None => Waking::Listen(Listener::new(
+                shared.config.clone(),
+                self.opener,
+                self.timeouts.connection,
+            )),
+            Some(poll) => Waking::Poll(poll),
+        };
+        Ok(PostgresStore::new(shared, waking, self.source.shown()))
     }
 }
 
 impl PostgresStore {
-    /// Starts configuring a store for `url`.
+    /// Starts configuring a store for `url`
+    /// (`postgres://user:password@host:port/dbname`, or `host=.. user=..`).
     pub fn builder(url: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Source::Url(url.to_owned()))
+    }
+
+    /// Starts configuring a store from the `tokio_postgres::Config` the
+    /// service already builds (the one its pool's manager takes, with
+    /// `deadpool-postgres` or `bb8-postgres`): one place for the host,
+    /// credentials and options. The store opens its own few sessions from
+    /// it rather than borrowing the pool's: it keeps one listening session
+    /// for as long as anyone waits, and pipelines every task's statements
+    /// on its statement sessions, neither of which a checked-out pooled
+    /// client can do; the pool's size is not touched. Its connect timeout
+    /// is the builder's.
+    ///
+    /// ```no_run
+    /// use lock_runtime::{LockRegistry, PostgresStore};
+    ///
+    /// # async fn run() -> Result<(), lock_runtime::LockError> {
+    /// let mut config = tokio_postgres::Config::new();
+    /// config.host("10.0.0.7").user("app").password("secret").dbname("shop");
+    /// // ... the service's pool is built from `config.clone()` ...
+    /// let locks = LockRegistry::new(PostgresStore::with_config(config).connect().await?);
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn with_config(config: Config) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Source::Config(Box::new(config)))
+    }
+}
+
+impl PostgresStoreBuilder {
+    fn new(source: Source) -> Self {
         PostgresStoreBuilder {
-            url: url.to_owned(),
+            source,
             table: "lock_leases".to_owned(),
             connections: 4,
             timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
             opener: Opener::plain(),
+            transaction_pooling: None,
         }
     }
 }

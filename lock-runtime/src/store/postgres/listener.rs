@@ -18,6 +18,7 @@ use tokio_postgres::{AsyncMessage, Config};
 
 use super::CHANNEL;
 use super::session::Opener;
+use super::shared::Shared;
 use super::table::pg_error;
 use crate::error::BackendError;
 use crate::store::{ReleaseWatch, Reply};
@@ -142,6 +143,51 @@ impl Listener {
             waiters.send_replace(());
         }
     }
+}
+
+/// Whether a notification reaches a session that listens, within `wait`:
+/// one session listens on a channel of its own, a statement session
+/// notifies it. Behind a pooler that lends sessions per transaction, the
+/// listening session is gone once its `LISTEN` committed, and nothing
+/// arrives.
+pub(super) async fn notifications_arrive(
+    shared: &Shared,
+    wait: Duration,
+) -> Result<bool, BackendError> {
+    let (client, mut messages) = shared.opener.open(&shared.config).await.map_err(pg_error)?;
+    let channel = format!("lock_runtime_probe_{:016x}", rand::random::<u64>());
+    let heard = async {
+        loop {
+            match std::future::poll_fn(|cx| messages(cx)).await {
+                Some(Ok(AsyncMessage::Notification(note))) if note.channel() == channel => {
+                    return Ok(true);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(pg_error(error)),
+                None => return Ok(false),
+            }
+        }
+    };
+    let notify = async {
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .map_err(pg_error)?;
+        let conn = shared.conn(&[0; 8]).await?;
+        conn.client
+            .batch_execute(&format!("NOTIFY {channel}"))
+            .await
+            .map_err(pg_error)?;
+        // The session that listens says when it hears.
+        std::future::pending::<Result<bool, BackendError>>().await
+    };
+    let probe = async {
+        tokio::select! {
+            heard = heard => heard,
+            failed = notify => failed,
+        }
+    };
+    tokio::time::timeout(wait, probe).await.unwrap_or(Ok(false))
 }
 
 /// Connects and listens again, with backoff, while anyone waits; stops when

@@ -55,6 +55,21 @@
 //! SHA-256 of the released key. Expired rows send nothing, so waiters also
 //! retry when the holder's lease says it ends.
 //!
+//! # Poolers
+//!
+//! Behind a pooler in **session** mode (PgBouncer's `pool_mode = session`)
+//! the store works as on a direct connection. In **transaction** mode a
+//! session is lent for one transaction at a time, so statements prepared
+//! on it and a `LISTEN` on it do not last: connect checks that a
+//! notification reaches a listening session and refuses
+//! ([`LockError::InvalidSettings`](crate::LockError::InvalidSettings))
+//! when it does not. With [`PostgresStoreBuilder::transaction_pooling`]
+//! the store sends each statement whole with its parameter types (one
+//! round trip, as before) and its waiters ask again every poll interval
+//! instead of listening: a hand-off then takes about half the interval.
+//! Statement pooling is not supported (the acquire and hand-over are
+//! transactions of one statement, but the table's creation is not).
+//!
 //! # Fencing
 //!
 //! Tokens come from the sequence: strictly increasing across keys and
@@ -84,6 +99,7 @@ use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
     Reply, SafetyMargin, Store,
 };
+use crate::error::BackendError;
 use listener::Listener;
 
 /// What the PostgreSQL store can do.
@@ -118,13 +134,44 @@ const CHANNEL: &str = "lock_leases_released";
 #[derive(Clone)]
 pub struct PostgresStore {
     shared: Arc<Shared>,
-    listener: Arc<Listener>,
+    waking: Waking,
+    capabilities: Capabilities,
     shown: String,
+}
+
+/// How waiters learn of releases.
+#[derive(Clone)]
+enum Waking {
+    /// From notifications, on the store's listening session.
+    Listen(Arc<Listener>),
+    /// By asking again this often (behind a pooler in transaction mode).
+    Poll(Duration),
+}
+
+impl PostgresStore {
+    fn new(shared: Arc<Shared>, waking: Waking, shown: String) -> Self {
+        let capabilities = match waking {
+            Waking::Listen(_) => CAPABILITIES,
+            Waking::Poll(poll) => CAPABILITIES.with_polled_releases(poll),
+        };
+        PostgresStore {
+            shared,
+            waking,
+            capabilities,
+            shown,
+        }
+    }
+
+    /// Whether a notification reaches a session that listens, within
+    /// `wait`: not when a pooler lends sessions per transaction.
+    async fn notifications_arrive(&self, wait: Duration) -> Result<bool, BackendError> {
+        listener::notifications_arrive(&self.shared, wait).await
+    }
 }
 
 impl Store for PostgresStore {
     fn capabilities(&self) -> &Capabilities {
-        &CAPABILITIES
+        &self.capabilities
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
@@ -151,7 +198,9 @@ impl Store for PostgresStore {
                         }),
                     });
                 }
-                if let Some(remaining) = self.shared.refused(&id, request.waits).await? {
+                // Marked rows notify on release: only worth it to listeners.
+                let mark = request.waits && matches!(self.waking, Waking::Listen(_));
+                if let Some(remaining) = self.shared.refused(&id, mark).await? {
                     return Ok(Acquire::Held {
                         remaining: Some(remaining),
                     });
@@ -174,7 +223,12 @@ impl Store for PostgresStore {
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         Box::pin(async move {
             let id = row_id(key);
-            let watch = self.listener.watch(hex(&id)).await?;
+            let Waking::Listen(listener) = &self.waking else {
+                // No notifications: a watch that never fires; waiters poll.
+                let (tx, rx) = tokio::sync::watch::channel(());
+                return Ok(ReleaseWatch::new(rx, Some(Box::new(tx))));
+            };
+            let watch = listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
             self.shared.refused(&id, true).await?;
             Ok(watch)
@@ -216,6 +270,10 @@ impl fmt::Debug for PostgresStore {
             .field("url", &self.shown)
             .field("table", &self.shared.table.name)
             .field("sessions", &self.shared.opener)
+            .field(
+                "transaction_pooling",
+                &matches!(self.waking, Waking::Poll(_)),
+            )
             .finish_non_exhaustive()
     }
 }

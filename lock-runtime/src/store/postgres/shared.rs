@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, Row, Statement};
+use tokio_postgres::{Client, Config, Row};
 
 use super::CHANNEL;
 use super::session::Opener;
-use super::table::{Statements, Table, millis, pg_error};
+use super::table::{Statements, Stmt, Table, millis, pg_error};
 use crate::error::BackendError;
 use crate::store::LockToken;
 
@@ -20,6 +20,9 @@ pub(super) struct Shared {
     pub(super) config: Config,
     pub(super) table: Table,
     pub(super) response_timeout: Duration,
+    /// Whether sessions are the store's own (statements prepared once per
+    /// session), not lent per transaction by a pooler.
+    pub(super) prepare: bool,
     /// Statement connections, made on first use and replaced once closed.
     pub(super) slots: Vec<AsyncMutex<Option<Conn>>>,
 }
@@ -47,9 +50,14 @@ impl Shared {
         Ok(client)
     }
 
-    /// `client` with the statements prepared on it.
+    /// `client` with the statements (prepared on it, unless a pooler lends
+    /// sessions per transaction).
     pub(super) async fn prepared(&self, client: Client) -> Result<Conn, BackendError> {
-        let statements = self.table.prepare(&client).await.map_err(pg_error)?;
+        let statements = self
+            .table
+            .statements(&client, self.prepare)
+            .await
+            .map_err(pg_error)?;
         Ok(Conn {
             client: Arc::new(client),
             statements: Arc::new(statements),
@@ -82,13 +90,23 @@ impl Shared {
     pub(super) async fn query_opt(
         &self,
         id: &[u8],
-        pick: impl Fn(&Statements) -> &Statement,
+        pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, BackendError> {
         self.timed(async {
             let conn = self.conn(id).await?;
-            let row = conn.client.query_opt(pick(&conn.statements), params);
-            row.await.map_err(pg_error)
+            let stmt = pick(&conn.statements);
+            match &stmt.prepared {
+                Some(prepared) => conn.client.query_opt(prepared, params).await,
+                None => {
+                    let rows = conn
+                        .client
+                        .query_typed(&stmt.sql, &typed(stmt, params))
+                        .await;
+                    rows.map(|rows| rows.into_iter().next())
+                }
+            }
+            .map_err(pg_error)
         })
         .await
     }
@@ -98,13 +116,24 @@ impl Shared {
     pub(super) async fn execute(
         &self,
         id: &[u8],
-        pick: impl Fn(&Statements) -> &Statement,
+        pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, BackendError> {
         self.timed(async {
             let conn = self.conn(id).await?;
-            let changed = conn.client.execute(pick(&conn.statements), params);
-            changed.await.map_err(pg_error)
+            let stmt = pick(&conn.statements);
+            match &stmt.prepared {
+                Some(prepared) => conn.client.execute(prepared, params).await,
+                // Every statement that changes rows returns one per row.
+                None => {
+                    let rows = conn
+                        .client
+                        .query_typed(&stmt.sql, &typed(stmt, params))
+                        .await;
+                    rows.map(|rows| rows.len() as u64)
+                }
+            }
+            .map_err(pg_error)
         })
         .await
     }
@@ -151,4 +180,16 @@ impl Shared {
         };
         Ok(changed == 1)
     }
+}
+
+/// `params` with `stmt`'s types, as an unprepared statement takes them.
+fn typed<'a>(
+    stmt: &Stmt,
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), tokio_postgres::types::Type)> {
+    params
+        .iter()
+        .zip(stmt.types)
+        .map(|(param, ty)| (*param, ty.clone()))
+        .collect()
 }

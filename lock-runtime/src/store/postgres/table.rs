@@ -4,18 +4,28 @@
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::BackendError;
 
+/// One of the store's statements: its SQL and parameter types, and, on a
+/// session of its own, the statement prepared from them. Without one
+/// (behind a pooler in transaction mode), it is sent whole with every call.
+pub(super) struct Stmt {
+    pub(super) sql: String,
+    pub(super) types: &'static [Type],
+    pub(super) prepared: Option<Statement>,
+}
+
 pub(super) struct Statements {
-    pub(super) acquire: Statement,
-    pub(super) refused: Statement,
-    pub(super) extend: Statement,
-    pub(super) release: Statement,
-    pub(super) hand_over: Statement,
-    pub(super) force_release: Statement,
-    pub(super) inspect: Statement,
+    pub(super) acquire: Stmt,
+    pub(super) refused: Stmt,
+    pub(super) extend: Stmt,
+    pub(super) release: Stmt,
+    pub(super) hand_over: Stmt,
+    pub(super) force_release: Stmt,
+    pub(super) inspect: Stmt,
 }
 
 /// The lease table's name, checked, and its statements.
@@ -46,14 +56,17 @@ impl Table {
         let t = &self.name;
         // Creating needs the right to create, even when the table exists:
         // a role that may only use it must not be asked to.
+        // One round trip, unprepared: it works through any pooler.
+        let sequence = format!("{t}_fencing");
         let exists: bool = client
-            .query_one(
+            .query_typed(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-                &[&t, &format!("{t}_fencing")],
+                &[(t, Type::TEXT), (&sequence, Type::TEXT)],
             )
             .await
             .map_err(pg_error)?
-            .get(0);
+            .first()
+            .is_some_and(|row| row.get(0));
         if exists {
             return Ok(());
         }
@@ -83,10 +96,23 @@ impl Table {
             })
     }
 
-    pub(super) async fn prepare(
+    /// The statements, prepared on `client` when `prepare`.
+    pub(super) async fn statements(
         &self,
         client: &Client,
+        prepare: bool,
     ) -> Result<Statements, tokio_postgres::Error> {
+        let make = async |sql: String, types: &'static [Type]| {
+            let prepared = match prepare {
+                true => Some(client.prepare_typed(&sql, types).await?),
+                false => None,
+            };
+            Ok::<_, tokio_postgres::Error>(Stmt {
+                sql,
+                types,
+                prepared,
+            })
+        };
         let t = &self.name;
         let remaining = "ceil(extract(epoch from (expires_at - clock_timestamp())) * 1000)::bigint";
         Ok(Statements {
@@ -101,8 +127,8 @@ impl Table {
             // progress) keeps its turn, so no later statement on the key
             // takes a value, is granted and releases before this one
             // writes its earlier value.
-            acquire: client
-                .prepare(&format!(
+            acquire: make(
+                format!(
                     "WITH acquiring AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
                      INSERT INTO {t} AS l (id, key, token, fencing, expires_at)
                      SELECT $1, $2, $3, nextval('{t}_fencing'),
@@ -116,8 +142,10 @@ impl Table {
                              waiting = l.waiting AND l.token = excluded.token
                          WHERE l.expires_at <= clock_timestamp() OR l.token = excluded.token
                      RETURNING fencing"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA, Type::BYTEA, Type::TEXT, Type::INT8, Type::INT4],
+            )
+            .await?,
             // $1 id, $2 mark: after a refusal (or to subscribe), the
             // holder's remaining time, no row if there is no live holder
             // any more; marks the row when asked, so that its release
@@ -128,8 +156,8 @@ impl Table {
             // snapshot: that could report a holder whose release, not yet
             // committed, had read `waiting` as false, and no notification
             // would come.
-            refused: client
-                .prepare(&format!(
+            refused: make(
+                format!(
                     "WITH marked AS (
                          UPDATE {t} SET waiting = true
                          WHERE $2 AND id = $1 AND NOT waiting AND expires_at > clock_timestamp()
@@ -140,50 +168,63 @@ impl Table {
                      (SELECT {remaining} FROM {t}
                       WHERE id = $1 AND expires_at > clock_timestamp() AND (waiting OR NOT $2))
                      LIMIT 1"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA, Type::BOOL],
+            )
+            .await?,
             // $1 id, $2 token, $3 ms: our lease ends that long from now (a
             // renewal by the ttl, a lingering release by what is left).
-            extend: client
-                .prepare(&format!(
+            extend: make(
+                format!(
                     "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
-                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()"
-                ))
-                .await?,
+                     WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
+                     RETURNING true"
+                ),
+                &[Type::BYTEA, Type::TEXT, Type::INT8],
+            )
+            .await?,
             // $1 id, $2 token, $3 channel. Notifies only if someone waits.
-            release: client
-                .prepare(&format!(
+            release: make(
+                format!(
                     "DELETE FROM {t}
                      WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
                      RETURNING (CASE WHEN waiting THEN pg_notify($3, encode(id, 'hex')) END) IS NULL"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA, Type::TEXT, Type::TEXT],
+            )
+            .await?,
             // $1 id, $2 token, $3 next token, $4 ttl ms, $5 the key's turn
             // (as in `acquire`).
-            hand_over: client
-                .prepare(&format!(
+            hand_over: make(
+                format!(
                     "WITH handing_over AS (SELECT pg_advisory_xact_lock(hashtext('{t}'), $5))
                      UPDATE {t} SET token = $3, fencing = nextval('{t}_fencing'),
                          expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
                      FROM handing_over
                      WHERE id = $1 AND token = $2 AND expires_at > clock_timestamp()
                      RETURNING fencing"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA, Type::TEXT, Type::TEXT, Type::INT8, Type::INT4],
+            )
+            .await?,
             // $1 id, $2 channel.
-            force_release: client
-                .prepare(&format!(
+            force_release: make(
+                format!(
                     "DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
                      RETURNING pg_notify($2, encode(id, 'hex')) IS NULL"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA, Type::TEXT],
+            )
+            .await?,
             // $1 id: the live holder's token, fencing and remaining time.
-            inspect: client
-                .prepare(&format!(
+            inspect: make(
+                format!(
                     "SELECT token, fencing, {remaining} FROM {t}
                      WHERE id = $1 AND expires_at > clock_timestamp()"
-                ))
-                .await?,
+                ),
+                &[Type::BYTEA],
+            )
+            .await?,
         })
     }
 }

@@ -103,13 +103,14 @@ impl Clients {
 }
 
 /// The cases that check an ability a store may lack.
-pub const SKIPPABLE: [&str; 6] = [
+pub const SKIPPABLE: [&str; 7] = [
     "a_lingering_release_keeps_the_lease_that_long",
     "fencing_tokens_increase_across_holders",
     "a_hand_over_moves_the_lease_to_a_new_token",
     "a_forced_release_is_pushed_to_the_holder",
     "shares_hold_together_and_an_exclusive_claim_alone",
     "a_semaphore_admits_up_to_its_limit",
+    "a_watch_fires_on_release_and_only_then",
 ];
 
 /// Whether the store has the ability `case` checks (always, for a case
@@ -123,6 +124,7 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "a_forced_release_is_pushed_to_the_holder" => caps.pushes_loss,
         "shares_hold_together_and_an_exclusive_claim_alone" => caps.shares,
         "a_semaphore_admits_up_to_its_limit" => caps.permits,
+        "a_watch_fires_on_release_and_only_then" => caps.release_poll.is_none(),
         "a_hand_over_moves_the_lease_to_a_new_token" => {
             let key = unique_key("contract");
             let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
