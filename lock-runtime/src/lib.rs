@@ -31,39 +31,59 @@
 //! ```
 //!
 //! Without the attribute, [`LockRegistry::lock`] and
-//! [`LockRegistry::try_lock`] return a [`LockGuard`].
+//! [`LockRegistry::try_lock`] return a [`LockGuard`];
+//! [`LockRegistry::lock_all`] takes several keys, and
+//! [`LockRegistry::with_lock`] runs a future under a lock whose key or
+//! options are built at run time. The attribute's arguments are listed on
+//! [`distributed_lock`](macro@distributed_lock); [`LockOptions`] holds the
+//! same settings for the manual API.
 //!
 //! # Stores
 //!
-//! A [`LockRegistry`] wraps one store. [`LockRegistry::memory`] keeps
-//! locks in this process (tests, single-instance services);
-//! [`LockRegistry::redis`] shares them between every process that uses one
-//! Redis server, [`LockRegistry::redlock`] between those that use N
-//! independent ones; PostgreSQL, etcd and ZooKeeper are behind their
-//! features. Each has a builder for its settings, and
-//! [`LockRegistry::new`] or [`LockRegistry::builder`] takes the store it
-//! builds. Every store implements the contract in [`store`]; everything
-//! else (waiting, renewal, re-entrancy, release on every exit) is written
-//! once on top of it.
+//! A [`LockRegistry`] wraps one store, and [`init`] makes one the registry
+//! every annotated function uses (`registry = expr` picks another per
+//! function):
+//!
+//! | store | constructor | feature | promises |
+//! |---|---|---|---|
+//! | this process | [`LockRegistry::memory`] | | tests, one instance |
+//! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), TLS (`rediss://`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] |
+//! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] |
+//! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` |
+//! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` |
+//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` |
+//!
+//! Every store implements the contract in [`store`] (where the types for
+//! writing a store of your own live); everything else (waiting, renewal,
+//! re-entrancy, release on every exit) is written once on top of it.
 //!
 //! # Features
 //!
 //! - `macros` (default): the `#[distributed_lock]` attribute.
-//! - `redis` (default): [`RedisStore`], [`RedlockStore`],
-//!   [`LockRegistry::redis`] and [`LockRegistry::redlock`].
-//! - `postgres`: `PostgresStore` and `LockRegistry::postgres`, a lease
-//!   table in a PostgreSQL database.
-//! - `etcd`: `EtcdStore` and `LockRegistry::etcd`, leases on an etcd
-//!   cluster with its revisions as fencing tokens (its build needs `protoc`).
-//! - `zookeeper`: `ZooKeeperStore` and `LockRegistry::zookeeper`, a FIFO
-//!   queue of ephemeral sequential nodes per key, czxid fencing.
+//! - `redis` (default): [`RedisStore`] and [`RedlockStore`].
+//! - `redis-tls`: `rediss://` URLs, with rustls; a private CA and client
+//!   certificates on the builders.
+//! - `postgres`, `etcd` (its build needs `protoc`), `etcd-tls`,
+//!   `zookeeper`: those stores.
 //! - `metrics`: counters and histograms of every lock through the
-//!   [`metrics`](https://docs.rs/metrics) facade (`distributed_lock_acquired_total`,
-//!   `distributed_lock_wait_seconds`, ...; the README lists them all),
-//!   labelled by store and lock name ([`LockOptions::name`], the
-//!   attribute's `name` or key template). Install the recorder before the
-//!   first lock: each lock name's metrics are registered once, at its first
-//!   lock, and reused.
+//!   [`metrics`](https://docs.rs/metrics) facade, labelled by `store` and
+//!   `lock` (the lock's name: [`LockOptions::name`], the attribute's `name`
+//!   or key template): `distributed_lock_acquired_total`,
+//!   `_contended_total`, `_skipped_total`, `_timeouts_total`,
+//!   `_lost_total` (with a `reason`), `_renewals_failed_total`,
+//!   `_hand_overs_total`, and the histograms `distributed_lock_wait_seconds`
+//!   and `distributed_lock_hold_seconds`. Install the recorder before the
+//!   first lock: each name's metrics are registered at its first lock.
+//! - `testkit`: the store contract as tests (`store_contract!`), for a
+//!   store of your own.
+//!
+//! # A lost lease
+//!
+//! When a lease is lost while its body runs, the body is cancelled at its
+//! next `.await` and the call returns [`LockError::Lost`]. A body that must
+//! finish or undo a step takes `on_lost = "notify"`
+//! ([`LockOptions::on_lost`]): it runs on, learns of the loss from [`lost`]
+//! or [`is_lost`], and the call still returns `Lost`.
 //!
 //! # Observability
 //!
@@ -73,7 +93,10 @@
 //! [`LockGuard::span`] gives it to manual-API users. With no subscriber a
 //! span's fields are never evaluated. [`LockRegistry::inspect`] says who
 //! holds a key, and [`LockRegistry::force_release`] frees a stuck one.
-
+//! [`LockError::http_status`] maps a failed lock to the HTTP answer a
+//! service gives.
+//!
+#![doc = include_str!("guarantees.md")]
 // The workspace's lints, and docs on every public item.
 #![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]

@@ -226,7 +226,8 @@ impl PostgresStore {
     /// ```no_run
     /// use lock_runtime::{LockRegistry, PostgresStore};
     ///
-    /// # async fn run() -> Result<(), lock_runtime::LockError> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
     /// let mut config = tokio_postgres::Config::new();
     /// config.host("10.0.0.7").user("app").password("secret").dbname("shop");
     /// // ... the service's pool is built from `config.clone()` ...

@@ -48,7 +48,8 @@ impl RedisStoreBuilder {
     /// at most `timeout`; a grant that fewer replicas confirm in time is
     /// undone and the acquire fails with [`LockError::Backend`]. A failover
     /// right after a grant then cannot lose it, unless every confirming
-    /// replica fails too (see the README for what it costs). Off by default.
+    /// replica fails too (one more round trip per grant; see the [module
+    /// docs](super#cluster-sentinel-and-replicas)). Off by default.
     /// `timeout` must be shorter than the
     /// [response timeout](Self::response_timeout), or `connect` refuses it.
     ///

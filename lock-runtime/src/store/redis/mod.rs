@@ -88,19 +88,54 @@
 //! in-transit encryption, Azure Cache, Upstash) need:
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), lock_runtime::LockError> {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
 //! let locks = lock_runtime::LockRegistry::redis("rediss://:PASSWORD@my-cache.example.com:6380").await?;
+//! lock_runtime::init(locks)?;
 //! # Ok(()) }
 //! ```
 //!
 //! A private CA and client certificates (`tls-auth-clients yes`) are set on
-//! the builder with [`RedisStoreBuilder::tls_ca`] and
-//! [`RedisStoreBuilder::tls_identity`]. A certificate that does not check
+//! the builder with `RedisStoreBuilder::tls_ca` and
+//! `tls_identity` (feature `redis-tls`). A certificate that does not check
 //! out is a [`LockError::Connect`] naming the
 //! server (never the password). Without the feature, a `rediss://` URL is
 //! refused with [`LockError::InvalidSettings`].
 //! Sentinel over TLS is not supported yet (the `redis` crate's Sentinel
 //! client can do it; this store does not wire it).
+//!
+//! # Cluster, Sentinel and replicas
+//!
+//! - `redis+cluster://h1:p1,h2:p2,...` connects to a Redis Cluster through
+//!   any of its nodes; a lock's keys share a hash tag, so each script runs
+//!   on one node. Release notifications are published on the key's node
+//!   and reach the store's subscriber (on the first node) over the cluster
+//!   bus.
+//! - `redis+sentinel://[:password@]h1:p1,h2:p2/master-name[/db]` finds the
+//!   master through the Sentinels and follows a failover: when a command
+//!   fails in a way a failover explains (a refused or dropped connection, a
+//!   timeout, `READONLY` from a demoted master) the Sentinels are asked
+//!   again and the connection moves to the master they name. Fencing
+//!   tokens keep increasing across the failover (see above).
+//! - With asynchronous replication a failover can lose a lease that was
+//!   just granted. [`RedisStoreBuilder::replica_acks`] makes every grant
+//!   wait (`WAIT`) until that many replicas have it, at one more round trip
+//!   per grant; a grant too few replicas confirm in time is undone and the
+//!   acquire fails. It does not cover renewals, and a failover to a replica
+//!   that did not acknowledge can still lose a grant.
+//!
+//! # Failures
+//!
+//! A command against a server that is down fails with
+//! [`LockError::Backend`] once the connection's retries are spent (a few
+//! hundred milliseconds with the default 2, at once with
+//! [`RedisStoreBuilder::connection_retries`] 0); one against a frozen
+//! server fails after the response timeout (2 s) and is not sent again, so
+//! no call waits longer than its response timeout, and no waiting call
+//! longer than its `wait_timeout`. An acquire given up while its request was
+//! in flight is undone once the server answers. Connections come back by
+//! themselves with the server. A password in the URL is never shown:
+//! errors and `Debug` print `redis://:***@host`.
 
 mod builder;
 mod commands;

@@ -17,7 +17,8 @@ use crate::store::support::redact::redact;
 /// use std::time::Duration;
 /// use lock_runtime::{LockRegistry, RedlockStore};
 ///
-/// # async fn run() -> Result<(), lock_runtime::LockError> {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
 /// let store = RedlockStore::builder(&["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
 ///     .node_timeout(Duration::from_millis(50))
 ///     .clock_drift(0.02)
