@@ -51,6 +51,18 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     shown
 }
 
+/// The error of a connect refused for its settings, before anything was
+/// sent (it must be [`LockError::InvalidSettings`](lock_runtime::LockError::InvalidSettings)), as shown.
+pub async fn invalid_settings<S>(
+    connecting: impl std::future::Future<Output = Result<S, lock_runtime::LockError>>,
+) -> String {
+    match connecting.await {
+        Ok(_) => panic!("connected, where the settings had to be refused"),
+        Err(err @ lock_runtime::LockError::InvalidSettings { .. }) => err.to_string(),
+        Err(err) => panic!("expected InvalidSettings, got {err:?}"),
+    }
+}
+
 /// The error of a connect that must fail, with its sources
 /// ([`error_chain`]).
 pub async fn connect_error<S>(

@@ -307,8 +307,7 @@ async fn an_unreachable_cluster_is_a_clear_error_within_the_timeouts() {
     );
     let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(shown.contains(&endpoint), "{shown}");
-    let err = LockRegistry::etcd(&[]).await.unwrap_err();
-    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    let shown = lock_tests::invalid_settings(LockRegistry::etcd(&[])).await;
     assert!(shown.contains("no etcd endpoint"), "{shown}");
 }
 
@@ -549,24 +548,25 @@ async fn tls_settings_that_cannot_work_are_clear_errors() {
     );
     // Schemes that contradict the settings, refused before connecting.
     let plain = endpoint.replace("https://", "http://");
-    let err = error(
+    let refused = lock_tests::invalid_settings;
+    let err = refused(
         EtcdStore::builder(&[&plain])
             .tls_ca(certs.pem("ca.crt"))
-            .connect()
-            .await,
-    );
+            .connect(),
+    )
+    .await;
     assert!(
         err.contains(&plain) && err.contains("use https://"),
         "{err}"
     );
-    let err = error(EtcdStore::builder(&[&endpoint]).connect().await);
+    let err = refused(EtcdStore::builder(&[&endpoint]).connect()).await;
     assert!(err.contains(&endpoint) && err.contains("tls_ca"), "{err}");
-    let err = error(
+    let err = refused(
         EtcdStore::builder(&[&endpoint])
             .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
-            .connect()
-            .await,
-    );
+            .connect(),
+    )
+    .await;
     assert!(err.contains("call `tls_ca`"), "{err}");
 }
 

@@ -82,7 +82,7 @@ async fn the_table_is_created_once_and_shared() {
     lock_and_release(&shop, &key).await;
     assert_eq!(server.psql("SELECT count(*) FROM shop_locks"), "0");
     let bad = PostgresStore::builder(&server.url()).table("locks; DROP TABLE lock_leases");
-    let err = lock_tests::connect_error(bad.connect()).await;
+    let err = lock_tests::invalid_settings(bad.connect()).await;
     assert!(err.contains(": invalid table name"), "{err}");
 }
 

@@ -451,7 +451,7 @@ async fn a_chroot_confines_every_node_under_it() {
     other.release().await.unwrap();
 
     let bad = ZooKeeperStore::builder(&zk.connect_string()).chroot("apps/");
-    let bad = lock_tests::connect_error(bad.connect()).await;
+    let bad = lock_tests::invalid_settings(bad.connect()).await;
     assert!(bad.contains("chroot `apps/`"), "{bad}");
 }
 

@@ -115,19 +115,29 @@ impl EtcdStoreBuilder {
     ///
     /// # Errors
     ///
-    /// No endpoint given or none answers, refused credentials. Never
-    /// contains the password.
+    /// [`LockError::InvalidSettings`] for no endpoint, or endpoints whose
+    /// schemes contradict the TLS settings; [`LockError::Connect`] when no
+    /// endpoint answers or the credentials are refused. Never contains the
+    /// password.
     pub async fn connect(self) -> Result<EtcdStore, LockError> {
         let shown = self.endpoints.join(",");
+        let settings = if self.endpoints.is_empty() {
+            Err("no etcd endpoint given".into())
+        } else {
+            self.check_schemes()
+        };
+        if let Err(reason) = settings {
+            return Err(LockError::InvalidSettings {
+                store: "etcd",
+                address: shown,
+                reason: reason.to_string(),
+            });
+        }
         connect::opened("etcd", shown, self.open()).await
     }
 
     async fn open(self) -> Result<EtcdStore, BackendError> {
         let shown = self.endpoints.join(",");
-        if self.endpoints.is_empty() {
-            return Err("no etcd endpoint given".into());
-        }
-        self.check_schemes()?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeouts.connection)
             // Without a leader (quorum lost) calls fail at once instead of

@@ -139,11 +139,11 @@ impl PostgresStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`LockError::Connect`] for an invalid connect string or table name,
-    /// an unreachable server, refused credentials, or no right to create
-    /// the table; [`LockError::InvalidSettings`] when notifications do not
-    /// reach a listening session (a pooler in transaction mode) or the
-    /// poll interval is zero. Never contains the password.
+    /// [`LockError::Connect`] for an invalid connect string, an unreachable
+    /// server, refused credentials, or no right to create the table;
+    /// [`LockError::InvalidSettings`] for a bad table name, a zero poll
+    /// interval, or when notifications do not reach a listening session (a
+    /// pooler in transaction mode). Never contains the password.
     pub async fn connect(self) -> Result<PostgresStore, LockError> {
         let shown = self.source.shown();
         let invalid = |reason: String| LockError::InvalidSettings {
@@ -155,6 +155,9 @@ impl PostgresStoreBuilder {
             return Err(invalid(
                 "the transaction pooling poll interval must be longer than zero".to_owned(),
             ));
+        }
+        if let Err(reason) = Table::new(&self.table) {
+            return Err(invalid(reason.to_string()));
         }
         let listens = self.transaction_pooling.is_none();
         let timeout = self.timeouts.connection;

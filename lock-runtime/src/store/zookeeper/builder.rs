@@ -66,19 +66,38 @@ impl ZooKeeperStoreBuilder {
     ///
     /// # Errors
     ///
-    /// No server answers, or the root cannot be created.
+    /// [`LockError::InvalidSettings`] for a root or chroot that is not an
+    /// absolute path; [`LockError::Connect`] when no server answers or the
+    /// root cannot be created.
     pub async fn connect(self) -> Result<ZooKeeperStore, LockError> {
         let shown = self.connect_string.clone();
+        if let Err(reason) = self.check_paths() {
+            return Err(LockError::InvalidSettings {
+                store: "zookeeper",
+                address: shown,
+                reason,
+            });
+        }
         connect::opened("zookeeper", shown, self.open()).await
     }
 
-    async fn open(self) -> Result<ZooKeeperStore, BackendError> {
-        let shown = self.connect_string.clone();
+    /// The servers, and the chroot from the builder or the connect string.
+    fn servers_and_chroot(&self) -> (String, Option<String>) {
         let (servers, chroot) = match self.connect_string.split_once('/') {
             Some((servers, path)) => (servers.to_owned(), Some(format!("/{path}"))),
             None => (self.connect_string.clone(), None),
         };
-        let chroot = self.chroot.or(chroot).filter(|chroot| chroot != "/");
+        let chroot = self
+            .chroot
+            .clone()
+            .or(chroot)
+            .filter(|chroot| chroot != "/");
+        (servers, chroot)
+    }
+
+    /// Refuses a root or chroot that is not an absolute path.
+    fn check_paths(&self) -> Result<(), String> {
+        let (_, chroot) = self.servers_and_chroot();
         for (what, path) in [("root", Some(&self.root)), ("chroot", chroot.as_ref())] {
             let Some(path) = path else {
                 continue;
@@ -87,10 +106,15 @@ impl ZooKeeperStoreBuilder {
                 return Err(format!(
                     "the ZooKeeper {what} `{path}` must start with `/`, not end with one \
                      and have no empty segment"
-                )
-                .into());
+                ));
             }
         }
+        Ok(())
+    }
+
+    async fn open(self) -> Result<ZooKeeperStore, BackendError> {
+        let shown = self.connect_string.clone();
+        let (servers, chroot) = self.servers_and_chroot();
         let settings = Session {
             servers,
             chroot,
