@@ -137,28 +137,37 @@ pub use store::redlock::RedlockStore;
 #[cfg(feature = "zookeeper")]
 pub use store::zookeeper::ZooKeeperStore;
 
+// The stores' pre-release names, kept for code written against them;
+// hidden from the docs.
+
 /// The memory store's former name.
-#[deprecated(since = "0.2.0", note = "renamed to `MemoryStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `MemoryStore`")]
 pub type MemoryBackend = MemoryStore;
 /// The Redis store's former name.
 #[cfg(feature = "redis")]
-#[deprecated(since = "0.2.0", note = "renamed to `RedisStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `RedisStore`")]
 pub type RedisBackend = RedisStore;
 /// The Redlock store's former name.
 #[cfg(feature = "redis")]
-#[deprecated(since = "0.2.0", note = "renamed to `RedlockStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `RedlockStore`")]
 pub type RedlockBackend = RedlockStore;
 /// The PostgreSQL store's former name.
 #[cfg(feature = "postgres")]
-#[deprecated(since = "0.2.0", note = "renamed to `PostgresStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `PostgresStore`")]
 pub type PostgresBackend = PostgresStore;
 /// The etcd store's former name.
 #[cfg(feature = "etcd")]
-#[deprecated(since = "0.2.0", note = "renamed to `EtcdStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `EtcdStore`")]
 pub type EtcdBackend = EtcdStore;
 /// The ZooKeeper store's former name.
 #[cfg(feature = "zookeeper")]
-#[deprecated(since = "0.2.0", note = "renamed to `ZooKeeperStore`")]
+#[doc(hidden)]
+#[deprecated(since = "0.1.0", note = "renamed to `ZooKeeperStore`")]
 pub type ZooKeeperBackend = ZooKeeperStore;
 
 #[cfg(feature = "macros")]

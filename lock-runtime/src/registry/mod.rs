@@ -164,7 +164,8 @@ impl LockRegistry {
     }
 
     /// The store this registry uses.
-    #[deprecated(since = "0.2.0", note = "renamed to `store()`")]
+    #[doc(hidden)]
+    #[deprecated(since = "0.1.0", note = "renamed to `store()`")]
     pub fn backend(&self) -> &Arc<dyn Store> {
         self.store()
     }
