@@ -259,28 +259,14 @@ impl LockArgs {
         } else if lookahead.peek(kw::on_lost) {
             let span = input.parse::<kw::on_lost>()?.span;
             let lit = parse_value::<LitStr>(input)?;
-            let notify = match lit.value().as_str() {
-                "notify" => Ok(true),
-                "cancel" => Ok(false),
-                other => Err(syn::Error::new(
-                    lit.span(),
-                    format!("unknown on_lost {other:?}; expected \"cancel\" or \"notify\""),
-                )),
-            };
+            let notify = one_of(&lit, "on_lost", [("cancel", false), ("notify", true)]);
             notify.and_then(|notify| {
                 set_once(&mut args.on_lost, (notify, lit.span()), span, "on_lost")
             })
         } else if lookahead.peek(kw::errors) {
             let span = input.parse::<kw::errors>()?.span;
             let lit = parse_value::<LitStr>(input)?;
-            let into = match lit.value().as_str() {
-                "into" => Ok(true),
-                "nested" => Ok(false),
-                other => Err(syn::Error::new(
-                    lit.span(),
-                    format!("unknown errors {other:?}; expected \"into\" or \"nested\""),
-                )),
-            };
+            let into = one_of(&lit, "errors", [("into", true), ("nested", false)]);
             into.and_then(|into| set_once(&mut args.errors, (into, lit.span()), span, "errors"))
         } else if lookahead.peek(kw::name) {
             let span = input.parse::<kw::name>()?.span;
@@ -330,6 +316,22 @@ impl LockArgs {
             return Err(lookahead.error());
         };
         Ok(result)
+    }
+}
+
+/// The meaning of a string argument `name` that takes one of two values,
+/// each with its meaning; the error lists them in order.
+fn one_of(lit: &LitStr, name: &str, values: [(&str, bool); 2]) -> syn::Result<bool> {
+    let value = lit.value();
+    match values.iter().find(|(text, _)| *text == value) {
+        Some((_, meaning)) => Ok(*meaning),
+        None => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "unknown {name} {value:?}; expected {:?} or {:?}",
+                values[0].0, values[1].0
+            ),
+        )),
     }
 }
 

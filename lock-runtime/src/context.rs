@@ -2,9 +2,7 @@
 //! [`fencing_token`] and [`lost`].
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use crate::store::LossSignal;
 
@@ -121,24 +119,7 @@ pub async fn lost() {
     let losses: Vec<LossSignal> = HELD
         .try_with(|held| held.iter().map(|frame| frame.loss.clone()).collect())
         .unwrap_or_default();
-    if losses.is_empty() {
-        return std::future::pending().await;
-    }
-    let mut waits: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = losses
-        .iter()
-        .map(|loss| Box::pin(loss.raised()) as Pin<Box<dyn Future<Output = ()> + Send + '_>>)
-        .collect();
-    std::future::poll_fn(|cx| {
-        if waits
-            .iter_mut()
-            .any(|wait| wait.as_mut().poll(cx).is_ready())
-        {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await
+    LossSignal::any_raised(&losses).await
 }
 
 /// Whether a lease the current task holds through `#[distributed_lock]`

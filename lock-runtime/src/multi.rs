@@ -4,10 +4,7 @@
 //! opposite orders never deadlock, and released together.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use tokio::time::Instant;
 
@@ -15,6 +12,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::{LockOptions, Mode};
 use crate::registry::LockRegistry;
+use crate::store::LossSignal;
 
 /// The locks taken by [`LockRegistry::lock_all`]: every key's guard, in the
 /// order they were taken. Release them with [`LockGuards::release`];
@@ -56,25 +54,12 @@ impl LockGuards {
 
     /// Completes when any of the leases is lost.
     pub async fn lost(&self) {
-        let mut losses: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = self
+        let losses: Vec<LossSignal> = self
             .guards
             .iter()
-            .map(|guard| Box::pin(guard.lost()) as Pin<Box<dyn Future<Output = ()> + Send + '_>>)
+            .map(|guard| guard.loss().clone())
             .collect();
-        if losses.is_empty() {
-            return std::future::pending().await;
-        }
-        std::future::poll_fn(|cx| {
-            if losses
-                .iter_mut()
-                .any(|loss| loss.as_mut().poll(cx).is_ready())
-            {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        LossSignal::any_raised(&losses).await
     }
 
     /// Releases every lock, the last taken first.

@@ -3,13 +3,13 @@
 //! restarted by pid on purpose, and all of them killed on drop.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::certs::TestCerts;
+use crate::server_process::{free_port, temp_dir};
 
 /// How long a cluster may take to elect its first leader.
 const READY_DEADLINE: Duration = Duration::from_secs(15);
@@ -17,11 +17,6 @@ const READY_DEADLINE: Duration = Duration::from_secs(15);
 /// The binary to run: `LOCK_TEST_ETCD_BIN`, else `etcd` on `PATH`.
 fn binary() -> String {
     std::env::var("LOCK_TEST_ETCD_BIN").unwrap_or_else(|_| "etcd".into())
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
 }
 
 /// One member: its ports, data directory and process.
@@ -116,15 +111,9 @@ impl EtcdCluster {
     }
 
     fn planned(n: usize) -> EtcdCluster {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let members: Vec<Member> = (0..n)
             .map(|i| {
-                let dir = std::env::temp_dir().join(format!(
-                    "lock-tests-etcd-{}-{}",
-                    std::process::id(),
-                    NEXT.fetch_add(1, Ordering::Relaxed)
-                ));
-                std::fs::create_dir_all(&dir).expect("create the member's directory");
+                let dir = temp_dir("etcd");
                 Member {
                     name: format!("m{i}"),
                     client: free_port(),

@@ -3,12 +3,12 @@
 //! stopped on drop. As root (CI) both run as the `postgres` user, since
 //! `initdb` refuses root.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::server_process::{free_port, ready_or_exited, temp_dir};
 
 /// One PostgreSQL server on `127.0.0.1`, trusting local connections (user
 /// `postgres`, no password) except role `app`'s, which must give its
@@ -66,11 +66,6 @@ fn run_as() -> Option<(u32, u32)> {
     ))
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
-
 impl PostgresServer {
     /// Makes a new database cluster and starts it.
     pub fn new() -> PostgresServer {
@@ -84,13 +79,7 @@ impl PostgresServer {
     }
 
     fn start(tls: bool) -> PostgresServer {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "lock-tests-pg-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let dir = temp_dir("pg");
         let user = run_as();
         if let Some((uid, gid)) = user {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the directory");
@@ -186,7 +175,7 @@ impl PostgresServer {
         if let Some((uid, gid)) = self.user {
             let _ = std::os::unix::fs::chown(self.dir.join("postgres.log"), Some(uid), Some(gid));
         }
-        let child = self
+        let mut child = self
             .command("postgres")
             .arg("-D")
             .arg(self.data())
@@ -206,23 +195,17 @@ impl PostgresServer {
             .stderr(log)
             .spawn()
             .expect("run postgres");
+        let ready = ready_or_exited(
+            &mut child,
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || self.is_ready(),
+        );
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            let exited = self
-                .child
-                .as_mut()
-                .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
-            if exited {
-                return false;
-            }
-            if self.is_ready() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if !ready {
+            self.kill();
         }
-        self.kill();
-        false
+        ready
     }
 
     fn is_ready(&self) -> bool {
@@ -371,13 +354,7 @@ impl PgBouncer {
     /// Starts a PgBouncer for `server`'s databases in `mode`, with at most
     /// `pool_size` server connections per database and user.
     pub fn start(server: &PostgresServer, mode: PoolMode, pool_size: u32) -> PgBouncer {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "lock-tests-pgbouncer-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create PgBouncer's directory");
+        let dir = temp_dir("pgbouncer");
         let user = run_as();
         let mode = match mode {
             PoolMode::Session => "session",
@@ -442,21 +419,18 @@ impl PgBouncer {
 
     /// True once the port accepts connections.
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            let exited = self
-                .child
-                .as_mut()
-                .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
-            if exited {
-                return false;
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let port = self.port;
+        let ready = ready_or_exited(
+            &mut child,
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        self.child = Some(child);
+        ready
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`, through the pooler.

@@ -2,13 +2,13 @@
 //! stopped, killed and restarted on purpose, cleaned up on drop.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::certs::TestCerts;
+use crate::server_process::{free_port, ready_or_exited, temp_dir};
 
 /// How long a server may take to answer its first PING.
 const READY_DEADLINE: Duration = Duration::from_secs(5);
@@ -32,24 +32,6 @@ pub struct RedisServer {
 /// The binary to run: `LOCK_TEST_REDIS_BIN`, else `redis-server` on `PATH`.
 fn binary() -> String {
     std::env::var("LOCK_TEST_REDIS_BIN").unwrap_or_else(|_| "redis-server".into())
-}
-
-/// A port that was free a moment ago. Another process may take it before
-/// the server binds it, which is why spawning retries.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
-
-fn temp_dir() -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "lock-tests-redis-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create the server's temporary directory");
-    dir
 }
 
 impl RedisServer {
@@ -120,7 +102,7 @@ impl RedisServer {
         extra: Vec<String>,
         sentinel: Option<String>,
     ) -> RedisServer {
-        let dir = temp_dir();
+        let dir = temp_dir("redis");
         let mut last_log = String::new();
         for _ in 0..3 {
             let mut server = RedisServer {
@@ -196,22 +178,20 @@ impl RedisServer {
 
     /// True once the server answers PING (or asks for a password).
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + READY_DEADLINE;
-        while Instant::now() < deadline {
-            let exited = self
-                .child
-                .as_mut()
-                .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
-            if exited {
-                return false; // the port was taken, say
-            }
-            let reply = self.raw_command("PING").unwrap_or_default();
-            if reply.starts_with("+PONG") || reply.starts_with("-NOAUTH") {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let ready = ready_or_exited(
+            &mut child,
+            READY_DEADLINE,
+            Duration::from_millis(10),
+            || {
+                let reply = self.raw_command("PING").unwrap_or_default();
+                reply.starts_with("+PONG") || reply.starts_with("-NOAUTH")
+            },
+        );
+        self.child = Some(child);
+        ready
     }
 
     /// Sends one inline command over a fresh TCP connection; returns the
@@ -356,7 +336,7 @@ impl RedisTlsServer {
     /// Starts the server; with `client_certs`, it refuses clients that do
     /// not show a certificate its CA signed (`tls-auth-clients yes`).
     pub fn new(password: &str, client_certs: bool) -> RedisTlsServer {
-        let certs = TestCerts::make(temp_dir().join("certs"));
+        let certs = TestCerts::make(temp_dir("redis").join("certs"));
         let tls_port = free_port();
         let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
         let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));

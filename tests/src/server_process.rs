@@ -1,7 +1,53 @@
-//! What the harnesses do to the server processes they start: kill them
-//! (SIGKILL, then reap), freeze and thaw them (SIGSTOP, SIGCONT), by pid.
+//! What the harnesses share about the server processes they start: a free
+//! loopback port and a directory of their own, and killing (SIGKILL, then
+//! reap), freezing and thawing (SIGSTOP, SIGCONT) them by pid.
 
+use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A loopback port that was free a moment ago. Another process may take it
+/// before the server binds it, which is why the harnesses retry a start.
+pub(crate) fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Waits up to `within` for `ready`, asked every `every`; `false` if
+/// `child` exits first (its port was taken, say) or the time runs out.
+pub(crate) fn ready_or_exited(
+    child: &mut Child,
+    within: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(every);
+    }
+    false
+}
+
+/// A new directory under the system's temporary one for a `kind` of
+/// server (`redis`, `pg`, ...), named after this process.
+pub(crate) fn temp_dir(kind: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "lock-tests-{kind}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the server's temporary directory");
+    dir
+}
 
 /// Kills `child` (SIGKILL, which ends a frozen process too) and reaps it;
 /// nothing if it is not running.

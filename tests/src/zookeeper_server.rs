@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::server_process::{free_port, temp_dir};
 
 /// How long an ensemble may take to start serving (JVMs start slowly).
 const READY_DEADLINE: Duration = Duration::from_secs(30);
@@ -23,11 +24,6 @@ const TICK_MS: u32 = 200;
 fn script() -> String {
     std::env::var("LOCK_TEST_ZOOKEEPER_BIN")
         .unwrap_or_else(|_| "/usr/share/zookeeper/bin/zkServer.sh".into())
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
 }
 
 /// One server: its ports, data directory and process (the JVM).
@@ -98,14 +94,9 @@ impl ZooKeeperEnsemble {
     }
 
     fn planned(n: usize, jvm: &'static str) -> ZooKeeperEnsemble {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let servers: Vec<Server> = (0..n)
             .map(|_| {
-                let dir = std::env::temp_dir().join(format!(
-                    "lock-tests-zookeeper-{}-{}",
-                    std::process::id(),
-                    NEXT.fetch_add(1, Ordering::Relaxed)
-                ));
+                let dir = temp_dir("zookeeper");
                 std::fs::create_dir_all(dir.join("data")).expect("create the data directory");
                 Server {
                     client: free_port(),

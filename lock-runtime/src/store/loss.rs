@@ -75,6 +75,29 @@ impl LossSignal {
         }
     }
 
+    /// Completes once any of `signals` is raised; never, if there are
+    /// none.
+    pub(crate) async fn any_raised(signals: &[LossSignal]) {
+        if signals.is_empty() {
+            return std::future::pending().await;
+        }
+        let mut waits: Vec<_> = signals
+            .iter()
+            .map(|signal| Box::pin(signal.raised()))
+            .collect();
+        std::future::poll_fn(|cx| {
+            if waits
+                .iter_mut()
+                .any(|wait| wait.as_mut().poll(cx).is_ready())
+            {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
     /// Makes `listener` the one told when the signal is raised (at once if
     /// it already was), in place of any earlier one.
     pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {

@@ -4,12 +4,14 @@
 //! and what a hand-off costs by polling), and transaction pooling without
 //! it refused.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::store::testkit::Clients;
 use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, PostgresStore};
-use lock_tests::{PgBouncer, PoolMode, PostgresServer, is_held, unique_key, wait_until};
+use lock_tests::{PgBouncer, PoolMode, PostgresServer, is_held, unique_key};
+
+use crate::store::handoff;
 
 /// How often a waiter asks again behind a transaction pooler.
 const POLL: Duration = Duration::from_millis(100);
@@ -40,37 +42,6 @@ store_contract!(
     ]
 );
 
-/// How long a release by `holder` takes to reach a waiter in `waiter`
-/// whose holder's lease still has about 30 s: once the waiter has been
-/// refused twice (it waits by then).
-async fn handoff(
-    server: &PostgresServer,
-    holder: &LockRegistry,
-    waiter: &LockRegistry,
-) -> Duration {
-    let key = unique_key("handoff");
-    let attempts = || server.statement_calls("WITH acquiring AS");
-    let held = holder.lock(&key, LockOptions::default()).await.unwrap();
-    let before = attempts();
-    let waiting = tokio::spawn({
-        let (waiter, key) = (waiter.clone(), key.clone());
-        async move {
-            let guard = waiter.lock(&key, LockOptions::default()).await.unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        }
-    });
-    wait_until("the waiter's second attempt", || attempts() >= before + 2).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let acquired = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter acquires within 10 s")
-        .unwrap();
-    acquired - released
-}
-
 /// Session pooling keeps a client's session, so the store works as on a
 /// server of its own: a release wakes a waiter by notification, long
 /// before the holder's lease would end (or a waiter's 5 s retry).
@@ -86,7 +57,7 @@ async fn session_pooling_works_as_a_server_of_its_own() {
     let guard = a.lock(&key, LockOptions::default()).await.unwrap();
     assert!(is_held(&b, &key).await);
     guard.release().await.unwrap();
-    let woken = handoff(&server, &a, &b).await;
+    let woken = handoff(&server, &a, &b, &unique_key("handoff")).await;
     eprintln!("hand-off through session pooling: {woken:?}");
     assert!(woken < Duration::from_secs(1), "{woken:?}");
 }
@@ -118,7 +89,7 @@ async fn transaction_pooling_is_refused_unless_the_store_polls() {
     let (a, b) = (polling().await, polling().await);
     let mut handoffs = Vec::new();
     for _ in 0..5 {
-        handoffs.push(handoff(&server, &a, &b).await);
+        handoffs.push(handoff(&server, &a, &b, &unique_key("handoff")).await);
     }
     handoffs.sort();
     eprintln!("hand-offs through transaction pooling, polling every {POLL:?}: {handoffs:?}");

@@ -33,7 +33,7 @@ async fn registry(server: &PostgresServer) -> LockRegistry {
 
 /// How long a release in `holder` takes to wake a waiter in `waiter` whose
 /// holder's lease still has ~30 s: only a notification explains a short one.
-async fn handoff(
+pub(crate) async fn handoff(
     server: &PostgresServer,
     holder: &LockRegistry,
     waiter: &LockRegistry,

@@ -93,44 +93,37 @@ impl Shared {
         pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, BackendError> {
-        self.timed(async {
-            let conn = self.conn(id).await?;
-            let stmt = pick(&conn.statements);
-            match &stmt.prepared {
-                Some(prepared) => conn.client.query_opt(prepared, params).await,
-                None => {
-                    let rows = conn
-                        .client
-                        .query_typed(&stmt.sql, &typed(stmt, params))
-                        .await;
-                    rows.map(|rows| rows.into_iter().next())
-                }
-            }
-            .map_err(pg_error)
-        })
-        .await
+        Ok(self.rows(id, pick, params).await?.into_iter().next())
     }
 
     /// Runs one statement within the response timeout; how many rows it
-    /// changed.
+    /// changed (each statement that changes rows returns one per row).
     pub(super) async fn execute(
         &self,
         id: &[u8],
         pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, BackendError> {
+        Ok(self.rows(id, pick, params).await?.len() as u64)
+    }
+
+    /// Runs one statement on the row's connection, prepared or sent whole,
+    /// within the response timeout; the rows it returns.
+    async fn rows(
+        &self,
+        id: &[u8],
+        pick: impl Fn(&Statements) -> &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, BackendError> {
         self.timed(async {
             let conn = self.conn(id).await?;
             let stmt = pick(&conn.statements);
             match &stmt.prepared {
-                Some(prepared) => conn.client.execute(prepared, params).await,
-                // Every statement that changes rows returns one per row.
+                Some(prepared) => conn.client.query(prepared, params).await,
                 None => {
-                    let rows = conn
-                        .client
+                    conn.client
                         .query_typed(&stmt.sql, &typed(stmt, params))
-                        .await;
-                    rows.map(|rows| rows.len() as u64)
+                        .await
                 }
             }
             .map_err(pg_error)

@@ -402,18 +402,26 @@ fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, BackendError> {
     hosts
         .split(',')
         .map(|host| {
-            let (name, port) = host
-                .rsplit_once(':')
-                .ok_or_else(|| invalid("a node without a port"))?;
-            if name.is_empty() {
-                return Err(invalid("a node without a host"));
-            }
-            port.parse::<u16>()
-                .map_err(|_| invalid("a port that is not a number"))?;
+            host_port(host, "node").map_err(|why| invalid(&why))?;
             Ok(format!("{scheme}://{userinfo}{host}"))
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// The host and port of `host:port` in a URL's list of a `what` (a node,
+/// a Sentinel), or what is wrong with it.
+fn host_port<'a>(host: &'a str, what: &str) -> Result<(&'a str, u16), String> {
+    let (name, port) = host
+        .rsplit_once(':')
+        .ok_or_else(|| format!("a {what} without a port"))?;
+    if name.is_empty() {
+        return Err(format!("a {what} without a host"));
+    }
+    let port = port
+        .parse()
+        .map_err(|_| "a port that is not a number".to_owned())?;
+    Ok((name, port))
 }
 
 /// `redis+sentinel://[[user]:password@]host:port[,host:port...]/master[/db]`.
@@ -459,16 +467,8 @@ impl SentinelUrl {
         let sentinels = hosts
             .split(',')
             .map(|host| {
-                let (name, port) = host
-                    .rsplit_once(':')
-                    .ok_or_else(|| invalid("a Sentinel without a port"))?;
-                let port = port
-                    .parse()
-                    .map_err(|_| invalid("a port that is not a number"))?;
-                if name.is_empty() {
-                    return Err(invalid("a Sentinel without a host"));
-                }
-                Ok(ConnectionAddr::Tcp(name.to_owned(), port))
+                let (name, port) = host_port(host, "Sentinel").map_err(|why| invalid(&why))?;
+                Ok::<_, BackendError>(ConnectionAddr::Tcp(name.to_owned(), port))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (master, db) = match path.split_once('/') {
