@@ -330,7 +330,7 @@ fn finish(
     }
 }
 
-/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost)`:
+/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost, permits, read)`:
 /// a literal becomes `Duration::from_millis(N)`, an expression is used as
 /// it is, typed `Duration` at its own span (so a wrong type is reported
 /// there).
@@ -365,8 +365,16 @@ fn options(config: &Config) -> TokenStream {
     let max_hold = optional(&config.max_hold);
     let name = &config.name;
     let notify_on_lost = config.notify_on_lost;
+    let permits = match &config.permits {
+        Some(expr) => quote_spanned! {expr.span()=> {
+            let __lock_permits: u32 = #expr;
+            __lock_permits
+        }},
+        None => quote!(1u32),
+    };
+    let read = config.read;
     quote! {
-        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost)
+        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost, #permits, #read)
     }
 }
 

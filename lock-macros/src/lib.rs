@@ -61,6 +61,8 @@ use proc_macro::TokenStream;
 /// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `on_lost = "notify"` | `"cancel"` | when the lease is lost while the body runs: `"cancel"` drops the body at its next `.await`; `"notify"` lets it run to its end, told by `lock_runtime::lost()` / `is_lost()`, for a body that must finish or undo a step. Either way the call then returns `LockError::Lost` (with `errors = "into"`, the body's own error if it returns one) |
+/// | `permits = 3` | `1` | a semaphore: at most this many bodies run at once per key, across every process (an integer literal or any `u32` expression); every caller of the key must give the same number |
+/// | `access = "read"` or `"write"` | `"write"` | a read-write lock: `"read"` bodies run together, a `"write"` body alone; a waiting writer holds new readers off; not with `permits` |
 /// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |
 /// | `errors = "into"` | `"nested"` | for a body returning `Result<T, E>` with `E: From<LockError>`: wait mode returns `Result<T, E>` and skip mode `Result<Option<T>, E>`, the lock's errors converted into `E` (a missing `From` is one compile error at `E`); `"nested"` gives `Result<Result<T, E>, LockError>` |
 /// | `name = "stock"` | the key template(s) | the lock's name in metrics (the `lock` label) and spans: a fixed name, so a template's values do not make one series per key |

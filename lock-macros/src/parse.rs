@@ -26,6 +26,8 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "watchdog",
     "max_hold",
     "on_lost",
+    "permits",
+    "access",
     "registry",
     "errors",
     "name",
@@ -50,6 +52,8 @@ mod kw {
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(on_lost);
+    syn::custom_keyword!(permits);
+    syn::custom_keyword!(access);
     syn::custom_keyword!(registry);
     syn::custom_keyword!(errors);
     syn::custom_keyword!(name);
@@ -120,6 +124,11 @@ pub(crate) struct LockArgs {
     /// `on_lost = "notify"` (`true`) or `"cancel"`: whether a lost lease
     /// lets the body finish rather than cancelling it.
     pub(crate) on_lost: Option<(bool, Span)>,
+    /// `permits = N`: a semaphore of N (an integer literal, checked here,
+    /// or a `u32` expression), with the argument's span.
+    pub(crate) permits: Option<(syn::Expr, Span)>,
+    /// `access = "read"` (`true`) or `"write"`, with the argument's span.
+    pub(crate) access: Option<(bool, Span)>,
     /// `registry = expr`: a registry other than the global one.
     pub(crate) registry: Option<syn::Expr>,
     /// `errors = "into"` (its span) or `"nested"`: whether a body's
@@ -147,6 +156,11 @@ impl LockArgs {
     /// Whether `errors = "into"` was given.
     pub(crate) fn errors_into(&self) -> bool {
         self.errors.is_some_and(|(into, _)| into)
+    }
+
+    /// Whether `access = "read"` was given.
+    pub(crate) fn read_access(&self) -> bool {
+        self.access.is_some_and(|(read, _)| read)
     }
 
     /// Whether `on_lost = "notify"` was given.
@@ -263,6 +277,16 @@ impl LockArgs {
             notify.and_then(|notify| {
                 set_once(&mut args.on_lost, (notify, lit.span()), span, "on_lost")
             })
+        } else if lookahead.peek(kw::permits) {
+            let span = input.parse::<kw::permits>()?.span;
+            let expr = parse_value::<syn::Expr>(input)?;
+            check_permits(&expr)
+                .and_then(|()| set_once(&mut args.permits, (expr, span), span, "permits"))
+        } else if lookahead.peek(kw::access) {
+            let span = input.parse::<kw::access>()?.span;
+            let lit = parse_value::<LitStr>(input)?;
+            let read = one_of(&lit, "access", [("read", true), ("write", false)]);
+            read.and_then(|read| set_once(&mut args.access, (read, span), span, "access"))
         } else if lookahead.peek(kw::errors) {
             let span = input.parse::<kw::errors>()?.span;
             let lit = parse_value::<LitStr>(input)?;
@@ -316,6 +340,30 @@ impl LockArgs {
             return Err(lookahead.error());
         };
         Ok(result)
+    }
+}
+
+/// Refuses a `permits` literal that is not a number from 1 to `u32::MAX`;
+/// any other expression is checked by the compiler (its type) and the
+/// runtime (its value).
+fn check_permits(expr: &syn::Expr) -> syn::Result<()> {
+    let syn::Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Int(lit),
+        ..
+    }) = expr
+    else {
+        return Ok(());
+    };
+    match lit.base10_parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(()),
+        _ => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`permits` must be from 1 to {}, got {}; 1 is a mutex",
+                u32::MAX,
+                lit.base10_digits()
+            ),
+        )),
     }
 }
 

@@ -29,6 +29,10 @@ pub(crate) struct Config {
     pub(crate) max_hold: Option<DurationArg>,
     /// `on_lost = "notify"`: a lost lease lets the body finish.
     pub(crate) notify_on_lost: bool,
+    /// `permits = N`: a semaphore.
+    pub(crate) permits: Option<syn::Expr>,
+    /// `access = "read"`: a read lock.
+    pub(crate) read: bool,
     /// `registry = expr`, or the global registry.
     pub(crate) registry: Option<syn::Expr>,
     /// `errors = "into"`: keep the body's `Result<T, E>`.
@@ -45,6 +49,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let watchdog = args.watchdog();
     let errors_into = args.errors_into();
     let notify_on_lost = args.notify_on_lost();
+    let read = args.read_access();
     let name = match &args.name {
         Some(name) => name.value(),
         None => keys
@@ -67,6 +72,8 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
         watchdog,
         max_hold: args.max_hold,
         notify_on_lost,
+        permits: args.permits.map(|(expr, _)| expr),
+        read,
         registry: args.registry,
         errors_into,
         name,
@@ -122,6 +129,12 @@ fn check_function(func: &LockFn) -> syn::Result<()> {
 /// Adds to `errors` every way the options contradict each other.
 fn check_options(args: &LockArgs, errors: &mut Errors) {
     let ttl = args.ttl_millis();
+    if let (Some((_, permits)), Some(_)) = (&args.permits, &args.access) {
+        errors.push(syn::Error::new(
+            *permits,
+            "`permits` and `access` cannot be combined: a key is a semaphore (`permits`) or a read-write lock (`access`)",
+        ));
+    }
     if let (Mode::Skip, Some(wait)) = (args.mode(), &args.wait_timeout) {
         errors.push(syn::Error::new(
             wait.span(),

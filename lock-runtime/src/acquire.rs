@@ -112,26 +112,32 @@ async fn contend(
     wait: &Span,
 ) -> Result<Option<Granted>, LockError> {
     opts.validate(key, mode)?;
+    let claim = opts.claim();
     parts
         .capabilities
-        .check(Claim::Exclusive, opts.ttl, opts.hold_at_least)
+        .check(claim, opts.ttl, opts.hold_at_least)
         .map_err(|reason| LockError::invalid_options(key, reason))?;
     let deadline = opts.wait_timeout.map(|timeout| started + timeout);
     let timed_out = || LockError::Timeout {
         key: LockError::shown_key(key),
         waited: started.elapsed(),
     };
-    let slot = parts.local.slot(full_key);
-    let permit = match slot.try_lock() {
-        Ok(permit) => permit,
-        Err(slot) => {
-            *contended = true;
-            if mode == Mode::Skip {
-                tracing::debug!(parent: wait, key, "lock held by another task of this process; skipping");
-                return Ok(None);
+    // Tasks of this process queue for an exclusive claim, so one of them
+    // contends in the store; claims many may hold at once go to the store.
+    let permit = if claim == Claim::Exclusive {
+        match parts.local.slot(full_key).try_lock() {
+            Ok(permit) => permit,
+            Err(slot) => {
+                *contended = true;
+                if mode == Mode::Skip {
+                    tracing::debug!(parent: wait, key, "lock held by another task of this process; skipping");
+                    return Ok(None);
+                }
+                within(deadline, slot.lock()).await.ok_or_else(timed_out)?
             }
-            within(deadline, slot.lock()).await.ok_or_else(timed_out)?
         }
+    } else {
+        LocalPermit::unqueued(full_key.clone())
     };
     if let Some(handed) = permit.take_handed() {
         if handed.ttl == opts.ttl && !handed.loss.is_raised() {
@@ -168,6 +174,7 @@ async fn contend(
         let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
         let attempt = Stake::new(parts.store, &permit, token);
         let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
+            .claiming(claim)
             .waiting(mode == Mode::Wait);
         let answer = within(deadline, store.acquire(request))
             .await

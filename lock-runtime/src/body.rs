@@ -7,6 +7,7 @@ use crate::context::{self, Frame};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::OnLost;
+use crate::store::Claim;
 use crate::telemetry;
 
 /// A nested call on a key the task already holds: runs at once, under the
@@ -25,7 +26,31 @@ pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
         full_key: full_key.clone(),
         fencing: guard.fencing_token(),
         loss: guard.loss().clone(),
+        claim: guard.claim(),
     }
+}
+
+/// Whether a task that holds `key` as `held` may enter a nested call that
+/// wants it as `wanted`: under the outer lease, when the outer claim covers
+/// the inner one (a write lock covers everything, a read lock reads, a
+/// semaphore's permit serves the same semaphore). Otherwise an error at
+/// once: waiting for the inner lock could never end.
+pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(), LockError> {
+    let covered = match (held, wanted) {
+        (Claim::Exclusive, _) | (Claim::Shared, Claim::Shared) => true,
+        (Claim::Permit { limit: outer }, Claim::Permit { limit: inner }) => outer == inner,
+        _ => false,
+    };
+    if covered {
+        return Ok(());
+    }
+    Err(LockError::invalid_options(
+        key,
+        format!(
+            "this task already holds the key ({held}) and asks for it {wanted} in a nested call: \
+             it would wait for itself; take the outer lock as {wanted}, or not nest"
+        ),
+    ))
 }
 
 /// Runs `body` with `frames` held: to its end (`Some`), or, under

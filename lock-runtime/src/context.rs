@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::store::LossSignal;
+use crate::store::{Claim, LossSignal};
 
 tokio::task_local! {
     static HELD: Vec<Frame>;
@@ -20,6 +20,8 @@ pub(crate) struct Frame {
     pub(crate) fencing: u64,
     /// Raised when the lease is lost.
     pub(crate) loss: LossSignal,
+    /// How the lease holds its key.
+    pub(crate) claim: Claim,
 }
 
 /// Returns the fencing token of the innermost lock held by the current task

@@ -15,9 +15,10 @@ use tracing::{Instrument, Span};
 use crate::acquire::Parts;
 use crate::error::LockError;
 use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
+use crate::options::Access;
 use crate::options::LockOptions;
 use crate::renewal::{Renewable, Renewal, Schedule};
-use crate::store::{HandOver, Lease, LossListener, LossSignal, Reply};
+use crate::store::{Claim, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -40,6 +41,8 @@ pub struct LockGuard {
 struct Holding {
     registry: usize,
     fencing: u64,
+    /// How the lease holds its key.
+    claim: Claim,
     acquired_at: Instant,
     ttl: Duration,
     hold_at_least: Option<Duration>,
@@ -180,6 +183,7 @@ impl LockGuard {
             held: Some(Holding {
                 registry: parts.registry,
                 fencing: grant.fencing,
+                claim: opts.claim(),
                 acquired_at: grant.sent_at,
                 ttl: opts.ttl,
                 hold_at_least: opts.hold_at_least,
@@ -208,6 +212,29 @@ impl LockGuard {
     /// been lost.
     pub fn fencing_token(&self) -> u64 {
         self.held().fencing
+    }
+
+    /// How this lease holds its key: [`Access::Read`] for a read lock,
+    /// [`Access::Write`] otherwise (a mutex, a writer, a semaphore permit).
+    pub fn access(&self) -> Access {
+        match self.held().claim {
+            Claim::Shared => Access::Read,
+            _ => Access::Write,
+        }
+    }
+
+    /// For a semaphore, how many permits the key has (this lease holds one
+    /// of them); `None` for a mutex or a read-write lock.
+    pub fn permits(&self) -> Option<u32> {
+        match self.held().claim {
+            Claim::Permit { limit } => Some(limit.get()),
+            _ => None,
+        }
+    }
+
+    /// How this lease holds its key.
+    pub(crate) fn claim(&self) -> Claim {
+        self.held().claim
     }
 
     /// `false` once the lease is known to be lost: a renewal was refused or

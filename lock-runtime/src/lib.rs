@@ -122,7 +122,7 @@ pub use context::{fencing_token, fencing_token_for, is_lost, lost};
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use multi::LockGuards;
-pub use options::{LockOptions, MAX_DURATION, OnLost};
+pub use options::{Access, LockOptions, MAX_DURATION, OnLost};
 pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
 
 #[cfg(feature = "etcd")]

@@ -156,7 +156,7 @@ impl LocalSlot {
         if let Ok(turn) = self.slot.queue.acquire().await {
             turn.forget();
         }
-        LocalPermit { slot: self }
+        LocalPermit::queued(self)
     }
 
     /// The front of the queue if nobody is ahead; else the place back.
@@ -165,7 +165,7 @@ impl LocalSlot {
             return Err(self);
         };
         turn.forget();
-        Ok(LocalPermit { slot: self })
+        Ok(LocalPermit::queued(self))
     }
 
     fn leave(&mut self) {
@@ -182,9 +182,12 @@ impl Drop for LocalSlot {
 }
 
 /// The front of one key's queue: held from there until the lease is
-/// released (or handed over).
+/// released (or handed over). A claim many may hold at once (a share, a
+/// permit) does not queue: its permit is outside every queue, and the
+/// store alone decides.
 pub(crate) struct LocalPermit {
-    slot: LocalSlot,
+    slot: Option<LocalSlot>,
+    key: Arc<str>,
 }
 
 impl Drop for LocalPermit {
@@ -192,25 +195,44 @@ impl Drop for LocalPermit {
         // Leaves before the next local waiter goes ahead, so the new
         // holder's `has_waiters` counts only real waiters, not this permit
         // (it would hand its lease over to nobody).
-        self.slot.leave();
-        self.slot.slot.queue.add_permits(1);
+        if let Some(slot) = &mut self.slot {
+            slot.leave();
+            slot.slot.queue.add_permits(1);
+        }
     }
 }
 
 impl LocalPermit {
+    /// A permit outside every queue, for a claim many may hold at once.
+    pub(crate) fn unqueued(full_key: Arc<str>) -> LocalPermit {
+        LocalPermit {
+            slot: None,
+            key: full_key,
+        }
+    }
+
+    fn queued(slot: LocalSlot) -> LocalPermit {
+        LocalPermit {
+            key: slot.slot.key.key().clone(),
+            slot: Some(slot),
+        }
+    }
+
     /// The full key, shared.
     pub(crate) fn key(&self) -> &Arc<str> {
-        self.slot.slot.key.key()
+        &self.key
     }
 
     /// Whether other tasks of this process wait behind this permit.
     pub(crate) fn has_waiters(&self) -> bool {
-        self.slot.slot.users.load(Ordering::Relaxed) > 1
+        self.slot
+            .as_ref()
+            .is_some_and(|slot| slot.slot.users.load(Ordering::Relaxed) > 1)
     }
 
     /// Takes up the lease the previous holder handed over, if any.
     pub(crate) fn take_handed(&self) -> Option<Grant> {
-        self.slot.slot.handed().take()
+        self.slot.as_ref()?.slot.handed().take()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
@@ -241,7 +263,11 @@ impl LocalPermit {
         // A lease the store could not renew with the move counts from its
         // last renewal.
         let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-        *self.slot.slot.handed() = Some(Grant {
+        let Some(slot) = &self.slot else {
+            // Never asked of an unqueued permit, which has no waiters.
+            return Ok(HandOver::Released);
+        };
+        *slot.slot.handed() = Some(Grant {
             lease,
             loss,
             fencing,

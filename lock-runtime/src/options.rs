@@ -2,10 +2,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::LockError;
+use crate::store::Claim;
 
 pub use lock_limits::MAX_DURATION;
 
@@ -36,6 +38,19 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) name: Option<&'static str>,
     pub(crate) on_lost: OnLost,
+    pub(crate) permits: u32,
+    pub(crate) access: Access,
+}
+
+/// How a lock is held on its key: alone, or as one of many readers. See
+/// [`LockOptions::access`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Alongside other readers of the key, never alongside a writer.
+    Read,
+    /// Alone: against readers and writers. The default, a mutex.
+    #[default]
+    Write,
 }
 
 /// What happens to a body run by `#[distributed_lock]` when its lease is
@@ -66,6 +81,8 @@ impl Default for LockOptions {
             max_hold: None,
             name: None,
             on_lost: OnLost::Cancel,
+            permits: 1,
+            access: Access::Write,
         }
     }
 }
@@ -134,6 +151,34 @@ impl LockOptions {
         self
     }
 
+    /// Makes the key a semaphore: at most `permits` holders at once, across
+    /// every process (1, the default, is a mutex). Every caller of a key
+    /// must ask for the same number; one that asks for another gets an
+    /// error naming both. Not with [`access`](Self::access)`(Access::Read)`.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
+    /// Makes the key a read-write lock: [`Access::Read`] holders run
+    /// together, an [`Access::Write`] holder (the default) alone. A waiting
+    /// writer stops new readers from joining, on the stores that queue
+    /// waiters.
+    pub fn access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// What an acquire with these options claims on its key.
+    pub(crate) fn claim(&self) -> Claim {
+        match (self.access, NonZeroU32::new(self.permits)) {
+            (Access::Read, _) => Claim::Shared,
+            (Access::Write, Some(limit)) => Claim::permits(limit),
+            // Refused by `validate`.
+            (Access::Write, None) => Claim::Exclusive,
+        }
+    }
+
     /// Names the lock in metrics (the `lock` label): a fixed name such as
     /// `"stock"` for every `stock:{id}` key, so the label set stays
     /// bounded. Without one the label is `unnamed`; the attribute uses its
@@ -165,6 +210,15 @@ impl LockOptions {
         }
         if self.ttl < Duration::from_millis(1) {
             return invalid(format!("ttl {:?} is shorter than 1ms", self.ttl));
+        }
+        if self.permits == 0 {
+            return invalid("permits must be at least 1".into());
+        }
+        if self.permits > 1 && self.access == Access::Read {
+            return invalid(format!(
+                "permits ({}) and read access cannot be combined: a key is a semaphore or a read-write lock",
+                self.permits
+            ));
         }
         if mode == Mode::Skip && self.wait_timeout.is_some() {
             return invalid(

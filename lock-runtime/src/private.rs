@@ -11,7 +11,7 @@ use crate::body;
 use crate::context::{self, Frame};
 use crate::error::LockError;
 use crate::multi::LockGuards;
-use crate::options::{LockOptions, Mode, OnLost};
+use crate::options::{Access, LockOptions, Mode, OnLost};
 use crate::registry::LockRegistry;
 use crate::telemetry;
 
@@ -23,7 +23,8 @@ pub fn render_key(args: fmt::Arguments<'_>) -> String {
 
 /// Builds the options the attribute's arguments describe (literals made
 /// `Duration::from_millis(..)` at compile time, or the user's `Duration`
-/// expressions, checked when the call runs); `name` labels its metrics.
+/// expressions, checked when the call runs); `name` labels its metrics;
+/// `permits` and `read` make a semaphore or a read lock.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub const fn options(
@@ -34,8 +35,12 @@ pub const fn options(
     max_hold: Option<Duration>,
     name: &'static str,
     notify_on_lost: bool,
+    permits: u32,
+    read: bool,
 ) -> LockOptions {
     LockOptions {
+        permits,
+        access: if read { Access::Read } else { Access::Write },
         ttl,
         wait_timeout,
         hold_at_least,
@@ -115,6 +120,7 @@ pub async fn run_skip_in<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let full_key = registry.full_key(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
+        body::check_reentry(&key, frame.claim, opts.claim())?;
         return Ok(Some(body::reenter(&key, frame, body).await));
     }
     match registry.acquire(&key, &full_key, &opts, Mode::Skip).await? {
@@ -196,8 +202,9 @@ async fn run_all_in<F: Future>(
     let mut wanted = Vec::new();
     for (key, full_key) in registry.canonical(keys)? {
         // A key this task holds already is re-entered, not taken again.
-        if context::held_by_task(registry.id(), &full_key).is_none() {
-            wanted.push((key, full_key));
+        match context::held_by_task(registry.id(), &full_key) {
+            Some(frame) => body::check_reentry(&key, frame.claim, opts.claim())?,
+            None => wanted.push((key, full_key)),
         }
     }
     let guards = if wanted.is_empty() {

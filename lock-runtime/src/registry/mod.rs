@@ -247,6 +247,7 @@ impl LockRegistry {
     ) -> Result<F::Output, LockError> {
         let full_key = self.full_key(key)?;
         if let Some(frame) = context::held_by_task(self.id(), &full_key) {
+            body::check_reentry(key, frame.claim, opts.claim())?;
             return Ok(body::reenter(key, frame, body).await);
         }
         let guard = self.wait_for(key, &full_key, &opts).await?;

@@ -5,6 +5,7 @@
 mod attribute_errors;
 mod attribute_keys;
 mod attribute_settings;
+mod claims;
 mod inspect;
 mod lost_lease;
 mod manual;

@@ -921,3 +921,28 @@ async fn fair_mode_serves_another_process_waiter_before_the_holder_own_next_task
     let served: Vec<&str> = [order.recv().await.unwrap(), order.recv().await.unwrap()].into();
     assert_eq!(served, ["other process", "same process"]);
 }
+
+/// Semaphores and read locks are not served by the Redis store yet: asked
+/// for, they are refused before anything is sent, naming the store.
+#[tokio::test]
+async fn semaphores_and_read_locks_are_refused_until_served() {
+    let server = RedisServer::new();
+    let locks = registry(&server).await;
+    let key = unique_key("claims");
+    for (opts, what) in [
+        (LockOptions::default().permits(3), "semaphores"),
+        (
+            LockOptions::default().access(lock_runtime::Access::Read),
+            "shared (read) locks",
+        ),
+    ] {
+        let err = locks.lock(&key, opts).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains("redis store does not serve") && shown.contains(what),
+            "{shown}"
+        );
+    }
+    assert_eq!(locks.local_keys(), 0);
+}

@@ -1,0 +1,230 @@
+//! Semaphores (`permits = N`) and read-write locks (`access = "read"`)
+//! through the attribute and the manual API, on the memory store: limits
+//! held and reached, readers together and writers alone, a waiting writer
+//! ahead of new readers, one limit per key, and re-entrancy across kinds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock};
+use lock_tests::unique_key;
+use tokio::sync::Barrier;
+
+/// How many bodies are inside, and the most ever seen at once.
+#[derive(Default)]
+struct Inside {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Inside {
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enters, waits until `gate` has as many inside as it counts, leaves.
+async fn together(inside: &Inside, gate: &Barrier) {
+    inside.enter();
+    gate.wait().await;
+    inside.leave();
+}
+
+#[distributed_lock(key = "export:{k}", registry = locks, permits = 3)]
+async fn export(locks: &LockRegistry, k: &str, inside: &Inside, gate: &Barrier) {
+    together(inside, gate).await;
+}
+
+#[distributed_lock(key = "prices:{k}", registry = locks, access = "read")]
+async fn read_prices(locks: &LockRegistry, k: &str, inside: &Inside, gate: &Barrier) {
+    together(inside, gate).await;
+}
+
+/// Six callers of a semaphore of 3: three at a time get in (a barrier of
+/// three lets them out only together, so the limit is reached), never a
+/// fourth.
+#[tokio::test]
+async fn a_semaphore_admits_up_to_its_limit_and_reaches_it() {
+    let locks = LockRegistry::memory();
+    let k = unique_key("sem");
+    let (inside, gate) = (Inside::default(), Barrier::new(3));
+    let calls = (0..6).map(|_| export(&locks, &k, &inside, &gate));
+    let done = tokio::time::timeout(Duration::from_secs(5), join_all(calls))
+        .await
+        .expect("three at a time got in together");
+    assert!(done.into_iter().all(|result| result.is_ok()));
+    assert_eq!(inside.most.load(Ordering::SeqCst), 3);
+}
+
+/// Readers of a key run together (three meet at a barrier inside).
+#[tokio::test]
+async fn readers_run_together() {
+    let locks = LockRegistry::memory();
+    let k = unique_key("read");
+    let (inside, gate) = (Inside::default(), Barrier::new(3));
+    let calls = (0..3).map(|_| read_prices(&locks, &k, &inside, &gate));
+    let done = tokio::time::timeout(Duration::from_secs(5), join_all(calls))
+        .await
+        .expect("the readers met inside");
+    assert!(done.into_iter().all(|result| result.is_ok()));
+    assert_eq!(inside.most.load(Ordering::SeqCst), 3);
+}
+
+/// A writer runs alone: no reader and no other writer beside it; a reader
+/// keeps writers out; a waiting writer keeps new readers out, and gets
+/// the key when the readers leave.
+#[tokio::test]
+async fn a_writer_runs_alone_and_a_waiting_writer_holds_new_readers_off() {
+    let locks = Arc::new(LockRegistry::memory());
+    let key = unique_key("rw");
+    let read = || LockOptions::default().access(Access::Read);
+    let write = LockOptions::default;
+
+    let writer = locks.lock(&key, write()).await.unwrap();
+    assert_eq!(writer.access(), Access::Write);
+    assert!(locks.try_lock(&key, read()).await.unwrap().is_none());
+    assert!(locks.try_lock(&key, write()).await.unwrap().is_none());
+    writer.release().await.unwrap();
+
+    let reader = locks.lock(&key, read()).await.unwrap();
+    assert_eq!(reader.access(), Access::Read);
+    let second = locks
+        .try_lock(&key, read())
+        .await
+        .unwrap()
+        .expect("readers share");
+    assert!(locks.try_lock(&key, write()).await.unwrap().is_none());
+    let waiting = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.lock(&key, write()).await.unwrap() }
+    });
+    // Once the writer waits, a new reader is refused (before, it may get
+    // in: it is let go at once).
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(early) = locks.try_lock(&key, read()).await.unwrap() {
+            early.release().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiting writer held new readers off");
+    reader.release().await.unwrap();
+    second.release().await.unwrap();
+    let writer = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the writer got the key when the readers left")
+        .unwrap();
+    writer.release().await.unwrap();
+}
+
+/// Every caller of a semaphore key asks for one limit: another is an
+/// error naming both, and nothing is left held.
+#[tokio::test]
+async fn a_semaphore_key_has_one_limit() {
+    let locks = LockRegistry::memory();
+    let key = unique_key("limit");
+    let three = locks
+        .lock(&key, LockOptions::default().permits(3))
+        .await
+        .unwrap();
+    assert_eq!(three.permits(), Some(3));
+    let err = locks
+        .try_lock(&key, LockOptions::default().permits(4))
+        .await
+        .unwrap_err();
+    let shown = lock_tests::error_chain(&err);
+    assert!(
+        shown.contains("3 permits") && shown.contains("4 permits"),
+        "{shown}"
+    );
+    three.release().await.unwrap();
+    let mutex = locks.lock(&key, LockOptions::default()).await.unwrap();
+    assert_eq!(mutex.permits(), None);
+    mutex.release().await.unwrap();
+}
+
+/// Options that cannot make a lock are refused when the call runs.
+#[tokio::test]
+async fn zero_permits_or_permits_with_read_access_are_invalid_options() {
+    let locks = LockRegistry::memory();
+    for (opts, reason) in [
+        (LockOptions::default().permits(0), "at least 1"),
+        (
+            LockOptions::default().permits(3).access(Access::Read),
+            "cannot be combined",
+        ),
+    ] {
+        let err = locks.lock("k", opts).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        assert!(err.to_string().contains(reason), "{err}");
+    }
+    assert_eq!(locks.local_keys(), 0);
+}
+
+#[distributed_lock(key = "doc:{k}", registry = locks)]
+async fn edit(locks: &LockRegistry, k: &str) -> Result<(), LockError> {
+    // Boxed: nested lock futures are large in a debug build.
+    Box::pin(view(locks, k)).await??;
+    Box::pin(edit_again(locks, k)).await
+}
+
+#[distributed_lock(key = "doc:{k}", registry = locks)]
+async fn edit_again(locks: &LockRegistry, k: &str) {}
+
+#[distributed_lock(key = "doc:{k}", registry = locks, access = "read")]
+async fn view(locks: &LockRegistry, k: &str) -> Result<(), LockError> {
+    Box::pin(view_again(locks, k)).await
+}
+
+#[distributed_lock(key = "doc:{k}", registry = locks, access = "read")]
+async fn view_again(locks: &LockRegistry, k: &str) {}
+
+#[distributed_lock(key = "doc:{k}", registry = locks, access = "read")]
+async fn view_then_edit(locks: &LockRegistry, k: &str) -> Result<(), LockError> {
+    Box::pin(edit_again(locks, k)).await
+}
+
+#[distributed_lock(key = "job:{k}", registry = locks, permits = 3)]
+async fn job(locks: &LockRegistry, k: &str, nested: u32) -> Result<u64, LockError> {
+    let outer = lock_runtime::fencing_token().unwrap();
+    let inner = Box::pin(locks.with_lock(
+        &format!("job:{k}"),
+        LockOptions::default().permits(nested),
+        async { lock_runtime::fencing_token().unwrap() },
+    ))
+    .await?;
+    assert_eq!(inner, outer, "the nested call shares the permit");
+    Ok(inner)
+}
+
+/// Holding write, nested reads and writes run; holding read, a nested read
+/// runs and a nested write is an error at once (it could never be
+/// granted); a nested call on a semaphore shares the permit, and one with
+/// another limit is an error.
+#[tokio::test]
+async fn nested_calls_run_when_the_outer_lock_covers_them() {
+    let locks = LockRegistry::memory();
+    let k = unique_key("nested");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        Box::pin(edit(&locks, &k)).await.unwrap().unwrap();
+        Box::pin(view(&locks, &k)).await.unwrap().unwrap();
+        let err = Box::pin(view_then_edit(&locks, &k))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        assert!(err.to_string().contains("nested"), "{err}");
+        Box::pin(job(&locks, &k, 3)).await.unwrap().unwrap();
+        let err = Box::pin(job(&locks, &k, 4)).await.unwrap().unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+    })
+    .await
+    .expect("no nested call waited for its own task");
+}
