@@ -44,14 +44,18 @@
 //! every annotated function uses (`registry = expr` picks another per
 //! function):
 //!
-//! | store | constructor | feature | promises |
-//! |---|---|---|---|
-//! | this process | [`LockRegistry::memory`] | | tests, one instance |
-//! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), TLS (`rediss://`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] |
-//! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] |
-//! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` |
-//! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` |
-//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` |
+//! | store | constructor | feature | promises | semaphores, read-write locks |
+//! |---|---|---|---|---|
+//! | this process | [`LockRegistry::memory`] | | tests, one instance | yes; a waiting writer holds new readers off |
+//! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), TLS (`rediss://`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] | not yet: refused |
+//! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] | not yet: refused |
+//! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` | not yet: refused |
+//! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | not yet: refused |
+//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` | not yet: refused |
+//!
+//! A store refuses a claim it does not serve (`permits` above 1, `access =
+//! "read"`) with [`LockError::InvalidOptions`] naming it, before anything
+//! is sent; its [`Capabilities`](store::Capabilities) say which it serves.
 //!
 //! Every store implements the contract in [`store`] (where the types for
 //! writing a store of your own live); everything else (waiting, renewal,
@@ -84,6 +88,90 @@
 //! finish or undo a step takes `on_lost = "notify"`
 //! ([`LockOptions::on_lost`]): it runs on, learns of the loss from [`lost`]
 //! or [`is_lost`], and the call still returns `Lost`.
+//!
+//! # Recipes
+//!
+//! **A job on at most N replicas.** Each tick, every replica tries; at most
+//! three run the export at once, the others skip it:
+//!
+//! ```
+//! use lock_runtime::{LockRegistry, distributed_lock};
+//!
+//! #[distributed_lock(key = "export", permits = 3, mode = "skip", ttl = "1m")]
+//! async fn export_shard() -> &'static str {
+//!     "exported"
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! lock_runtime::init(LockRegistry::memory())?;
+//! match export_shard().await? {
+//!     Some(done) => println!("{done}"),
+//!     None => println!("three replicas are exporting already"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **A read-mostly cache.** Readers run together; the refresh runs alone,
+//! and once it waits no new reader starts, so a stream of readers cannot
+//! hold it off:
+//!
+//! ```
+//! use lock_runtime::{LockRegistry, distributed_lock};
+//!
+//! #[distributed_lock(key = "prices:{region}", access = "read", registry = locks)]
+//! async fn price(locks: &LockRegistry, region: &str, item: u32) -> u32 {
+//!     item * 100 // read the shared price list
+//! }
+//!
+//! #[distributed_lock(key = "prices:{region}", access = "write", registry = locks)]
+//! async fn refresh(locks: &LockRegistry, region: &str) {
+//!     // rewrite the shared price list
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! let locks = LockRegistry::memory();
+//! let (a, b) = tokio::join!(price(&locks, "eu", 1), price(&locks, "eu", 2));
+//! assert_eq!((a?, b?), (100, 200));
+//! refresh(&locks, "eu").await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **Leader election.** One replica holds a long-lived lock, renewed by the
+//! watchdog for as long as it lives; the others wait for it. Leadership
+//! ends when the lease is lost (the leader cut off from the store, say):
+//! `on_lost = "notify"` lets the loop stop cleanly instead of being dropped
+//! mid-step.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_runtime::{LockRegistry, distributed_lock};
+//!
+//! #[distributed_lock(key = "leader:billing", ttl = "10s", on_lost = "notify")]
+//! async fn lead(rounds: u32) -> u32 {
+//!     let mut done = 0;
+//!     while done < rounds && !lock_runtime::is_lost() {
+//!         tokio::select! {
+//!             () = lock_runtime::lost() => break, // no longer the leader
+//!             () = tokio::time::sleep(Duration::from_millis(1)) => done += 1, // one round of leader's work
+//!         }
+//!     }
+//!     done
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! lock_runtime::init(LockRegistry::memory()).unwrap();
+//! // Each replica runs this loop; the one that returns had the lock.
+//! match lead(3).await {
+//!     Ok(rounds) => println!("led for {rounds} rounds"),
+//!     Err(err) => eprintln!("leadership ended: {err}"),
+//! }
+//! # }
+//! ```
 //!
 //! # Observability
 //!

@@ -19,8 +19,8 @@ use crate::context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
-use crate::options::{LockOptions, Mode};
-use crate::store::{LockToken, Store};
+use crate::options::{Access, LockOptions, Mode};
+use crate::store::{Claim, LockToken, Store};
 use crate::telemetry::{self, Labels};
 
 /// The longest key accepted, in bytes (namespace not included).
@@ -349,6 +349,15 @@ impl LockRegistry {
             remaining: lease.remaining,
             fencing_token: lease.fencing,
             held_by_this_process: lease.token.is_some_and(LockToken::is_from_this_process),
+            access: match lease.claim {
+                Claim::Shared => Access::Read,
+                _ => Access::Write,
+            },
+            permits: match lease.claim {
+                Claim::Permit { limit } => Some(limit.get()),
+                _ => None,
+            },
+            holders: lease.holders,
         }))
     }
 
@@ -438,6 +447,14 @@ pub struct LockInfo {
     pub fencing_token: u64,
     /// Whether a task of this process holds it (through any registry).
     pub held_by_this_process: bool,
+    /// How it is held: [`Access::Read`] for read locks, else
+    /// [`Access::Write`].
+    pub access: Access,
+    /// For a semaphore, how many permits the key has.
+    pub permits: Option<u32>,
+    /// How many hold it: the readers or permit holders (1 for a mutex or a
+    /// writer). The fields above describe one of them.
+    pub holders: usize,
 }
 
 impl fmt::Debug for LockRegistry {

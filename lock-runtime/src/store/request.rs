@@ -19,16 +19,33 @@ pub struct LeaseInfo {
     /// How long the lease has left, when the store counts it (a session
     /// store does not: the lease lasts as long as the holder's session).
     pub remaining: Option<Duration>,
+    /// How the key is held: [`Claim::Exclusive`] unless the store says
+    /// otherwise ([`with_holders`](Self::with_holders)).
+    pub claim: Claim,
+    /// How many leases hold the key (1 for an exclusive claim; the shares
+    /// or permits held otherwise). The other fields describe one of them.
+    pub holders: usize,
 }
 
 impl LeaseInfo {
-    /// A lease held by `token` with `fencing`, ending in `remaining`.
+    /// A lease held by `token` with `fencing`, ending in `remaining`: the
+    /// key's only holder, exclusive.
     pub fn new(token: Option<LockToken>, fencing: u64, remaining: Option<Duration>) -> Self {
         LeaseInfo {
             token,
             fencing,
             remaining,
+            claim: Claim::Exclusive,
+            holders: 1,
         }
+    }
+
+    /// Says the key is held under `claim` by `holders` leases, of which
+    /// this is one.
+    pub fn with_holders(mut self, claim: Claim, holders: usize) -> Self {
+        self.claim = claim;
+        self.holders = holders;
+        self
     }
 }
 

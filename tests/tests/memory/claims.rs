@@ -135,6 +135,16 @@ async fn a_semaphore_key_has_one_limit() {
         .await
         .unwrap();
     assert_eq!(three.permits(), Some(3));
+    let two = locks
+        .lock(&key, LockOptions::default().permits(3))
+        .await
+        .unwrap();
+    let info = locks.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(
+        (info.access, info.permits, info.holders),
+        (Access::Write, Some(3), 2)
+    );
+    two.release().await.unwrap();
     let err = locks
         .try_lock(&key, LockOptions::default().permits(4))
         .await

@@ -360,17 +360,18 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
-            let info = table
-                .slots
-                .get_mut(&key)
-                .and_then(|slot| slot.live_holder(now))
-                .map(|holder| {
-                    LeaseInfo::new(
-                        Some(holder.token),
-                        holder.fencing,
-                        Some(holder.expires - now),
-                    )
-                });
+            let Some(slot) = table.slots.get_mut(&key) else {
+                return Ok(None);
+            };
+            let holders = slot.live_holders(now);
+            let info = slot.live_holder(now).map(|holder| {
+                LeaseInfo::new(
+                    Some(holder.token),
+                    holder.fencing,
+                    Some(holder.expires - now),
+                )
+                .with_holders(holder.claim, holders)
+            });
             Ok(info)
         })
     }

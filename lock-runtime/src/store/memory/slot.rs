@@ -64,6 +64,14 @@ impl Slot {
         self.holders.iter_mut().find(|holder| holder.live(now))
     }
 
+    /// How many leases on the key are live.
+    pub(super) fn live_holders(&self, now: Instant) -> usize {
+        self.holders
+            .iter()
+            .filter(|holder| holder.live(now))
+            .count()
+    }
+
     /// `token`'s holder, if its lease is live.
     pub(super) fn owned_by(&mut self, token: LockToken, now: Instant) -> Option<&mut Holder> {
         self.holders
