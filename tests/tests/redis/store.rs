@@ -23,11 +23,7 @@ async fn redis_store() -> Clients {
 store_contract!(
     redis_contract,
     redis_store,
-    skip: [
-        a_forced_release_is_pushed_to_the_holder,
-        shares_hold_together_and_an_exclusive_claim_alone,
-        a_semaphore_admits_up_to_its_limit,
-    ]
+    skip: [a_forced_release_is_pushed_to_the_holder]
 );
 
 async fn registry(server: &RedisServer) -> LockRegistry {
@@ -922,12 +918,17 @@ async fn fair_mode_serves_another_process_waiter_before_the_holder_own_next_task
     assert_eq!(served, ["other process", "same process"]);
 }
 
-/// Semaphores and read locks are not served by the Redis store yet: asked
-/// for, they are refused before anything is sent, naming the store.
+/// Fair mode's queue serves exclusive claims only: semaphores and read
+/// locks are refused before anything is sent, naming the store.
 #[tokio::test]
-async fn semaphores_and_read_locks_are_refused_until_served() {
+async fn fair_mode_refuses_semaphores_and_read_locks() {
     let server = RedisServer::new();
-    let locks = registry(&server).await;
+    let store = RedisStore::builder(&server.url())
+        .fair(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let locks = LockRegistry::new(store);
     let key = unique_key("claims");
     for (opts, what) in [
         (LockOptions::default().permits(3), "semaphores"),

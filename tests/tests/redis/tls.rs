@@ -34,11 +34,7 @@ async fn redis_tls_store() -> Clients {
 store_contract!(
     redis_tls_contract,
     redis_tls_store,
-    skip: [
-        a_forced_release_is_pushed_to_the_holder,
-        shares_hold_together_and_an_exclusive_claim_alone,
-        a_semaphore_admits_up_to_its_limit,
-    ]
+    skip: [a_forced_release_is_pushed_to_the_holder]
 );
 
 #[distributed_lock(key = "tls:{key}", registry = locks, ttl = "2s")]

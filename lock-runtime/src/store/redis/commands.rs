@@ -10,7 +10,7 @@ use super::keys::suffixed;
 use super::scripts;
 use crate::error::BackendError;
 use crate::store::FencingPromise;
-use crate::store::{HandOver, LockToken};
+use crate::store::{Claim, HandOver, LockToken};
 
 /// How fencing tokens are made. See the [module docs](super).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -108,7 +108,18 @@ where
         waits: bool,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
         let call = match self.fair {
-            None => self.fenced(&scripts::ACQUIRE, lock, token, ttl),
+            None => Call::new(
+                &scripts::ACQUIRE,
+                &[
+                    lock,
+                    &suffixed(lock, b":fence"),
+                    &suffixed(lock, b":writer"),
+                ],
+            )
+            .arg(&token.hex()[..])
+            .arg(millis(ttl))
+            .arg(self.fencing.counter_life(ttl))
+            .arg(u8::from(waits)),
             Some(grant_timeout) => self
                 .fenced(&scripts::FAIR_ACQUIRE, lock, token, ttl)
                 .arg(u8::from(waits))
@@ -124,6 +135,54 @@ where
         }
         self.replicated().await?;
         Ok(Ok(u64::try_from(value).unwrap_or(0)))
+    }
+
+    /// One attempt at a share or a permit (`claim`) of the key: the
+    /// fencing token when granted, how long at least until a retry may be
+    /// granted otherwise; an error naming both when the key serves
+    /// another claim.
+    pub(super) async fn share_acquire(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+        claim: Claim,
+    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        let asked = claim_name(claim);
+        let call = Call::new(
+            &scripts::SHARE_ACQUIRE,
+            &[
+                lock,
+                &suffixed(lock, b":fence"),
+                &suffixed(lock, b":kind"),
+                &suffixed(lock, b":tokens"),
+                &suffixed(lock, b":writer"),
+            ],
+        )
+        .arg(&token.hex()[..])
+        .arg(millis(ttl))
+        .arg(self.fencing.counter_life(ttl))
+        .arg(&asked[..]);
+        let (answer, value): (i64, ::redis::Value) =
+            invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
+        match answer {
+            1 => {
+                self.replicated().await?;
+                Ok(Ok(u64::try_from(integer(&value)?).unwrap_or(0)))
+            }
+            2 => {
+                let held: String = ::redis::from_redis_value(value)?;
+                Err(format!(
+                    "the key is held as {} and this call claims it as {}: every caller of a key must use one kind of lock with one limit",
+                    describe(&held),
+                    describe(&asked)
+                )
+                .into())
+            }
+            _ => Ok(Err(u64::try_from(integer(&value)?)
+                .ok()
+                .map(Duration::from_millis))),
+        }
     }
 
     /// With [`RedisStoreBuilder::replica_acks`], waits until enough
@@ -155,9 +214,12 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let call = Call::new(&scripts::RENEW, &[lock])
-            .arg(&token.hex()[..])
-            .arg(millis(ttl));
+        let call = Call::new(
+            &scripts::RENEW,
+            &[lock, &suffixed(lock, b":kind"), &suffixed(lock, b":tokens")],
+        )
+        .arg(&token.hex()[..])
+        .arg(millis(ttl));
         let renewed: i64 = invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
         Ok(renewed == 1)
     }
@@ -170,10 +232,17 @@ where
     ) -> Result<bool, BackendError> {
         let channel = suffixed(lock, b":released");
         let call = match self.fair {
-            None => Call::new(&scripts::RELEASE, &[lock])
-                .arg(&token.hex()[..])
-                .arg(millis(linger))
-                .arg(channel),
+            None => Call::new(
+                &scripts::RELEASE,
+                &[
+                    lock,
+                    &suffixed(lock, b":tokens"),
+                    &suffixed(lock, b":writer"),
+                ],
+            )
+            .arg(&token.hex()[..])
+            .arg(millis(linger))
+            .arg(channel),
             Some(grant_timeout) => self
                 .with_keys(&scripts::FAIR_RELEASE, lock)
                 .arg(&token.hex()[..])
@@ -313,6 +382,22 @@ pub(super) fn integer(value: &::redis::Value) -> Result<i64, BackendError> {
         _ => None,
     };
     parsed.ok_or_else(|| format!("a script answered {value:?} where a number was expected").into())
+}
+
+/// A claim as the share script takes it: `shared`, or a semaphore's limit.
+pub(super) fn claim_name(claim: Claim) -> String {
+    match claim {
+        Claim::Permit { limit } => limit.to_string(),
+        _ => "shared".to_owned(),
+    }
+}
+
+/// A claim's name in the share script, as an error shows it.
+fn describe(name: &str) -> String {
+    match name {
+        "shared" => "a read-write lock".to_owned(),
+        limit => format!("a semaphore of {limit} permits"),
+    }
 }
 
 /// A duration in whole milliseconds, as the scripts take them.

@@ -18,6 +18,23 @@
 //! - Scripts run by `EVALSHA`, and are loaded again after `SCRIPT FLUSH` or a
 //!   server restart (`NOSCRIPT`).
 //!
+//! # Semaphores and read-write locks
+//!
+//! A key held by shares (readers) or permits is a sorted set of the
+//! holders' tokens, scored by the server-clock millisecond each lease ends,
+//! beside `:kind` (which claim it serves: `shared`, or the semaphore's
+//! limit) and `:tokens` (each holder's fencing token). One script grants a
+//! share or a permit (one round trip): it drops expired holders, refuses
+//! while a writer holds the key (a string, as a mutex) or the limit is
+//! reached, and issues the fencing token as for a mutex, so tokens increase
+//! across every grant of the key. Renewal and release are the mutex's
+//! scripts, which tell a sorted set from a string. A writer refused while
+//! shares hold the key and that waits marks the key (`:writer`, kept while
+//! it keeps asking): new shares are refused until it is served, so readers
+//! cannot starve it; on a free key the mark is cut to 50 ms. A key serves
+//! one claim while held: another is an error naming both. Fair mode serves
+//! exclusive claims only.
+//!
 //! # Fair mode
 //!
 //! By default, whoever asks first after a release gets the lock, and a
@@ -146,6 +163,7 @@ mod scripts;
 mod subscriber;
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,8 +181,8 @@ use lease::RedisLease;
 use subscriber::Subscriber;
 
 use super::{
-    Acquire, AcquireRequest, Capabilities, LeaseInfo, LockToken, ReleaseWatch, Reply, SafetyMargin,
-    Store,
+    Acquire, AcquireRequest, Capabilities, Claim, LeaseInfo, LockToken, ReleaseWatch, Reply,
+    SafetyMargin, Store,
 };
 use crate::error::{BackendError, LockError};
 
@@ -247,9 +265,10 @@ where
             .with_fencing(commands.fencing.promise());
         // A queued waiter asks again within a third of the grant timeout,
         // to keep its place with room to spare.
+        // Fair mode's queue serves exclusive claims only.
         let capabilities = match commands.fair {
             Some(grant_timeout) => capabilities.with_waiter_queue(grant_timeout / 3),
-            None => capabilities,
+            None => capabilities.with_shares().with_permits(),
         };
         RedisStore {
             commands,
@@ -325,10 +344,18 @@ where
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let lock = lock_name(request.key);
-            let answer = self
-                .commands
-                .acquire(&lock, request.token, request.ttl, request.waits)
-                .await?;
+            let answer = match request.claim {
+                Claim::Exclusive => {
+                    self.commands
+                        .acquire(&lock, request.token, request.ttl, request.waits)
+                        .await?
+                }
+                claim => {
+                    self.commands
+                        .share_acquire(&lock, request.token, request.ttl, claim)
+                        .await?
+                }
+            };
             Ok(match answer {
                 Ok(fencing) => Acquire::Acquired {
                     fencing,
@@ -358,8 +385,11 @@ where
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let lock = lock_name(key);
-            let call =
-                Call::new(&scripts::FORCE_RELEASE, &[&lock]).arg(suffixed(&lock, b":released"));
+            let call = Call::new(
+                &scripts::FORCE_RELEASE,
+                &[&lock, &suffixed(&lock, b":writer")],
+            )
+            .arg(suffixed(&lock, b":released"));
             let deleted: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
             Ok(deleted == 1)
         })
@@ -368,8 +398,16 @@ where
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let lock = lock_name(key);
-            let call = Call::new(&scripts::INSPECT, &[&lock, &suffixed(&lock, b":fence")]);
-            let (token, pttl, fencing): (String, i64, String) =
+            let call = Call::new(
+                &scripts::INSPECT,
+                &[
+                    &lock,
+                    &suffixed(&lock, b":fence"),
+                    &suffixed(&lock, b":kind"),
+                    &suffixed(&lock, b":tokens"),
+                ],
+            );
+            let (token, pttl, fencing, kind, holders): (String, i64, String, String, usize) =
                 invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
             if token.is_empty() {
                 return Ok(None);
@@ -378,11 +416,15 @@ where
             let token = token.parse().ok();
             // -1: no expiry (set by hand); -2: gone between the two reads.
             let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-            Ok(Some(LeaseInfo::new(
-                token,
-                fencing.parse().unwrap_or(0),
-                remaining,
-            )))
+            let claim = match (kind.as_str(), kind.parse().ok().and_then(NonZeroU32::new)) {
+                ("", _) => Claim::Exclusive,
+                (_, Some(limit)) => Claim::permits(limit),
+                _ => Claim::Shared,
+            };
+            Ok(Some(
+                LeaseInfo::new(token, fencing.parse().unwrap_or(0), remaining)
+                    .with_holders(claim, holders),
+            ))
         })
     }
 }

@@ -14,6 +14,7 @@ macro_rules! script {
 }
 
 pub(super) static ACQUIRE: Lazy<Script> = script!("fence.lua", "acquire.lua");
+pub(super) static SHARE_ACQUIRE: Lazy<Script> = script!("fence.lua", "share_acquire.lua");
 pub(super) static RENEW: Lazy<Script> = script!("renew.lua");
 pub(super) static RELEASE: Lazy<Script> = script!("release.lua");
 pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "hand_over.lua");

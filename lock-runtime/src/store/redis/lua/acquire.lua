@@ -1,13 +1,22 @@
--- KEYS: lock, counter. ARGV: token, ttl ms, the counter's life in ms
--- (0: no fencing). Returns {1, fencing} when acquired (the token as a
--- string of digits), {0, pttl} when held. Run again by the same token (a
--- retry after a dropped reply), it answers as the first run did.
+-- KEYS: lock, counter, writer. ARGV: token, ttl ms, the counter's life in
+-- ms (0: no fencing), '1' when the caller waits. Returns {1, fencing}
+-- when acquired (the token as a string of digits), {0, pttl} when held.
+-- Run again by the same token (a retry after a dropped reply), it answers
+-- as the first run did. Held by shares (a sorted set), a caller that
+-- waits marks the key so that no new share joins while it waits; the
+-- share script shortens a mark it finds on a free key (see there).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '0' then return {1, 0} end
   return {1, fence(KEYS[2], ARGV[3])}
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.pcall('GET', KEYS[1])
+if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+if type(held) == 'table' and ARGV[4] == '1' then
+  -- Kept while the writer keeps asking: it asks again within 5 s.
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', 6000)
+end
+return {0, pttl}

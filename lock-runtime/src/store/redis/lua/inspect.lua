@@ -1,5 +1,15 @@
--- KEYS: lock, counter. Returns {token, pttl, last fencing token}; an empty
--- token when the lock is free. Reads only.
-local token = redis.call('GET', KEYS[1])
-if not token then return {'', -2, '0'} end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
+-- KEYS: lock, counter, kind, tokens. Returns {token, pttl, fencing token,
+-- kind, holders}: the lock's holder, or for a sorted set of shares or
+-- permits the one whose lease ends first; an empty token when the lock is
+-- free. Reads only.
+local held = redis.pcall('GET', KEYS[1])
+if not held then return {'', -2, '0', '', 0} end
+if type(held) ~= 'table' then
+  return {held, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', '', 1}
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+if #live == 0 then return {'', -2, '0', '', 0} end
+local fencing = redis.call('HGET', KEYS[4], live[1]) or '0'
+return {live[1], tonumber(live[2]) - now, fencing, redis.call('GET', KEYS[3]) or '', #live / 2}
