@@ -236,6 +236,89 @@ impl Processes {
         eprintln!("cross-process hand-off: {handoff} ms");
     }
 
+    /// A semaphore of 3 shared by 4 processes x 4 tasks, 10 sections
+    /// each: never more than 3 inside (counted in the data store, which the
+    /// lock does not protect), and 3 reached: it is not a mutex in disguise.
+    pub fn a_semaphore_of_three_across_processes_is_reached_and_never_exceeded(&self) {
+        let key = unique_key("sem");
+        self.run_all(4, "semaphore", &key, &["4", "10"], "");
+        let seen: Vec<i64> = self
+            .data()
+            .lrange(format!("sem:{key}:seen"), 0, -1)
+            .unwrap();
+        assert_eq!(seen.len(), 160);
+        let most = seen.iter().copied().max().unwrap_or(0);
+        eprintln!("semaphore of 3, 4 processes x 4 tasks: at most {most} inside");
+        assert_eq!(most, 3, "{seen:?}");
+    }
+
+    /// Two processes hold the two permits of a key (1 s leases); a third
+    /// waits. One holder is SIGKILLed: its permit comes back within its
+    /// ttl and the store's slack, and the waiter gets it.
+    pub fn a_sigkilled_permit_holder_frees_its_permit_within_its_ttl(&self) {
+        let key = unique_key("permit");
+        let mut first = self.worker("hold-permit", &key, &["60000"]);
+        first.expect("acquired", STARTUP);
+        let mut second = self.worker("hold-permit", &key, &["60000"]);
+        second.expect("acquired", STARTUP);
+        let mut third = self.worker("hold-permit", &key, &["100"]);
+        third.expect("ready", STARTUP);
+        first.kill();
+        let killed_at = Instant::now();
+        third.expect("acquired", Duration::from_secs(5));
+        let recovered = killed_at.elapsed();
+        eprintln!("a SIGKILLed holder's permit (1 s lease) came back in {recovered:?}");
+        assert!(
+            recovered < Duration::from_secs(1) + self.expiry_slack,
+            "recovered after {recovered:?}"
+        );
+        third.expect("released", STARTUP);
+        second.kill();
+    }
+
+    /// 3 processes x 2 tasks read continuously (20 ms sections) and
+    /// overlap; a writer from a fourth process gets the key within a bound
+    /// (the readers inside finish, no new one starts), alone.
+    pub fn readers_overlap_and_a_writer_gets_in_within_a_bound(&self) {
+        let key = unique_key("rw");
+        let readers: Vec<_> = (0..3)
+            .map(|_| self.worker("read", &key, &["2", "3000"]))
+            .collect();
+        let mut conn = self.data();
+        let seen_key = format!("rw:{key}:seen");
+        let deadline = Instant::now() + STARTUP;
+        while conn.llen::<_, usize>(&seen_key).unwrap() < 30 {
+            assert!(Instant::now() < deadline, "the readers did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut writer = self.worker("write", &key, &[]);
+        let asked: u128 = field(&writer.expect("asked", STARTUP), "at_ms")
+            .parse()
+            .unwrap();
+        let wrote = writer.expect("wrote", Duration::from_secs(5));
+        let at: u128 = field(&wrote, "at_ms").parse().unwrap();
+        assert_eq!(field(&wrote, "readers"), "0", "the writer was alone");
+        let waited = at.saturating_sub(asked);
+        for reader in readers {
+            let (status, lines) = reader.finish(Duration::from_secs(30));
+            assert!(status.success(), "{lines:?}");
+        }
+        let seen: Vec<i64> = conn.lrange(&seen_key, 0, -1).unwrap();
+        let overlaps: Vec<String> = conn.lrange(format!("rw:{key}:overlaps"), 0, -1).unwrap();
+        let most = seen.iter().copied().max().unwrap_or(0);
+        eprintln!(
+            "6 readers in 3 processes: up to {most} inside at once over {} reads; a writer waited {waited} ms",
+            seen.len()
+        );
+        assert!(
+            overlaps.is_empty(),
+            "a reader saw a writer inside: {overlaps:?}"
+        );
+        assert!(most >= 2, "the readers never overlapped: {most}");
+        // Readers inside finish their 20 ms sections; none starts meanwhile.
+        assert!(waited < 1000, "the writer waited {waited} ms");
+    }
+
     /// A holder of a 1 s lease (renewed every 333 ms) for a 5 s body;
     /// `undo(key)` removes its lease in the store: the body is cancelled
     /// with `Lost` at the next renewal and never finishes.

@@ -114,6 +114,50 @@ async fn record_fencing(conn: &mut MultiplexedConnection, key: &str) -> redis::R
     Ok(token)
 }
 
+/// A section of a semaphore of 3: counts who is inside in the data store
+/// (which the lock does not protect) and records what each entry saw.
+#[distributed_lock(key = "{key}", permits = 3, ttl = "10s")]
+async fn permit_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let inside: i64 = conn.incr(format!("sem:{key}:inside"), 1).await?;
+    let _: i64 = conn.rpush(format!("sem:{key}:seen"), inside).await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let _: i64 = conn.decr(format!("sem:{key}:inside"), 1).await?;
+    Ok(())
+}
+
+/// Holds one of two permits for `duration`, with a 1 s lease.
+#[distributed_lock(key = "{key}", permits = 2, ttl = "1s")]
+async fn hold_permit(key: &str, duration: Duration) {
+    hold(duration).await;
+}
+
+/// A reader's section: counts the readers inside, records what each entry
+/// saw, and any writer found inside.
+#[distributed_lock(key = "{key}", access = "read", ttl = "10s")]
+async fn read_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let readers: i64 = conn.incr(format!("rw:{key}:readers"), 1).await?;
+    let writers: i64 = conn.get(format!("rw:{key}:writers")).await.unwrap_or(0);
+    let _: i64 = conn.rpush(format!("rw:{key}:seen"), readers).await?;
+    if writers != 0 {
+        let _: i64 = conn.rpush(format!("rw:{key}:overlaps"), "writer").await?;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _: i64 = conn.decr(format!("rw:{key}:readers"), 1).await?;
+    Ok(())
+}
+
+/// A writer's section on a read-write lock: says how many readers it
+/// found inside (there must be none) and when.
+#[distributed_lock(key = "{key}", access = "write", ttl = "10s")]
+async fn write_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let _: i64 = conn.incr(format!("rw:{key}:writers"), 1).await?;
+    let readers: i64 = conn.get(format!("rw:{key}:readers")).await.unwrap_or(0);
+    println!("wrote readers={readers} at_ms={}", now_ms());
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let _: i64 = conn.decr(format!("rw:{key}:writers"), 1).await?;
+    Ok(())
+}
+
 /// Numbers this process's entries into the chaos section.
 static ENTRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -304,6 +348,66 @@ async fn main() -> Result<(), LockError> {
                 now_ms()
             );
             guard.release().await?;
+        }
+        "semaphore" => {
+            let tasks: usize = arg(&args, 4, "tasks").parse().expect("tasks");
+            let rounds: usize = arg(&args, 5, "rounds").parse().expect("rounds");
+            let mut handles = Vec::new();
+            for _ in 0..tasks {
+                let (data, key) = (data.clone(), key.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut conn = connection(&data).await;
+                    for _ in 0..rounds {
+                        permit_section(&mut conn, &key)
+                            .await?
+                            .expect("redis data command");
+                    }
+                    Ok::<_, LockError>(())
+                }));
+            }
+            for handle in handles {
+                handle.await.expect("task")?;
+            }
+            println!("done");
+        }
+        "hold-permit" => {
+            let ms: u64 = arg(&args, 4, "hold ms").parse().expect("hold ms");
+            match hold_permit(&key, Duration::from_millis(ms)).await {
+                Ok(()) => println!("released at_ms={}", now_ms()),
+                Err(err) => println!("error {err}"),
+            }
+        }
+        "read" => {
+            let tasks: usize = arg(&args, 4, "tasks").parse().expect("tasks");
+            let ms: u64 = arg(&args, 5, "run ms").parse().expect("run ms");
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+            let mut handles = Vec::new();
+            for _ in 0..tasks {
+                let (data, key) = (data.clone(), key.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut conn = connection(&data).await;
+                    let mut reads = 0u64;
+                    while tokio::time::Instant::now() < deadline {
+                        read_section(&mut conn, &key)
+                            .await?
+                            .expect("redis data command");
+                        reads += 1;
+                    }
+                    Ok::<_, LockError>(reads)
+                }));
+            }
+            let mut reads = 0;
+            for handle in handles {
+                reads += handle.await.expect("task")?;
+            }
+            println!("done reads={reads}");
+        }
+        "write" => {
+            let mut conn = connection(&data).await;
+            println!("asked at_ms={}", now_ms());
+            write_section(&mut conn, &key)
+                .await?
+                .expect("redis data command");
         }
         "fence" => {
             let rounds: usize = arg(&args, 4, "rounds").parse().expect("rounds");
