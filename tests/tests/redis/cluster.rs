@@ -173,3 +173,38 @@ async fn fair_mode_on_a_cluster_serves_waiters_in_order() {
         waiter.await.unwrap();
     }
 }
+
+/// Semaphores and read locks by URL on a cluster: each key's sorted set
+/// and its companions share the key's slot, on whichever node owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_and_read_locks_work_across_slots() {
+    let cluster = RedisCluster::spawn(3);
+    let url = cluster.url();
+    let (a, b) = (
+        LockRegistry::redis(&url).await.unwrap(),
+        LockRegistry::redis(&url).await.unwrap(),
+    );
+    let two = || LockOptions::default().permits(2);
+    let read = || LockOptions::default().access(lock_runtime::Access::Read);
+    for key in spread_keys(9) {
+        let first = a.lock(&key, two()).await.unwrap();
+        let second = b.lock(&key, two()).await.unwrap();
+        assert!(a.try_lock(&key, two()).await.unwrap().is_none(), "{key}");
+        first.release().await.unwrap();
+        second.release().await.unwrap();
+        let reader = a.lock(&key, read()).await.unwrap();
+        let other = b.lock(&key, read()).await.unwrap();
+        assert!(other.fencing_token() > reader.fencing_token());
+        assert!(
+            b.try_lock(&key, LockOptions::default())
+                .await
+                .unwrap()
+                .is_none(),
+            "{key}"
+        );
+        reader.release().await.unwrap();
+        other.release().await.unwrap();
+        let writer = b.lock(&key, LockOptions::default()).await.unwrap();
+        writer.release().await.unwrap();
+    }
+}
