@@ -238,3 +238,20 @@ async fn nested_calls_run_when_the_outer_lock_covers_them() {
     .await
     .expect("no nested call waited for its own task");
 }
+
+/// `force_release` frees every share of a key, and every holder is told
+/// at once.
+#[tokio::test]
+async fn a_forced_release_frees_every_share_and_tells_every_holder() {
+    let locks = LockRegistry::memory();
+    let key = unique_key("forced");
+    let read = || LockOptions::default().access(Access::Read);
+    let (first, second) = (
+        locks.lock(&key, read()).await.unwrap(),
+        locks.lock(&key, read()).await.unwrap(),
+    );
+    assert!(locks.force_release(&key).await.unwrap());
+    assert!(!first.is_held() && !second.is_held());
+    let writer = locks.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(writer.is_some(), "the key is free");
+}

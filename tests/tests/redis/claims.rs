@@ -176,3 +176,37 @@ async fn a_key_keeps_one_kind_of_lock_while_held() {
     let reader = b.lock(&key, read()).await.unwrap();
     reader.release().await.unwrap();
 }
+
+/// An operator's `force_release` frees every permit of a key at once:
+/// each holder learns of the loss at its next renewal, and the key takes
+/// new holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_frees_every_permit_and_tells_every_holder() {
+    let server = RedisServer::new();
+    let (a, b) = two_registries(&server).await;
+    let key = unique_key("forced");
+    let opts = || {
+        LockOptions::default()
+            .permits(2)
+            .ttl(Duration::from_millis(600))
+    };
+    let (first, second) = (
+        a.lock(&key, opts()).await.unwrap(),
+        b.lock(&key, opts()).await.unwrap(),
+    );
+    assert!(a.force_release(&key).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(2), async {
+        first.lost().await;
+        second.lost().await;
+    })
+    .await
+    .expect("both holders told within a renewal");
+    let (again, other) = (
+        a.try_lock(&key, opts()).await.unwrap(),
+        b.try_lock(&key, opts()).await.unwrap(),
+    );
+    assert!(
+        again.is_some() && other.is_some(),
+        "both permits free again"
+    );
+}
