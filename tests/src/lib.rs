@@ -51,6 +51,20 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     shown
 }
 
+/// Waits (at most 5 s) until a reader of `key` is refused, as it is once a
+/// writer waits; a reader let in before then is let go at once.
+pub async fn until_a_reader_is_refused(registry: &lock_runtime::LockRegistry, key: &str) {
+    let read = || lock_runtime::LockOptions::default().access(lock_runtime::Access::Read);
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(early) = registry.try_lock(key, read()).await.expect("try_lock") {
+            early.release().await.expect("release");
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the waiting writer held new readers off");
+}
+
 /// The error of a connect refused for its settings, before anything was
 /// sent (it must be [`LockError::InvalidSettings`](lock_runtime::LockError::InvalidSettings)), as shown.
 pub async fn invalid_settings<S>(

@@ -42,7 +42,7 @@ impl LockRegistry {
     /// is invalid or the server cannot be reached or refuses the credentials.
     #[cfg(feature = "redis")]
     pub async fn redis(url: &str) -> Result<LockRegistry, LockError> {
-        Ok(LockRegistry::new(RedisStore::builder(url).connect().await?))
+        Ok(LockRegistry::new(RedisStore::connect(url).await?))
     }
 
     /// A registry over N ≥ 3 independent Redis masters with the Redlock
@@ -71,9 +71,7 @@ impl LockRegistry {
     /// credentials, or the table cannot be created.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
-        Ok(LockRegistry::new(
-            PostgresStore::builder(url).connect().await?,
-        ))
+        Ok(LockRegistry::new(PostgresStore::connect(url).await?))
     }
 
     /// A registry over the etcd cluster at `endpoints`
@@ -84,9 +82,7 @@ impl LockRegistry {
     /// [`LockError::Connect`] naming the endpoints when none answers.
     #[cfg(feature = "etcd")]
     pub async fn etcd(endpoints: &[&str]) -> Result<LockRegistry, LockError> {
-        Ok(LockRegistry::new(
-            EtcdStore::builder(endpoints).connect().await?,
-        ))
+        Ok(LockRegistry::new(EtcdStore::connect(endpoints).await?))
     }
 
     /// A registry over the ZooKeeper ensemble at `connect_string`
@@ -99,7 +95,7 @@ impl LockRegistry {
     #[cfg(feature = "zookeeper")]
     pub async fn zookeeper(connect_string: &str) -> Result<LockRegistry, LockError> {
         Ok(LockRegistry::new(
-            ZooKeeperStore::builder(connect_string).connect().await?,
+            ZooKeeperStore::connect(connect_string).await?,
         ))
     }
 }

@@ -105,16 +105,7 @@ async fn a_writer_runs_alone_and_a_waiting_writer_holds_new_readers_off() {
         let (locks, key) = (locks.clone(), key.clone());
         async move { locks.lock(&key, write()).await.unwrap() }
     });
-    // Once the writer waits, a new reader is refused (before, it may get
-    // in: it is let go at once).
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(early) = locks.try_lock(&key, read()).await.unwrap() {
-            early.release().await.unwrap();
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the waiting writer held new readers off");
+    lock_tests::until_a_reader_is_refused(&locks, &key).await;
     reader.release().await.unwrap();
     second.release().await.unwrap();
     let writer = tokio::time::timeout(Duration::from_secs(5), waiting)

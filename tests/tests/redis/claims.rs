@@ -88,16 +88,7 @@ async fn readers_share_and_a_waiting_writer_holds_new_readers_off() {
             (Instant::now(), guard)
         }
     });
-    // Once the writer waits, a new reader is refused (before, one may get
-    // in: it is let go at once).
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(early) = a.try_lock(&key, read()).await.unwrap() {
-            early.release().await.unwrap();
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the waiting writer held new readers off");
+    lock_tests::until_a_reader_is_refused(&a, &key).await;
     first.release().await.unwrap();
     let released = Instant::now();
     second.release().await.unwrap();

@@ -229,4 +229,13 @@ impl EtcdStore {
             tls: None,
         }
     }
+
+    /// Connects with the default settings: `EtcdStore::builder(endpoints).connect()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`EtcdStoreBuilder::connect`].
+    pub async fn connect(endpoints: &[&str]) -> Result<EtcdStore, LockError> {
+        EtcdStore::builder(endpoints).connect().await
+    }
 }

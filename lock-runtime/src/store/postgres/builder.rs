@@ -240,6 +240,15 @@ impl PostgresStore {
     pub fn with_config(config: Config) -> PostgresStoreBuilder {
         PostgresStoreBuilder::new(Source::Config(Box::new(config)))
     }
+
+    /// Connects with the default settings: `PostgresStore::builder(url).connect()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<PostgresStore, LockError> {
+        PostgresStore::builder(url).connect().await
+    }
 }
 
 impl PostgresStoreBuilder {

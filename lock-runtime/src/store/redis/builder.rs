@@ -93,6 +93,12 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Uses `tls` for a `rediss://` connection (a Redlock node's, say).
+    pub(crate) fn with_tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Connects (one command connection, reconnected as needed; the
     /// subscriber connection is made on the first wait). For a
     /// `redis+sentinel://` URL, the connection goes to the master the
@@ -220,6 +226,15 @@ impl RedisStore {
             fair: None,
             tls: TlsSettings::default(),
         }
+    }
+
+    /// Connects with the default settings: `RedisStore::builder(url).connect()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<RedisStore, LockError> {
+        RedisStore::builder(url).connect().await
     }
 }
 

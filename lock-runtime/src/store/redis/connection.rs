@@ -16,10 +16,11 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use ::redis::{Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value};
+use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
+use super::urls::{SentinelUrl, cluster_nodes};
 use crate::error::BackendError;
 
 /// The shortest pause between two questions to the Sentinels.
@@ -80,11 +81,11 @@ impl Source {
 /// The certificates a `rediss://` connection trusts and shows: the
 /// system's roots and no client certificate unless set.
 #[derive(Clone, Default)]
-pub(super) struct TlsSettings {
+pub(crate) struct TlsSettings {
     /// PEM: the CA (or CAs) the server's certificate must chain to.
-    pub(super) ca: Option<Vec<u8>>,
+    pub(crate) ca: Option<Vec<u8>>,
     /// PEM: the client's certificate chain and private key.
-    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl TlsSettings {
@@ -371,186 +372,4 @@ impl fmt::Debug for RedisConnection {
 pub(super) struct ClusterSettings {
     pub(super) response: Duration,
     pub(super) retries: u32,
-}
-
-/// The node URLs of `redis+cluster://[[user]:password@]host:port[,host:port...]`
-/// (`rediss+cluster://` for TLS): `redis://[..@]host:port` each, the
-/// credentials on every one. `None` for a URL of another scheme.
-fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, BackendError> {
-    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
-        ("redis", rest)
-    } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
-        ("rediss", rest)
-    } else {
-        return Ok(None);
-    };
-    let invalid = |why: &str| -> BackendError {
-        format!(
-            "invalid Redis Cluster URL `{}`: {why}; expected redis+cluster://host:port[,host:port...]",
-            crate::store::support::redact::redact(url)
-        )
-        .into()
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains('/') {
-        return Err(invalid("a path (a cluster has only database 0)"));
-    }
-    let (userinfo, hosts) = match rest.rsplit_once('@') {
-        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-        None => (String::new(), rest),
-    };
-    hosts
-        .split(',')
-        .map(|host| {
-            host_port(host, "node").map_err(|why| invalid(&why))?;
-            Ok(format!("{scheme}://{userinfo}{host}"))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-/// The host and port of `host:port` in a URL's list of a `what` (a node,
-/// a Sentinel), or what is wrong with it.
-fn host_port<'a>(host: &'a str, what: &str) -> Result<(&'a str, u16), String> {
-    let (name, port) = host
-        .rsplit_once(':')
-        .ok_or_else(|| format!("a {what} without a port"))?;
-    if name.is_empty() {
-        return Err(format!("a {what} without a host"));
-    }
-    let port = port
-        .parse()
-        .map_err(|_| "a port that is not a number".to_owned())?;
-    Ok((name, port))
-}
-
-/// `redis+sentinel://[[user]:password@]host:port[,host:port...]/master[/db]`.
-#[derive(Debug, PartialEq)]
-struct SentinelUrl {
-    sentinels: Vec<ConnectionAddr>,
-    master: String,
-    db: i64,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-impl SentinelUrl {
-    /// `None` for a URL of another scheme.
-    fn parse(url: &str) -> Result<Option<SentinelUrl>, BackendError> {
-        let Some(rest) = url.strip_prefix("redis+sentinel://") else {
-            return Ok(None);
-        };
-        let invalid = |why: &str| -> BackendError {
-            format!(
-                "invalid Sentinel URL `{}`: {why}; expected redis+sentinel://host:port[,host:port...]/master-name[/db]",
-                crate::store::support::redact::redact(url)
-            )
-            .into()
-        };
-        let (authority, path) = rest
-            .split_once('/')
-            .ok_or_else(|| invalid("no master name"))?;
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(userinfo) => match userinfo.split_once(':') {
-                Some((user, password)) => (
-                    (!user.is_empty()).then(|| user.to_owned()),
-                    Some(password.to_owned()),
-                ),
-                None => (Some(userinfo.to_owned()), None),
-            },
-        };
-        let sentinels = hosts
-            .split(',')
-            .map(|host| {
-                let (name, port) = host_port(host, "Sentinel").map_err(|why| invalid(&why))?;
-                Ok::<_, BackendError>(ConnectionAddr::Tcp(name.to_owned(), port))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let (master, db) = match path.split_once('/') {
-            Some((master, db)) => (
-                master,
-                db.parse()
-                    .map_err(|_| invalid("a database that is not a number"))?,
-            ),
-            None => (path, 0),
-        };
-        if master.is_empty() {
-            return Err(invalid("no master name"));
-        }
-        Ok(Some(SentinelUrl {
-            sentinels,
-            master: master.to_owned(),
-            db,
-            username,
-            password,
-        }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_urls_name_every_node_with_the_credentials() {
-        assert_eq!(
-            cluster_nodes("redis+cluster://:pw@a:1,b:2/").unwrap(),
-            Some(vec![
-                "redis://:pw@a:1".to_owned(),
-                "redis://:pw@b:2".to_owned()
-            ])
-        );
-        assert_eq!(
-            cluster_nodes("rediss+cluster://a:1").unwrap(),
-            Some(vec!["rediss://a:1".to_owned()])
-        );
-        assert_eq!(cluster_nodes("redis://a:1").unwrap(), None);
-        for bad in [
-            "redis+cluster://:secret@a",
-            "redis+cluster://:secret@a:1/2",
-            "redis+cluster://:secret@:1",
-            "redis+cluster://:secret@a:1,b:x",
-        ] {
-            let err = cluster_nodes(bad).unwrap_err().to_string();
-            assert!(err.starts_with("invalid Redis Cluster URL"), "{err}");
-            assert!(!err.contains("secret"), "{err}");
-        }
-    }
-
-    #[test]
-    fn sentinel_urls_name_hosts_master_database_and_password() {
-        let url = SentinelUrl::parse("redis+sentinel://:pw@a:1,b:2/shop/3")
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            url,
-            SentinelUrl {
-                sentinels: vec![
-                    ConnectionAddr::Tcp("a".into(), 1),
-                    ConnectionAddr::Tcp("b".into(), 2)
-                ],
-                master: "shop".into(),
-                db: 3,
-                username: None,
-                password: Some("pw".into()),
-            }
-        );
-        assert!(SentinelUrl::parse("redis://a:1").unwrap().is_none());
-        for bad in [
-            "redis+sentinel://a:1",
-            "redis+sentinel://a/shop",
-            "redis+sentinel://a:x/shop",
-            "redis+sentinel://a:1/",
-            "redis+sentinel://:secret@a:1/shop/x",
-        ] {
-            let err = SentinelUrl::parse(bad).unwrap_err().to_string();
-            assert!(err.starts_with("invalid Sentinel URL"), "{err}");
-            assert!(!err.contains("secret"), "{err}");
-        }
-    }
 }

@@ -161,6 +161,7 @@ mod keys;
 mod lease;
 mod scripts;
 mod subscriber;
+mod urls;
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -176,6 +177,7 @@ pub use commands::Fencing;
 use commands::{Call, Commands, Retry, invoke, millis};
 pub use connection::RedisConnection;
 use connection::Source;
+pub(crate) use connection::TlsSettings;
 use keys::{lock_name, suffixed};
 use lease::RedisLease;
 use subscriber::Subscriber;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::RedlockStore;
 use crate::error::LockError;
-use crate::store::redis::{RedisStore, RedisStoreBuilder};
+use crate::store::redis::{RedisStore, RedisStoreBuilder, TlsSettings};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
 
@@ -36,27 +36,8 @@ pub struct RedlockStoreBuilder {
     timing: Timing,
     /// What a setter got that cannot work (checked at `connect`).
     invalid: Option<String>,
-    #[cfg(feature = "redis-tls")]
-    tls: Option<Tls>,
-}
-
-/// A node's TLS settings: a CA and a client identity, PEM.
-#[cfg(feature = "redis-tls")]
-#[derive(Clone, Default)]
-struct Tls {
-    ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-#[cfg(feature = "redis-tls")]
-impl std::fmt::Debug for Tls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Certificates and keys are never printed.
-        f.debug_struct("Tls")
-            .field("ca", &self.ca.is_some())
-            .field("identity", &self.identity.is_some())
-            .finish()
-    }
+    /// Each node's certificates, for `rediss://` nodes.
+    tls: TlsSettings,
 }
 
 /// The algorithm's timings (see the [module docs](super#algorithm)).
@@ -116,8 +97,7 @@ impl RedlockStoreBuilder {
             connection_retries: 2,
             timing: Timing::default(),
             invalid: None,
-            #[cfg(feature = "redis-tls")]
-            tls: None,
+            tls: TlsSettings::default(),
         }
     }
 
@@ -176,7 +156,7 @@ impl RedlockStoreBuilder {
     /// certificates, as [`RedisStoreBuilder::tls_ca`].
     #[cfg(feature = "redis-tls")]
     pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.get_or_insert_with(Tls::default).ca = Some(ca_pem.as_ref().to_vec());
+        self.tls.ca = Some(ca_pem.as_ref().to_vec());
         self
     }
 
@@ -184,8 +164,7 @@ impl RedlockStoreBuilder {
     /// [`RedisStoreBuilder::tls_identity`].
     #[cfg(feature = "redis-tls")]
     pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.get_or_insert_with(Tls::default).identity =
-            Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
+        self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
         self
     }
 
@@ -220,25 +199,11 @@ impl RedlockStoreBuilder {
 
     /// The settings of the node at `url`.
     fn node(&self, url: &str) -> RedisStoreBuilder {
-        let builder = RedisStore::builder(url)
+        RedisStore::builder(url)
             .response_timeout(self.timeouts.response)
             .connection_timeout(self.timeouts.connection)
-            .connection_retries(self.connection_retries);
-        #[cfg(feature = "redis-tls")]
-        let builder = match &self.tls {
-            Some(tls) => {
-                let builder = match &tls.ca {
-                    Some(ca) => builder.tls_ca(ca),
-                    None => builder,
-                };
-                match &tls.identity {
-                    Some((cert, key)) => builder.tls_identity(cert, key),
-                    None => builder,
-                }
-            }
-            None => builder,
-        };
-        builder
+            .connection_retries(self.connection_retries)
+            .with_tls(self.tls.clone())
     }
 }
 

@@ -58,14 +58,16 @@ use tokio::sync::{OnceCell, watch};
 use tokio::time::{Instant, timeout};
 
 mod builder;
+mod lease;
 
 pub use builder::RedlockStoreBuilder;
 use builder::Timing;
+use lease::RedlockLease;
 
 use super::redis::{RedisStore, RedisStoreBuilder};
 use super::{
-    Acquire, AcquireRequest, Capabilities, FencingPromise, Lease, LeaseInfo, LockToken,
-    ReleaseWatch, Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, SafetyMargin, Store,
 };
 use crate::error::{BackendError, LockError};
 use crate::store::support::redact::redact;
@@ -400,103 +402,6 @@ impl Store for RedlockStore {
                 (remaining != Duration::MAX).then_some(remaining),
             )))
         })
-    }
-}
-
-/// One Redlock lease: the key, our token, and until when a majority's grant
-/// is known to stand (by the monotonic clock). Inside that window renewal
-/// may take the lock again on nodes that lost it, and a release cannot
-/// report a loss.
-struct RedlockLease {
-    redlock: RedlockStore,
-    key: String,
-    token: LockToken,
-    ttl: Duration,
-    valid_until: Instant,
-}
-
-impl RedlockLease {
-    fn is_valid(&self) -> bool {
-        self.valid_until > Instant::now()
-    }
-}
-
-impl Lease for RedlockLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(async move {
-            let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
-            let redlock = &self.redlock;
-            let started = Instant::now();
-            let limit = redlock.node_timeout(ttl);
-            let mut results = redlock
-                .on_all(limit, |node| node.renew_token(key, token, ttl))
-                .await;
-            // Inside the validity window, while a majority still has it, no
-            // one else can hold a majority, so taking the lock on nodes that
-            // do not have it (down when it was acquired, or restarted) is
-            // safe and keeps the majority wide. A lease a majority no longer
-            // has (a forced release) is lost, never taken back.
-            let (kept, _) = tally(&results);
-            if self.is_valid() && kept >= redlock.quorum() {
-                let retake = redlock
-                    .nodes
-                    .iter()
-                    .zip(results.iter_mut())
-                    .filter(|(_, r)| matches!(r, Ok(false)));
-                join_all(retake.map(|(node, result)| async move {
-                    let acquire = |node| RedisStore::try_acquire(node, key, token, ttl);
-                    if let Ok(Ok(_)) = on_node(node, limit, &acquire).await {
-                        *result = Ok(true);
-                    }
-                }))
-                .await;
-            }
-            let (ours, not_ours) = tally(&results);
-            let drift = redlock.drift(ttl);
-            if ours >= redlock.quorum() && started.elapsed() + drift < ttl {
-                self.valid_until = started + ttl - drift;
-                return Ok(true);
-            }
-            let answered = ours + not_ours;
-            if answered >= redlock.quorum() {
-                return Ok(false);
-            }
-            Err(redlock.no_quorum("renew", answered, &results).into())
-        })
-    }
-
-    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
-            let (key, token) = (self.key.as_str(), self.token);
-            let redlock = &self.redlock;
-            let was_valid = self.is_valid();
-            let limit = redlock.node_timeout(linger.max(Duration::from_secs(1)));
-            let results = redlock
-                .on_all(limit, |node| node.release_token(key, token, linger))
-                .await;
-            // Whatever the answers, the handle no longer holds anything.
-            self.valid_until = Instant::now();
-            let (released, not_ours) = tally(&results);
-            let answered = released + not_ours;
-            // Inside the validity window the lease was ours even if only some
-            // nodes still had it (those that never granted it, or restarted,
-            // answer "not ours"); when none had it, it was taken from us.
-            if released >= redlock.quorum() || (was_valid && released > 0) {
-                return Ok(true);
-            }
-            if answered >= redlock.quorum() {
-                return Ok(false);
-            }
-            Err(redlock.no_quorum("release", answered, &results).into())
-        })
-    }
-}
-
-impl fmt::Debug for RedlockLease {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockLease")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
     }
 }
 

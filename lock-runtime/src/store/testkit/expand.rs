@@ -65,6 +65,7 @@ macro_rules! store_contract {
                 $crate::store::testkit::run(async {
                     let store = $make().await;
                     $crate::store::testkit::the_skipped_cases_are_the_missing_abilities(
+                        ::core::module_path!(),
                         &store,
                         &[$(stringify!($skip)),*],
                     )

@@ -102,6 +102,25 @@ impl Clients {
     }
 }
 
+/// Every case of the contract, as `store_contract!` expands them.
+pub const CASES: [&str; 15] = [
+    "acquire_is_exclusive",
+    "racing_clients_never_both_win",
+    "an_expired_lease_is_free_and_stale",
+    "only_the_holder_renews_or_releases",
+    "a_lingering_release_keeps_the_lease_that_long",
+    "fencing_tokens_increase_across_holders",
+    "a_watch_fires_on_release_and_only_then",
+    "a_hand_over_moves_the_lease_to_a_new_token",
+    "a_forced_release_frees_the_key_and_tells_the_holder",
+    "a_forced_release_is_pushed_to_the_holder",
+    "an_abandoned_acquire_leaves_no_lease",
+    "inspect_reports_the_holder",
+    "the_capabilities_are_consistent",
+    "shares_hold_together_and_an_exclusive_claim_alone",
+    "a_semaphore_admits_up_to_its_limit",
+];
+
 /// The cases that check an ability a store may lack.
 pub const SKIPPABLE: [&str; 7] = [
     "a_lingering_release_keeps_the_lease_that_long",
@@ -150,8 +169,27 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
 
 /// The cases a store's module lists as skipped are exactly those whose
 /// ability it lacks; the capabilities of a claim it lacks are refused
-/// before any request, as the runtime checks them.
-pub async fn the_skipped_cases_are_the_missing_abilities(store: &Clients, skipped: &[&str]) {
+/// before any request, as the runtime checks them. Says how many cases of
+/// the `contract` module run on the store and which are skipped, on the
+/// test's standard error (written past the test harness's capture, so that
+/// every run shows it).
+pub async fn the_skipped_cases_are_the_missing_abilities(
+    contract: &str,
+    store: &Clients,
+    skipped: &[&str],
+) {
+    let summary = format!(
+        "{contract} ({} store): {} of {} cases run, skipped (the store lacks their ability): {}\n",
+        store.caps().store,
+        CASES.len() - skipped.len(),
+        CASES.len(),
+        if skipped.is_empty() {
+            "none".to_owned()
+        } else {
+            skipped.join(", ")
+        }
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), summary.as_bytes());
     for case in skipped {
         assert!(SKIPPABLE.contains(case), "`{case}` is not a skippable case");
     }

@@ -183,4 +183,13 @@ impl ZooKeeperStore {
             timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
         }
     }
+
+    /// Connects with the default settings: `ZooKeeperStore::builder(connect_string).connect()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ZooKeeperStoreBuilder::connect`].
+    pub async fn connect(connect_string: &str) -> Result<ZooKeeperStore, LockError> {
+        ZooKeeperStore::builder(connect_string).connect().await
+    }
 }
