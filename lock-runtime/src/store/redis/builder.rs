@@ -74,24 +74,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Trusts the CA (or CAs) in `ca_pem` for a `rediss://` server's
-    /// certificate, in place of the system's roots: for a private CA or a
-    /// self-signed server. The server's certificate must name the host of
-    /// the URL.
-    #[cfg(feature = "redis-tls")]
-    pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.ca = Some(ca_pem.as_ref().to_vec());
-        self
-    }
-
-    /// Shows the certificate chain `cert_pem` with its private key
-    /// `key_pem` to a `rediss://` server that asks for client certificates
-    /// (`tls-auth-clients yes`).
-    #[cfg(feature = "redis-tls")]
-    pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
-        self
-    }
+    tls_setters!("a `rediss://` server");
 
     /// Uses `tls` for a `rediss://` connection (a Redlock node's, say).
     pub(crate) fn with_tls(mut self, tls: TlsSettings) -> Self {
@@ -169,6 +152,28 @@ impl RedisStoreBuilder {
         ))
     }
 }
+
+/// The `tls_ca` and `tls_identity` setters of a builder whose `tls` field
+/// is a [`TlsSettings`], for `$whom` (as the docs name the servers).
+macro_rules! tls_setters {
+    ($whom:literal) => {
+        #[doc = concat!("Trusts the CA (or CAs) in `ca_pem` for the certificate of ", $whom, ", in place of the system's roots: for a private CA or a self-signed server. A server's certificate must name the host of its URL.")]
+        #[cfg(feature = "redis-tls")]
+        pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
+            self.tls.ca = Some(ca_pem.as_ref().to_vec());
+            self
+        }
+
+        #[doc = concat!("Shows the certificate chain `cert_pem` with its private key `key_pem` to ", $whom, " when it asks for client certificates (`tls-auth-clients yes`).")]
+        #[cfg(feature = "redis-tls")]
+        pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
+            self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
+            self
+        }
+    };
+}
+
+pub(crate) use tls_setters;
 
 /// Refuses a `rediss://` URL without the TLS feature (`built_with_tls`),
 /// and certificates (`certificates`) the URL would not use.

@@ -172,6 +172,7 @@ use ::redis::Client;
 use ::redis::aio::ConnectionLike;
 
 pub use builder::RedisStoreBuilder;
+pub(crate) use builder::tls_setters;
 use builder::{check_grant_timeout, invalid_settings};
 pub use commands::Fencing;
 use commands::{Call, Commands, Retry, invoke, millis};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::RedlockStore;
 use crate::error::LockError;
-use crate::store::redis::{RedisStore, RedisStoreBuilder, TlsSettings};
+use crate::store::redis::{RedisStore, RedisStoreBuilder, TlsSettings, tls_setters};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
 
@@ -152,21 +152,7 @@ impl RedlockStoreBuilder {
         self
     }
 
-    /// Trusts the CA (or CAs) in `ca_pem` for the `rediss://` nodes'
-    /// certificates, as [`RedisStoreBuilder::tls_ca`].
-    #[cfg(feature = "redis-tls")]
-    pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.ca = Some(ca_pem.as_ref().to_vec());
-        self
-    }
-
-    /// Shows a client certificate to the `rediss://` nodes, as
-    /// [`RedisStoreBuilder::tls_identity`].
-    #[cfg(feature = "redis-tls")]
-    pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
-        self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
-        self
-    }
+    tls_setters!("every `rediss://` node");
 
     /// Connects to the nodes.
     ///

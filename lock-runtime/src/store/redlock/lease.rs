@@ -16,14 +16,32 @@ use crate::store::{Lease, LockToken, Reply};
 /// may take the lock again on nodes that lost it, and a release cannot
 /// report a loss.
 pub(super) struct RedlockLease {
-    pub(super) redlock: RedlockStore,
-    pub(super) key: String,
-    pub(super) token: LockToken,
-    pub(super) ttl: Duration,
-    pub(super) valid_until: Instant,
+    redlock: RedlockStore,
+    key: String,
+    token: LockToken,
+    ttl: Duration,
+    valid_until: Instant,
 }
 
 impl RedlockLease {
+    /// `token`'s lease on `key` of `redlock`, for `ttl`, that a majority's
+    /// grant keeps until `valid_until`.
+    pub(super) fn new(
+        redlock: RedlockStore,
+        key: &str,
+        token: LockToken,
+        ttl: Duration,
+        valid_until: Instant,
+    ) -> Self {
+        RedlockLease {
+            redlock,
+            key: key.to_owned(),
+            token,
+            ttl,
+            valid_until,
+        }
+    }
+
     fn is_valid(&self) -> bool {
         self.valid_until > Instant::now()
     }

@@ -294,13 +294,8 @@ impl Store for RedlockStore {
                     .on_all(limit, |node| node.raise_fencing(key, token_value, ttl))
                     .await;
                 if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
-                    let lease = RedlockLease {
-                        redlock: self.clone(),
-                        key: key.to_owned(),
-                        token,
-                        ttl,
-                        valid_until: started + ttl - self.drift(ttl),
-                    };
+                    let valid_until = started + ttl - self.drift(ttl);
+                    let lease = RedlockLease::new(self.clone(), key, token, ttl, valid_until);
                     return Ok(Acquire::Acquired {
                         fencing: token_value,
                         lease: Box::new(lease),
