@@ -26,6 +26,9 @@ pub struct RedisServer {
     /// For a Sentinel: its configuration file's first contents (Sentinel
     /// rewrites the file as it learns).
     sentinel: Option<String>,
+    /// The port it serves TLS on, if it does (beside `port`, which the
+    /// harness uses).
+    tls_port: Option<u16>,
     child: Option<Child>,
 }
 
@@ -69,16 +72,7 @@ impl RedisServer {
     pub fn replica_of(master: &RedisServer) -> RedisServer {
         let port = master.port().to_string();
         let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-        wait_for("the replica to acknowledge writes", || {
-            let mut conn = master.connection();
-            let () = redis::cmd("SET")
-                .arg("probe")
-                .arg(1)
-                .query(&mut conn)
-                .unwrap();
-            let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
-            acked == 1
-        });
+        wait_acknowledged(master);
         replica
     }
 
@@ -86,6 +80,35 @@ impl RedisServer {
     /// configuration file holds `conf`.
     pub fn sentinel(conf: &str) -> RedisServer {
         RedisServer::start_as(None, false, Vec::new(), Some(conf.to_owned()))
+    }
+
+    /// Starts a server (a Sentinel if `sentinel` holds its configuration)
+    /// that also serves TLS on a port of its own with `certs`' server
+    /// certificate, and reaches the servers it replicates from or
+    /// monitors over TLS (`tls-replication yes`). With `client_certs`, its
+    /// TLS port refuses clients without a certificate `certs`' CA signed.
+    fn start_tls(
+        certs: &TestCerts,
+        client_certs: bool,
+        mut extra: Vec<String>,
+        sentinel: Option<String>,
+    ) -> RedisServer {
+        let tls_port = free_port();
+        let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
+        let auth = if client_certs { "yes" } else { "no" };
+        for (name, value) in [
+            ("--tls-port", tls_port.to_string()),
+            ("--tls-cert-file", path("server.crt")),
+            ("--tls-key-file", path("server.key")),
+            ("--tls-ca-cert-file", path("ca.crt")),
+            ("--tls-auth-clients", auth.to_owned()),
+            ("--tls-replication", "yes".to_owned()),
+        ] {
+            extra.extend([name.to_owned(), value]);
+        }
+        let mut server = RedisServer::start_as(None, false, extra, sentinel);
+        server.tls_port = Some(tls_port);
+        server
     }
 
     fn start(password: Option<String>, persistent: bool) -> RedisServer {
@@ -112,6 +135,7 @@ impl RedisServer {
                 persistent,
                 extra: extra.clone(),
                 sentinel: sentinel.clone(),
+                tls_port: None,
                 child: None,
             };
             match server.spawn() {
@@ -208,6 +232,17 @@ impl RedisServer {
     /// The port the server listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port it serves TLS on, if it does.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// The port other servers and clients know it by: its TLS port if it
+    /// serves TLS (as a TLS replica or Sentinel announces), else its port.
+    pub fn announced_port(&self) -> u16 {
+        self.tls_port.unwrap_or(self.port)
     }
 
     /// `redis://127.0.0.1:PORT`, with the password if there is one.
@@ -337,29 +372,12 @@ impl RedisTlsServer {
     /// not show a certificate its CA signed (`tls-auth-clients yes`).
     pub fn new(password: &str, client_certs: bool) -> RedisTlsServer {
         let certs = TestCerts::make(temp_dir("redis").join("certs"));
-        let tls_port = free_port();
-        let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
-        let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-        let auth = if client_certs { "yes" } else { "no" };
-        let tls_port_arg = tls_port.to_string();
-        let server = RedisServer::with_args(&[
-            "--tls-port",
-            &tls_port_arg,
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &ca,
-            "--tls-auth-clients",
-            auth,
-            "--requirepass",
-            password,
-        ]);
+        let extra = vec!["--requirepass".to_owned(), password.to_owned()];
+        let server = RedisServer::start_tls(&certs, client_certs, extra, None);
         RedisTlsServer {
+            tls_port: server.announced_port(),
             server,
             certs,
-            tls_port,
             password: password.to_owned(),
         }
     }
@@ -528,12 +546,15 @@ impl RedisCluster {
 }
 
 /// A master, one replica and three Sentinels watching them (quorum 2, the
-/// master declared down after 1 s), all on loopback.
+/// master declared down after 1 s), all on loopback; with
+/// [`spawn_tls`](Self::spawn_tls), all of them over TLS.
 #[derive(Debug)]
 pub struct RedisSentinels {
     master: RedisServer,
     replica: RedisServer,
     sentinels: Vec<RedisServer>,
+    /// The certificates, for a group over TLS.
+    certs: Option<TestCerts>,
 }
 
 /// The name the Sentinels know the master by.
@@ -543,16 +564,38 @@ impl RedisSentinels {
     /// Starts the group and waits until the replica is in sync and every
     /// Sentinel knows the replica and the other Sentinels.
     pub fn spawn() -> RedisSentinels {
-        let master = RedisServer::master();
-        let port = master.port();
-        let replica = RedisServer::replica_of(&master);
+        RedisSentinels::start(None)
+    }
+
+    /// As [`spawn`](Self::spawn), every server and Sentinel serving TLS
+    /// with a certificate from a throwaway CA ([`certs`](Self::certs)) and
+    /// talking to the others over TLS: replication, monitoring, the
+    /// Sentinels' gossip and the addresses they give clients.
+    pub fn spawn_tls() -> RedisSentinels {
+        RedisSentinels::start(Some(TestCerts::make(temp_dir("redis").join("certs"))))
+    }
+
+    fn start(certs: Option<TestCerts>) -> RedisSentinels {
+        let server = |extra: Vec<String>, sentinel: Option<String>| match &certs {
+            Some(certs) => RedisServer::start_tls(certs, false, extra, sentinel),
+            None => RedisServer::start_as(None, false, extra, sentinel),
+        };
+        let master = server(vec!["--repl-diskless-sync-delay".into(), "0".into()], None);
+        let port = master.announced_port();
+        let replica = server(
+            vec!["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
+            None,
+        );
+        wait_acknowledged(&master);
         let conf = format!(
             "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {port} 2\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
              sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
              sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
         );
-        let sentinels: Vec<RedisServer> = (0..3).map(|_| RedisServer::sentinel(&conf)).collect();
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| server(Vec::new(), Some(conf.clone())))
+            .collect();
         for sentinel in &sentinels {
             wait_for("the Sentinels to know each other and the replica", || {
                 let master: Vec<(String, String)> = sentinel_master(sentinel);
@@ -570,17 +613,29 @@ impl RedisSentinels {
             master,
             replica,
             sentinels,
+            certs,
         }
     }
 
-    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/locks`.
+    /// The certificates of a group over TLS: `ca.crt` signed every
+    /// server's, `other-ca.crt` none.
+    pub fn certs(&self) -> Option<&TestCerts> {
+        self.certs.as_ref()
+    }
+
+    /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/locks`
+    /// (`rediss+sentinel://` and the TLS ports for a group over TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .map(|s| format!("127.0.0.1:{}", s.announced_port()))
             .collect();
-        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+        let scheme = match self.certs {
+            Some(_) => "rediss+sentinel",
+            None => "redis+sentinel",
+        };
+        format!("{scheme}://{}/{SENTINEL_MASTER}", hosts.join(","))
     }
 
     /// The master the group started with.
@@ -593,7 +648,8 @@ impl RedisSentinels {
         &mut self.replica
     }
 
-    /// The port of the master the Sentinels name now.
+    /// The port of the master the Sentinels name now (its
+    /// [`announced_port`](RedisServer::announced_port)).
     pub fn current_master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|sentinel| {
             let addr: Option<(String, String)> = redis::cmd("SENTINEL")
@@ -604,6 +660,21 @@ impl RedisSentinels {
             addr?.1.parse().ok()
         })
     }
+}
+
+/// Waits until `master`'s replica acknowledges writes (a `SET` that
+/// `WAIT 1` confirms).
+fn wait_acknowledged(master: &RedisServer) {
+    wait_for("the replica to acknowledge writes", || {
+        let mut conn = master.connection();
+        let () = redis::cmd("SET")
+            .arg("probe")
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
+        let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+        acked == 1
+    });
 }
 
 fn sentinel_master(sentinel: &RedisServer) -> Vec<(String, String)> {

@@ -1,6 +1,7 @@
 //! Redis behind Sentinel: a `redis+sentinel://` registry follows a failover
-//! of the master without a restart; grants can wait for replicas (`WAIT`).
-//! A real master, replica and three Sentinels on loopback.
+//! of the master without a restart, over TLS too (`rediss+sentinel://`);
+//! grants can wait for replicas (`WAIT`). A real master, replica and three
+//! Sentinels on loopback.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,114 +10,187 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lock_runtime::{
     LockError, LockOptions, LockRegistry, RedisStore, distributed_lock, fencing_token,
 };
-use lock_tests::{RedisSentinels, RedisServer, time_to_lock, unique_key};
+use lock_tests::{RedisSentinels, RedisServer, connect_error, time_to_lock, unique_key};
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
-/// Set while some holder is inside the critical section.
-static INSIDE: AtomicBool = AtomicBool::new(false);
+/// The critical sections run on one key: whether a holder is inside, and
+/// when each ended with which token.
+#[derive(Default)]
+struct Sections {
+    inside: AtomicBool,
+    log: Mutex<Vec<(Instant, u64)>>,
+    stop: AtomicBool,
+}
 
-/// The critical section: enter, check nobody else is in, stay a moment.
-async fn critical(log: &Mutex<Vec<(Instant, u64)>>, token: u64) {
-    assert!(
-        !INSIDE.swap(true, Ordering::SeqCst),
-        "two holders inside the critical section at once"
-    );
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    log.lock().await.push((Instant::now(), token));
-    INSIDE.store(false, Ordering::SeqCst);
+impl Sections {
+    /// The critical section: enter, check nobody else is in, stay a moment.
+    async fn critical(&self, token: u64) {
+        assert!(
+            !self.inside.swap(true, Ordering::SeqCst),
+            "two holders inside the critical section at once"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.log.lock().await.push((Instant::now(), token));
+        self.inside.store(false, Ordering::SeqCst);
+    }
+
+    /// Takes turns on `key` through `registry`'s manual API until stopped.
+    fn contend(self: &Arc<Self>, registry: LockRegistry, key: &str) -> JoinHandle<()> {
+        let (sections, key) = (self.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let opts = LockOptions::default()
+                .ttl(Duration::from_secs(2))
+                .wait_timeout(Duration::from_secs(1));
+            while !sections.stop.load(Ordering::SeqCst) {
+                match registry.lock(&key, opts.clone()).await {
+                    Ok(guard) => {
+                        sections.critical(guard.fencing_token()).await;
+                        let _ = guard.release().await;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+    }
+
+    /// Lets `contenders` take turns on the group's first master, kills
+    /// it, and checks the turns go on on the promoted replica within 10 s,
+    /// never two holders at once and the tokens always rising. Returns how
+    /// long after the kill the first lock came.
+    async fn through_a_failover(
+        &self,
+        group: &mut RedisSentinels,
+        contenders: Vec<JoinHandle<()>>,
+    ) -> Duration {
+        // Both take turns on the first master for a while...
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = self.log.lock().await.len();
+        assert!(before > 10, "only {before} sections before the failover");
+        let old = group.master().announced_port();
+        group.master().kill();
+        let killed = Instant::now();
+        // Tokens are the server's clock in microseconds, and every server
+        // here shares this machine's clock: a token above this was granted
+        // after the kill, so by the promoted replica.
+        let killed_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        // ...then on the promoted replica, without a restart.
+        let resumed = loop {
+            let log = self.log.lock().await;
+            if let Some(&(at, _)) = log.iter().find(|&&(_, token)| token > killed_us) {
+                break at - killed;
+            }
+            drop(log);
+            assert!(
+                killed.elapsed() < Duration::from_secs(15),
+                "no lock since the master died"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_ne!(
+            group.current_master_port(),
+            Some(old),
+            "the Sentinels promoted the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.stop.store(true, Ordering::SeqCst);
+        for contender in contenders {
+            contender.await.unwrap();
+        }
+        let log = self.log.lock().await;
+        let tokens: Vec<u64> = log.iter().map(|&(_, token)| token).collect();
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "fencing went backwards across the failover: {tokens:?}"
+        );
+        eprintln!(
+            "failover: {} sections, locks resumed {resumed:?} after the master died",
+            log.len()
+        );
+        assert!(
+            resumed < Duration::from_secs(10),
+            "resumed after {resumed:?}"
+        );
+        resumed
+    }
 }
 
 #[distributed_lock(key = "{key}", ttl = "2s", wait_timeout = "1s")]
-async fn annotated(key: &str, log: Arc<Mutex<Vec<(Instant, u64)>>>) {
-    critical(&log, fencing_token().expect("inside a locked body")).await;
+async fn annotated(key: &str, sections: Arc<Sections>) {
+    sections
+        .critical(fencing_token().expect("inside a locked body"))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_follow_a_failover_without_overlap_or_going_back() {
     let mut group = RedisSentinels::spawn();
     lock_runtime::init(LockRegistry::redis(&group.url()).await.unwrap()).unwrap();
-    // A second "process" on the same group, through the manual API.
-    let other = LockRegistry::redis(&group.url()).await.unwrap();
     let key = unique_key("failover");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
+    let sections = Arc::new(Sections::default());
     let through_attribute = tokio::spawn({
-        let (key, log, stop) = (key.clone(), log.clone(), stop.clone());
+        let (key, sections) = (key.clone(), sections.clone());
         async move {
-            while !stop.load(Ordering::SeqCst) {
-                if annotated(&key, log.clone()).await.is_err() {
+            while !sections.stop.load(Ordering::SeqCst) {
+                if annotated(&key, sections.clone()).await.is_err() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
         }
     });
-    let through_guard = tokio::spawn({
-        let (key, log, stop) = (key.clone(), log.clone(), stop.clone());
-        async move {
-            let opts = LockOptions::default()
-                .ttl(Duration::from_secs(2))
-                .wait_timeout(Duration::from_secs(1));
-            while !stop.load(Ordering::SeqCst) {
-                match other.lock(&key, opts.clone()).await {
-                    Ok(guard) => {
-                        critical(&log, guard.fencing_token()).await;
-                        let _ = guard.release().await;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
-        }
-    });
-    // Both take turns on the first master for a while...
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = log.lock().await.len();
-    assert!(before > 10, "only {before} sections before the failover");
-    let old = group.master().port();
-    group.master().kill();
-    let killed = Instant::now();
-    // Tokens are the server's clock in microseconds, and every server here
-    // shares this machine's clock: a token above this was granted after the
-    // kill, so by the promoted replica.
-    let killed_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
-    // ...then on the promoted replica, without a restart.
-    let resumed = loop {
-        let log = log.lock().await;
-        if let Some(&(at, _)) = log.iter().find(|&&(_, token)| token > killed_us) {
-            break at - killed;
-        }
-        drop(log);
+    // A second "process" on the same group, through the manual API.
+    let other = LockRegistry::redis(&group.url()).await.unwrap();
+    let through_guard = sections.contend(other, &key);
+    sections
+        .through_a_failover(&mut group, vec![through_attribute, through_guard])
+        .await;
+}
+
+/// A group whose Sentinels and servers speak only TLS to clients
+/// (`rediss+sentinel://`): certificates that do not fit are clear connect
+/// errors naming the URL; with the group's CA, two registries take turns
+/// through a failover, the new master reached over TLS too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_group_over_tls_locks_and_follows_a_failover() {
+    let mut group = RedisSentinels::spawn_tls();
+    let url = group.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let certs = group.certs().expect("a group over TLS");
+    let (ca, other_ca) = (certs.pem("ca.crt"), certs.pem("other-ca.crt"));
+    for (case, builder) in [
+        ("another CA", RedisStore::builder(&url).tls_ca(&other_ca)),
+        ("the system's roots", RedisStore::builder(&url)),
+    ] {
+        let started = Instant::now();
+        let err = connect_error(builder.connect()).await;
+        eprintln!("{case}: {err}");
+        assert!(err.contains(&url), "{case}: {err}");
+        assert!(err.to_lowercase().contains("certificate"), "{case}: {err}");
         assert!(
-            killed.elapsed() < Duration::from_secs(15),
-            "no lock since the master died"
+            started.elapsed() < Duration::from_secs(10),
+            "{case}: {:?}",
+            started.elapsed()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Plain connections to the Sentinels' TLS ports fail too: the group is
+    // really TLS.
+    let plain = url.replace("rediss+sentinel://", "redis+sentinel://");
+    connect_error(RedisStore::connect(&plain)).await;
+
+    let registry = async || {
+        let store = RedisStore::builder(&url).tls_ca(&ca).connect().await;
+        LockRegistry::new(store.unwrap())
     };
-    assert_ne!(
-        group.current_master_port(),
-        Some(old),
-        "the Sentinels promoted the replica"
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::SeqCst);
-    through_attribute.await.unwrap();
-    through_guard.await.unwrap();
-    let log = log.lock().await;
-    let tokens: Vec<u64> = log.iter().map(|&(_, token)| token).collect();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "fencing went backwards across the failover: {tokens:?}"
-    );
-    eprintln!(
-        "failover: {} sections, locks resumed {resumed:?} after the master died",
-        log.len()
-    );
-    assert!(
-        resumed < Duration::from_secs(10),
-        "resumed after {resumed:?}"
-    );
+    let key = unique_key("tls-failover");
+    let sections = Arc::new(Sections::default());
+    let contenders = vec![
+        sections.contend(registry().await, &key),
+        sections.contend(registry().await, &key),
+    ];
+    sections.through_a_failover(&mut group, contenders).await;
 }
 
 #[tokio::test]
@@ -211,7 +285,7 @@ async fn fencing_survives_a_failover_to_a_replica_that_missed_the_last_grants() 
     for _ in 0..3 {
         tokens.push(take(&registry).await.unwrap());
     }
-    let old = group.master().port();
+    let old = group.master().announced_port();
     group.master().kill();
     group.replica().resume();
     let deadline = Instant::now() + Duration::from_secs(20);

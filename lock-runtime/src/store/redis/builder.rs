@@ -178,7 +178,9 @@ pub(crate) use tls_setters;
 /// Refuses a `rediss://` URL without the TLS feature (`built_with_tls`),
 /// and certificates (`certificates`) the URL would not use.
 fn check_tls(url: &str, certificates: bool, built_with_tls: bool) -> Result<(), String> {
-    let tls_url = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
+    let tls_url = ["rediss://", "rediss+cluster://", "rediss+sentinel://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
     if tls_url && !built_with_tls {
         return Err(
             "a rediss:// URL needs lock-runtime's `redis-tls` feature (TLS through rustls)"
@@ -187,7 +189,7 @@ fn check_tls(url: &str, certificates: bool, built_with_tls: bool) -> Result<(), 
     }
     if certificates && !tls_url {
         return Err(
-            "TLS certificates are set but the URL is not rediss:// (Sentinel over TLS is not supported): the connection would not use them"
+            "TLS certificates are set but the URL is not rediss:// (nor rediss+cluster://, rediss+sentinel://): the connection would not use them"
                 .to_owned(),
         );
     }
@@ -220,7 +222,9 @@ impl RedisStore {
     /// the [module docs](super#tls)),
     /// `redis+cluster://[:password@]host:port[,host:port...]` for a Redis
     /// Cluster (any of its nodes; `rediss+cluster://` for TLS), or `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`
-    /// for the master of a Sentinel group (the password is the master's).
+    /// for the master of a Sentinel group (the password is the master's;
+    /// `rediss+sentinel://` for TLS to the Sentinels and the master, with
+    /// the same certificates).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.to_owned(),
@@ -260,7 +264,10 @@ mod tests {
         assert!(no_feature.contains("`redis-tls` feature"), "{no_feature}");
         let unused = check_tls(plain, true, true).unwrap_err();
         assert!(unused.contains("not rediss://"), "{unused}");
-        let sentinel = check_tls("redis+sentinel://127.0.0.1:26379/main", true, true);
-        assert!(sentinel.unwrap_err().contains("Sentinel"));
+        let sentinel = "rediss+sentinel://127.0.0.1:26379/main";
+        assert!(check_tls(sentinel, true, true).is_ok());
+        assert!(check_tls(sentinel, false, false).is_err());
+        let plain_sentinel = check_tls("redis+sentinel://127.0.0.1:26379/main", true, true);
+        assert!(plain_sentinel.unwrap_err().contains("not rediss://"));
     }
 }

@@ -29,7 +29,8 @@ const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 /// The connection a [`RedisStore`](super::RedisStore) sends its commands
 /// on: to one server (`redis://`), to a Redis Cluster
 /// (`redis+cluster://`), or to the current master of a Sentinel group
-/// (`redis+sentinel://`). Cheap to clone; clones share it.
+/// (`redis+sentinel://`); each over TLS with a `rediss` scheme. Cheap to
+/// clone; clones share it.
 #[derive(Clone)]
 pub struct RedisConnection {
     /// The server's or the cluster's connection, used directly: no lock,
@@ -98,16 +99,34 @@ impl TlsSettings {
     pub(super) fn client(&self, url: &str) -> Result<Client, RedisError> {
         #[cfg(feature = "redis-tls")]
         if url.starts_with("rediss://") {
-            // rustls needs a process-wide provider; one the application
-            // installed stays.
-            if rustls::crypto::CryptoProvider::get_default().is_none() {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-            }
+            install_crypto_provider();
             if self.is_set() {
                 return Client::build_with_tls(url, self.certificates());
             }
         }
         Client::open(url)
+    }
+
+    /// A Sentinel client: TLS to the Sentinels and to the servers they
+    /// name when `tls`, with these certificates for both.
+    fn sentinel_client(
+        &self,
+        mut builder: SentinelClientBuilder,
+        tls: bool,
+    ) -> Result<SentinelClient, RedisError> {
+        if tls {
+            builder = builder.set_client_to_redis_tls_mode(::redis::TlsMode::Secure);
+            #[cfg(feature = "redis-tls")]
+            {
+                install_crypto_provider();
+                if self.is_set() {
+                    builder = builder
+                        .set_client_to_sentinel_certificates(self.certificates())
+                        .set_client_to_redis_certificates(self.certificates());
+                }
+            }
+        }
+        builder.build()
     }
 
     /// The certificates, as the `redis` crate takes them.
@@ -125,6 +144,15 @@ impl TlsSettings {
     }
 }
 
+/// Installs rustls's ring provider unless the process has one: rustls needs
+/// a process-wide provider, and one the application installed stays.
+#[cfg(feature = "redis-tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 impl fmt::Debug for TlsSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Certificates and keys are never printed.
@@ -138,7 +166,8 @@ impl fmt::Debug for TlsSettings {
 impl RedisConnection {
     /// Connects to the server at `url`, to the cluster
     /// (`redis+cluster://`), or (`redis+sentinel://`) to the master the
-    /// Sentinels name, and checks it answers `PING`.
+    /// Sentinels name, and checks it answers `PING`. A `rediss` scheme is
+    /// TLS to every server, with `tls`'s certificates.
     pub(super) async fn connect(
         url: &str,
         tls: &TlsSettings,
@@ -164,7 +193,7 @@ impl RedisConnection {
                 if let Some(username) = &spec.username {
                     builder = builder.set_client_to_redis_username(username);
                 }
-                let mut sentinel = builder.build()?;
+                let mut sentinel = tls.sentinel_client(builder, spec.tls)?;
                 let master = tokio::time::timeout(timeout * 2, sentinel.async_get_client())
                     .await
                     .map_err(|_| "no Sentinel named the master in time")??;

@@ -118,8 +118,12 @@
 //! out is a [`LockError::Connect`] naming the
 //! server (never the password). Without the feature, a `rediss://` URL is
 //! refused with [`LockError::InvalidSettings`].
-//! Sentinel over TLS is not supported yet (the `redis` crate's Sentinel
-//! client can do it; this store does not wire it).
+//!
+//! `rediss+cluster://` is a cluster over TLS, and `rediss+sentinel://` a
+//! Sentinel group over TLS: the Sentinels and the masters they name (after
+//! a failover too) are all reached over TLS, with the same CA and client
+//! certificate, so the Sentinels must announce their TLS ports and
+//! monitor the servers over TLS (`tls-replication yes`).
 //!
 //! # Cluster, Sentinel and replicas
 //!

@@ -1,5 +1,6 @@
 //! The URLs of a Redis Cluster (`redis+cluster://`) and of a Sentinel group
-//! (`redis+sentinel://`), read into what the connection needs.
+//! (`redis+sentinel://`), each with its TLS form (`rediss+...`), read into
+//! what the connection needs.
 
 use ::redis::ConnectionAddr;
 
@@ -57,10 +58,14 @@ fn host_port<'a>(host: &'a str, what: &str) -> Result<(&'a str, u16), String> {
     Ok((name, port))
 }
 
-/// `redis+sentinel://[[user]:password@]host:port[,host:port...]/master[/db]`.
+/// `redis+sentinel://[[user]:password@]host:port[,host:port...]/master[/db]`,
+/// or `rediss+sentinel://...` for TLS to the Sentinels and to the master
+/// alike.
 #[derive(Debug, PartialEq)]
 pub(super) struct SentinelUrl {
     pub(super) sentinels: Vec<ConnectionAddr>,
+    /// Whether every connection (to a Sentinel, to the master) is TLS.
+    pub(super) tls: bool,
     pub(super) master: String,
     pub(super) db: i64,
     pub(super) username: Option<String>,
@@ -70,12 +75,21 @@ pub(super) struct SentinelUrl {
 impl SentinelUrl {
     /// `None` for a URL of another scheme.
     pub(super) fn parse(url: &str) -> Result<Option<SentinelUrl>, BackendError> {
-        let Some(rest) = url.strip_prefix("redis+sentinel://") else {
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            (false, rest)
+        } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+            (true, rest)
+        } else {
             return Ok(None);
+        };
+        let scheme = if tls {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
         };
         let invalid = |why: &str| -> BackendError {
             format!(
-                "invalid Sentinel URL `{}`: {why}; expected redis+sentinel://host:port[,host:port...]/master-name[/db]",
+                "invalid Sentinel URL `{}`: {why}; expected {scheme}://host:port[,host:port...]/master-name[/db]",
                 redact(url)
             )
             .into()
@@ -101,7 +115,15 @@ impl SentinelUrl {
             .split(',')
             .map(|host| {
                 let (name, port) = host_port(host, "Sentinel").map_err(|why| invalid(&why))?;
-                Ok::<_, BackendError>(ConnectionAddr::Tcp(name.to_owned(), port))
+                Ok::<_, BackendError>(match tls {
+                    false => ConnectionAddr::Tcp(name.to_owned(), port),
+                    true => ConnectionAddr::TcpTls {
+                        host: name.to_owned(),
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    },
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (master, db) = match path.split_once('/') {
@@ -117,6 +139,7 @@ impl SentinelUrl {
         }
         Ok(Some(SentinelUrl {
             sentinels,
+            tls,
             master: master.to_owned(),
             db,
             username,
@@ -167,13 +190,23 @@ mod tests {
                     ConnectionAddr::Tcp("a".into(), 1),
                     ConnectionAddr::Tcp("b".into(), 2)
                 ],
+                tls: false,
                 master: "shop".into(),
                 db: 3,
                 username: None,
                 password: Some("pw".into()),
             }
         );
+        let tls = SentinelUrl::parse("rediss+sentinel://a:1/shop")
+            .unwrap()
+            .unwrap();
+        assert!(tls.tls);
+        assert!(matches!(
+            &tls.sentinels[..],
+            [ConnectionAddr::TcpTls { host, port: 1, insecure: false, .. }] if host == "a"
+        ));
         assert!(SentinelUrl::parse("redis://a:1").unwrap().is_none());
+        assert!(SentinelUrl::parse("rediss://a:1").unwrap().is_none());
         for bad in [
             "redis+sentinel://a:1",
             "redis+sentinel://a/shop",
