@@ -154,7 +154,7 @@ async fn a_key_keeps_one_kind_of_lock_while_held() {
             LockOptions::default().permits(4),
             "a semaphore of 4 permits",
         ),
-        (read(), "a read-write lock"),
+        (read(), "a read lock"),
     ] {
         let err = b.try_lock(&key, opts).await.unwrap_err();
         let shown = lock_tests::error_chain(&err);

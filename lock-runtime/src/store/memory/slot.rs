@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::store::support::claims::mismatch;
 use crate::store::support::keyed::HashedKey;
 use crate::store::{Claim, LockToken, LossSignal};
 
@@ -213,20 +214,6 @@ fn fits(held: Claim, asked: Claim) -> Result<(), String> {
     match (held, asked) {
         (Claim::Exclusive | Claim::Shared, Claim::Exclusive | Claim::Shared) => Ok(()),
         (Claim::Permit { limit: a }, Claim::Permit { limit: b }) if a == b => Ok(()),
-        (held, asked) => Err(format!(
-            "the key is held as {} and this call claims it as {}: every caller of a key must use one kind of lock with one limit",
-            describe(held),
-            describe(asked)
-        )),
-    }
-}
-
-fn describe(claim: Claim) -> String {
-    match claim {
-        Claim::Exclusive => "a mutex or write lock (1 permit)".into(),
-        Claim::Shared => "a read lock".into(),
-        Claim::Permit { limit } => format!("a semaphore of {limit} permits"),
-        #[allow(unreachable_patterns)]
-        other => other.to_string(),
+        (held, asked) => Err(mismatch(held, asked)),
     }
 }

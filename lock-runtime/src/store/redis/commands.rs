@@ -1,6 +1,7 @@
 //! The scripts' calls: acquire, renew, release and hand-over of one lock,
 //! by its Redis name, on the command connection.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use ::redis::Script;
@@ -10,6 +11,7 @@ use super::keys::suffixed;
 use super::scripts;
 use crate::error::BackendError;
 use crate::store::FencingPromise;
+use crate::store::support::claims::mismatch;
 use crate::store::{Claim, HandOver, LockToken};
 
 /// How fencing tokens are made. See the [module docs](super).
@@ -172,12 +174,7 @@ where
             }
             2 => {
                 let held: String = ::redis::from_redis_value(value)?;
-                Err(format!(
-                    "the key is held as {} and this call claims it as {}: every caller of a key must use one kind of lock with one limit",
-                    describe(&held),
-                    describe(&asked)
-                )
-                .into())
+                Err(mismatch(claim_of(&held), claim).into())
             }
             _ => Ok(Err(u64::try_from(integer(&value)?)
                 .ok()
@@ -392,11 +389,11 @@ pub(super) fn claim_name(claim: Claim) -> String {
     }
 }
 
-/// A claim's name in the share script, as an error shows it.
-fn describe(name: &str) -> String {
-    match name {
-        "shared" => "a read-write lock".to_owned(),
-        limit => format!("a semaphore of {limit} permits"),
+/// The claim a share script's name stands for (see [`claim_name`]).
+pub(super) fn claim_of(name: &str) -> Claim {
+    match name.parse().ok().and_then(NonZeroU32::new) {
+        Some(limit) => Claim::permits(limit),
+        None => Claim::Shared,
     }
 }
 

@@ -168,7 +168,6 @@ mod subscriber;
 mod urls;
 
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -423,10 +422,9 @@ where
             let token = token.parse().ok();
             // -1: no expiry (set by hand); -2: gone between the two reads.
             let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-            let claim = match (kind.as_str(), kind.parse().ok().and_then(NonZeroU32::new)) {
-                ("", _) => Claim::Exclusive,
-                (_, Some(limit)) => Claim::permits(limit),
-                _ => Claim::Shared,
+            let claim = match kind.as_str() {
+                "" => Claim::Exclusive,
+                name => commands::claim_of(name),
             };
             Ok(Some(
                 LeaseInfo::new(token, fencing.parse().unwrap_or(0), remaining)

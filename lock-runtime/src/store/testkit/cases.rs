@@ -313,3 +313,105 @@ pub async fn a_semaphore_admits_up_to_its_limit(store: &Clients) {
         assert!(lease.release(Duration::ZERO).await.unwrap());
     }
 }
+
+/// Each permit is a lease of its own: one not renewed expires alone and
+/// its place is taken, its handle then refused, while the other renews;
+/// fencing tokens rise with every grant; inspection counts the holders.
+pub async fn each_permit_expires_renews_and_fences_alone(store: &Clients) {
+    store
+        .needs("each_permit_expires_renews_and_fences_alone")
+        .await;
+    let key = unique_key("contract");
+    let two = Claim::permits(NonZeroU32::new(2).unwrap());
+    let short = short_ttl(store.caps());
+    let loss = LossSignal::new();
+    let request = AcquireRequest::new(&key, LockToken::random(), short, &loss).claiming(two);
+    let (mut crashed, first) = granted(store.a.acquire(request).await.expect("acquire"));
+    let (mut live, second) = granted(claim(&store.b, &key, two).await);
+    if store.caps().fencing.increasing {
+        assert!(second > first, "{first} then {second}");
+    }
+    let info = store.a.inspect(&key).await.unwrap().expect("held");
+    assert_eq!((info.claim, info.holders), (two, 2), "{info:?}");
+    refused(claim(&store.a, &key, two).await);
+    // Expiry is the thing under test: sleeping past it is the point.
+    tokio::time::sleep(short * 3).await;
+    assert!(live.renew().await.unwrap(), "the live permit renews");
+    assert!(!crashed.renew().await.unwrap(), "an expired permit renewed");
+    let (mut next, third) = granted(claim(&store.a, &key, two).await);
+    if store.caps().fencing.increasing {
+        assert!(third > second, "{second} then {third}");
+    }
+    assert!(!crashed.release(Duration::ZERO).await.unwrap());
+    refused(claim(&store.b, &key, two).await);
+    assert!(next.release(Duration::ZERO).await.unwrap());
+    assert!(live.release(Duration::ZERO).await.unwrap());
+    assert_eq!(store.b.inspect(&key).await.unwrap(), None, "all released");
+}
+
+/// A key held as a semaphore of one limit refuses, as an error naming
+/// both, a permit of another limit and a share; once free it takes any.
+pub async fn a_claim_of_another_kind_is_an_error_naming_both(store: &Clients) {
+    store
+        .needs("a_claim_of_another_kind_is_an_error_naming_both")
+        .await;
+    let key = unique_key("contract");
+    let three = Claim::permits(NonZeroU32::new(3).unwrap());
+    let four = Claim::permits(NonZeroU32::new(4).unwrap());
+    let (mut held, _) = granted(claim(&store.a, &key, three).await);
+    for (asked, named) in [(four, "4 permits"), (Claim::Shared, "read")] {
+        let loss = LossSignal::new();
+        let request = AcquireRequest::new(&key, LockToken::random(), TTL, &loss).claiming(asked);
+        let err = store.b.acquire(request).await.expect_err("a mismatch");
+        let said = err.to_string();
+        assert!(
+            said.contains("3 permits") && said.contains(named),
+            "{asked}: {said}"
+        );
+    }
+    assert!(held.release(Duration::ZERO).await.unwrap());
+    let (mut reader, _) = granted(claim(&store.b, &key, Claim::Shared).await);
+    assert!(reader.release(Duration::ZERO).await.unwrap());
+}
+
+/// A forced release frees every share of the key at once: the key takes a
+/// writer, and each old share's handle is refused.
+pub async fn a_forced_release_frees_every_share(store: &Clients) {
+    store.needs("a_forced_release_frees_every_share").await;
+    let key = unique_key("contract");
+    let (mut first, _) = granted(claim(&store.a, &key, Claim::Shared).await);
+    let (mut second, _) = granted(claim(&store.b, &key, Claim::Shared).await);
+    assert!(store.b.force_release(&key).await.unwrap());
+    assert_eq!(store.a.inspect(&key).await.unwrap(), None, "force-released");
+    let (mut writer, _) = granted(claim(&store.a, &key, Claim::Exclusive).await);
+    for share in [&mut first, &mut second] {
+        assert!(!share.renew().await.unwrap(), "a forced-out share renewed");
+        assert!(!share.release(Duration::ZERO).await.unwrap());
+    }
+    assert!(writer.release(Duration::ZERO).await.unwrap());
+}
+
+/// An exclusive claim that waits while shares hold the key stops new
+/// shares from joining, so a stream of readers cannot starve a writer; it
+/// gets the key once the shares it waited for are released.
+pub async fn a_waiting_exclusive_claim_stops_new_shares(store: &Clients) {
+    store
+        .needs("a_waiting_exclusive_claim_stops_new_shares")
+        .await;
+    let key = unique_key("contract");
+    let (mut reader, _) = granted(claim(&store.a, &key, Claim::Shared).await);
+    let (loss, writer) = (LossSignal::new(), LockToken::random());
+    let waiting = || {
+        AcquireRequest::new(&key, writer, TTL, &loss)
+            .claiming(Claim::Exclusive)
+            .waiting(true)
+    };
+    refused(store.b.acquire(waiting()).await.expect("acquire"));
+    refused(claim(&store.a, &key, Claim::Shared).await);
+    assert!(reader.release(Duration::ZERO).await.unwrap());
+    let (mut lease, _) = granted(store.b.acquire(waiting()).await.expect("acquire"));
+    refused(claim(&store.a, &key, Claim::Shared).await);
+    assert!(lease.release(Duration::ZERO).await.unwrap());
+    let (mut next, _) = granted(claim(&store.a, &key, Claim::Shared).await);
+    assert!(next.release(Duration::ZERO).await.unwrap());
+}

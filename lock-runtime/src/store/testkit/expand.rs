@@ -59,6 +59,10 @@ macro_rules! store_contract {
             contract_case!(the_capabilities_are_consistent);
             contract_case!(shares_hold_together_and_an_exclusive_claim_alone);
             contract_case!(a_semaphore_admits_up_to_its_limit);
+            contract_case!(each_permit_expires_renews_and_fences_alone);
+            contract_case!(a_claim_of_another_kind_is_an_error_naming_both);
+            contract_case!(a_forced_release_frees_every_share);
+            contract_case!(a_waiting_exclusive_claim_stops_new_shares);
 
             #[test]
             fn the_skipped_cases_are_the_missing_abilities() {

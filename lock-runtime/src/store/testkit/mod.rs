@@ -103,7 +103,7 @@ impl Clients {
 }
 
 /// Every case of the contract, as `store_contract!` expands them.
-pub const CASES: [&str; 15] = [
+pub const CASES: [&str; 19] = [
     "acquire_is_exclusive",
     "racing_clients_never_both_win",
     "an_expired_lease_is_free_and_stale",
@@ -119,10 +119,14 @@ pub const CASES: [&str; 15] = [
     "the_capabilities_are_consistent",
     "shares_hold_together_and_an_exclusive_claim_alone",
     "a_semaphore_admits_up_to_its_limit",
+    "each_permit_expires_renews_and_fences_alone",
+    "a_claim_of_another_kind_is_an_error_naming_both",
+    "a_forced_release_frees_every_share",
+    "a_waiting_exclusive_claim_stops_new_shares",
 ];
 
 /// The cases that check an ability a store may lack.
-pub const SKIPPABLE: [&str; 7] = [
+pub const SKIPPABLE: [&str; 11] = [
     "a_lingering_release_keeps_the_lease_that_long",
     "fencing_tokens_increase_across_holders",
     "a_hand_over_moves_the_lease_to_a_new_token",
@@ -130,6 +134,10 @@ pub const SKIPPABLE: [&str; 7] = [
     "shares_hold_together_and_an_exclusive_claim_alone",
     "a_semaphore_admits_up_to_its_limit",
     "a_watch_fires_on_release_and_only_then",
+    "each_permit_expires_renews_and_fences_alone",
+    "a_claim_of_another_kind_is_an_error_naming_both",
+    "a_forced_release_frees_every_share",
+    "a_waiting_exclusive_claim_stops_new_shares",
 ];
 
 /// Whether the store has the ability `case` checks (always, for a case
@@ -142,7 +150,13 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "fencing_tokens_increase_across_holders" => caps.fencing.increasing,
         "a_forced_release_is_pushed_to_the_holder" => caps.pushes_loss,
         "shares_hold_together_and_an_exclusive_claim_alone" => caps.shares,
-        "a_semaphore_admits_up_to_its_limit" => caps.permits,
+        "a_semaphore_admits_up_to_its_limit" | "each_permit_expires_renews_and_fences_alone" => {
+            caps.permits
+        }
+        "a_forced_release_frees_every_share" | "a_waiting_exclusive_claim_stops_new_shares" => {
+            caps.shares
+        }
+        "a_claim_of_another_kind_is_an_error_naming_both" => caps.shares && caps.permits,
         "a_watch_fires_on_release_and_only_then" => caps.release_poll.is_none(),
         "a_hand_over_moves_the_lease_to_a_new_token" => {
             let key = unique_key("contract");

@@ -3,9 +3,13 @@
 -- when acquired (the token as a string of digits), {0, pttl} when held.
 -- Run again by the same token (a retry after a dropped reply), it answers
 -- as the first run did. Held by shares (a sorted set), a caller that
--- waits marks the key so that no new share joins while it waits; the
--- share script shortens a mark it finds on a free key (see there).
+-- waits marks the key so that no new share joins while it waits, and
+-- clears the mark once granted; the share script shortens a mark it finds
+-- on a free key (see there).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- A writer that marked the key while waiting is served: shares may
+  -- queue up again behind it.
+  if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end
   if ARGV[3] == '0' then return {1, 0} end
   return {1, fence(KEYS[2], ARGV[3])}
 end
