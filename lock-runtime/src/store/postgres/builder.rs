@@ -107,6 +107,26 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// The SQL that makes the lease table and what goes with it (a
+    /// sequence, the holders' table of shares and permits, three
+    /// functions) under this builder's table name, for an administrator to
+    /// run where the store's role may not create them (or to add what a
+    /// table made by an earlier version lacks). Each statement does
+    /// nothing when its object is there.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidSettings`] for a bad table name.
+    pub fn schema(&self) -> Result<String, LockError> {
+        Table::new(&self.table)
+            .map(|table| table.schema())
+            .map_err(|reason| LockError::InvalidSettings {
+                store: "postgres",
+                address: self.source.shown(),
+                reason: reason.to_string(),
+            })
+    }
+
     /// For a server behind a pooler that lends its sessions per
     /// transaction (PgBouncer's `pool_mode = transaction`, and most
     /// "transaction mode" poolers of hosted databases): every statement is

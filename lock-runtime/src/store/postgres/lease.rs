@@ -8,17 +8,23 @@ use super::shared::Shared;
 use super::table::{millis, turn};
 use crate::store::{HandOver, Lease, LockToken, Reply};
 
-/// One lease row: its id and our token.
+/// One lease: the key's row id and our token, and whether it is a share
+/// or permit (a row of the holders' table) rather than the key's row.
 pub(super) struct PostgresLease {
     pub(super) shared: Arc<Shared>,
     pub(super) id: Vec<u8>,
     pub(super) token: LockToken,
     pub(super) ttl: Duration,
+    pub(super) one_of_many: bool,
 }
 
 impl Lease for PostgresLease {
     fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(async move {
+            if self.one_of_many {
+                let ttl = millis(self.ttl);
+                return self.shared.unclaim(&self.id, self.token, ttl, false).await;
+            }
             let (token, ttl) = (self.token.to_string(), millis(self.ttl));
             let changed = self
                 .shared
@@ -29,11 +35,27 @@ impl Lease for PostgresLease {
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
+        if self.one_of_many {
+            let release = linger.is_zero();
+            return Box::pin(
+                self.shared
+                    .unclaim(&self.id, self.token, millis(linger), release),
+            );
+        }
         Box::pin(self.shared.release(&self.id, self.token, linger))
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
         Box::pin(async move {
+            if self.one_of_many {
+                // A share is not moved: released, the next holder claims anew.
+                let released = self.release(Duration::ZERO).await?;
+                return Ok(if released {
+                    HandOver::Released
+                } else {
+                    HandOver::Lost
+                });
+            }
             let next = LockToken::random();
             let (token, next_text, ttl) =
                 (self.token.to_string(), next.to_string(), millis(self.ttl));

@@ -6,22 +6,31 @@
 //!
 //! ```sql
 //! CREATE TABLE lock_leases (
-//!     id         bytea PRIMARY KEY,       -- sha256 of the key
-//!     key        bytea NOT NULL,          -- the key itself, for people reading the table
-//!     token      text NOT NULL,           -- the holder's random token
-//!     fencing    bigint NOT NULL,         -- from the sequence below
-//!     expires_at timestamptz NOT NULL,    -- by the database's clock
-//!     waiting    boolean NOT NULL DEFAULT false  -- someone waits for its release
+//!     id           bytea PRIMARY KEY,     -- sha256 of the key
+//!     key          bytea NOT NULL,        -- the key itself, for people reading the table
+//!     token        text NOT NULL,         -- the holder's random token ('*shared', '*permits:N': see below)
+//!     fencing      bigint NOT NULL,       -- from the sequence below
+//!     expires_at   timestamptz NOT NULL,  -- by the database's clock
+//!     waiting      boolean NOT NULL DEFAULT false,  -- someone waits for its release
+//!     writer_until timestamptz            -- a writer waits: no new read shares until then
 //! );
 //! CREATE SEQUENCE lock_leases_fencing;
+//! CREATE TABLE lock_leases_holders (      -- one row per read share or permit
+//!     id bytea NOT NULL, token text NOT NULL, fencing bigint NOT NULL,
+//!     expires_at timestamptz NOT NULL, PRIMARY KEY (id, token)
+//! );
+//! -- and three functions: lock_leases_claim, lock_leases_unclaim, lock_leases_force
 //! ```
 //!
-//! Both are created on first use (`CREATE ... IF NOT EXISTS`, under an
-//! advisory lock so that processes starting together do not collide); the
-//! name is a builder option. A user without the right to create them gets a
-//! clear error at connect; create them beforehand with the statements above.
-//! The row's id is the key's SHA-256, so keys of any bytes and any length up
-//! to the registry's limit fit the index.
+//! All of it is created on first use (`CREATE ... IF NOT EXISTS`, under an
+//! advisory lock so that processes starting together do not collide), and
+//! what a table made by an earlier version lacks is added then; the name is
+//! a builder option. A role without the right to create them gets a clear
+//! error at connect: an administrator runs the SQL of
+//! [`PostgresStoreBuilder::schema`] beforehand and grants the role
+//! `SELECT, INSERT, UPDATE, DELETE` on both tables and `USAGE` on the
+//! sequence. The row's id is the key's SHA-256, so keys of any bytes and
+//! any length up to the registry's limit fit the index.
 //!
 //! # Statements
 //!
@@ -55,6 +64,23 @@
 //! SHA-256 of the released key. Expired rows send nothing, so waiters also
 //! retry when the holder's lease says it ends.
 //!
+//! # Semaphores and read-write locks
+//!
+//! A key held by read shares or permits keeps its row, with the claim
+//! (`*shared`, `*permits:N`) in place of a token and the expiry of its
+//! longest-lived holder, and each share or permit is a row of
+//! `lock_leases_holders` with its own token, fencing value and expiry. One
+//! function call grants a share or permit (one round trip): it locks the
+//! key's row, drops expired holders, refuses while a writer holds the key
+//! or the limit is reached, and draws the fencing value as an acquire
+//! does, so values increase across every grant of the key. Renewal and
+//! release are one call each; the last release deletes the key's row. A
+//! writer refused while shares hold the key and that waits sets
+//! `writer_until` 6 s ahead, again with every refusal: new shares are
+//! refused until it is served, so readers cannot starve it (on a free key
+//! the mark is cut to 50 ms). A key serves one claim while held: another is
+//! an error naming both. The mutex's statements are unchanged by any of it.
+//!
 //! # Poolers
 //!
 //! Behind a pooler in **session** mode (PgBouncer's `pool_mode = session`)
@@ -80,6 +106,7 @@
 //! synchronous replication.
 
 mod builder;
+mod claims;
 mod lease;
 mod listener;
 mod session;
@@ -95,9 +122,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::support::claims::mismatch;
 use super::{
-    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
-    Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
+    ReleaseWatch, Reply, SafetyMargin, Store,
 };
 use crate::error::BackendError;
 use listener::Listener;
@@ -107,7 +135,9 @@ const CAPABILITIES: Capabilities = Capabilities::new("postgres")
     .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
     .with_linger()
     .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
-    .with_fencing(FencingPromise::INCREASING);
+    .with_fencing(FencingPromise::INCREASING)
+    .with_shares()
+    .with_permits();
 
 /// How often an acquire tries again at once when it was refused by a holder
 /// that was gone by the time it asked how long it holds.
@@ -176,6 +206,9 @@ impl Store for PostgresStore {
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
+            if request.claim != Claim::Exclusive {
+                return self.claim(request).await;
+            }
             let id = row_id(request.key);
             let key = request.key.as_bytes();
             let (token, ttl) = (request.token.to_string(), millis(request.ttl));
@@ -195,12 +228,13 @@ impl Store for PostgresStore {
                             id,
                             token: request.token,
                             ttl: request.ttl,
+                            one_of_many: false,
                         }),
                     });
                 }
                 // Marked rows notify on release: only worth it to listeners.
                 let mark = request.waits && matches!(self.waking, Waking::Listen(_));
-                if let Some(remaining) = self.shared.refused(&id, mark).await? {
+                if let Some(remaining) = self.shared.refused(&id, mark, request.waits).await? {
                     return Ok(Acquire::Held {
                         remaining: Some(remaining),
                     });
@@ -214,9 +248,10 @@ impl Store for PostgresStore {
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         Box::pin(async move {
-            self.shared
-                .release(&row_id(key), token, Duration::ZERO)
-                .await
+            // The claim is not known here: the key's lease, else a share.
+            let id = row_id(key);
+            Ok(self.shared.release(&id, token, Duration::ZERO).await?
+                || self.shared.unclaim(&id, token, 0, true).await?)
         })
     }
 
@@ -230,7 +265,7 @@ impl Store for PostgresStore {
             };
             let watch = listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
-            self.shared.refused(&id, true).await?;
+            self.shared.refused(&id, true, false).await?;
             Ok(watch)
         })
     }
@@ -238,11 +273,11 @@ impl Store for PostgresStore {
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let id = row_id(key);
-            let changed = self
+            let row = self
                 .shared
-                .execute(&id, |s| &s.force_release, &[&id, &CHANNEL])
+                .query_opt(&id, |s| &s.force_release, &[&id, &CHANNEL])
                 .await?;
-            Ok(changed == 1)
+            Ok(row.is_some_and(|row| row.get::<_, Option<bool>>(0) == Some(true)))
         })
     }
 
@@ -250,17 +285,72 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let id = row_id(key);
             let row = self.shared.query_opt(&id, |s| &s.inspect, &[&id]).await?;
-            Ok(row.map(|row| {
-                let token: &str = row.get(0);
-                let fencing: i64 = row.get(1);
-                let ms: i64 = row.get(2);
-                LeaseInfo::new(
-                    token.parse().ok(),
-                    u64::try_from(fencing).unwrap_or(0),
-                    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-                )
-            }))
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let token: &str = row.get(0);
+            let fencing: i64 = row.get(1);
+            let ms: i64 = row.get(2);
+            let held: &str = row.get(3);
+            let holders: i64 = row.get(4);
+            let claim = claims::claim_of(held);
+            if holders == 0 {
+                // Free, a waiting writer's mark aside.
+                return Ok(None);
+            }
+            let info = LeaseInfo::new(
+                token.parse().ok(),
+                u64::try_from(fencing).unwrap_or(0),
+                Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            );
+            Ok(Some(info.with_holders(
+                claim,
+                usize::try_from(holders).unwrap_or(usize::MAX),
+            )))
         })
+    }
+}
+
+impl PostgresStore {
+    /// One attempt at a share or a permit (see sql/claims.sql): one round
+    /// trip.
+    async fn claim(&self, request: AcquireRequest<'_>) -> Result<Acquire, BackendError> {
+        let id = row_id(request.key);
+        let key = request.key.as_bytes();
+        let (token, ttl) = (request.token.to_string(), millis(request.ttl));
+        let (asked, limit) = claims::text(request.claim);
+        let mark = request.waits && matches!(self.waking, Waking::Listen(_));
+        let row = self
+            .shared
+            .query_opt(
+                &id,
+                |s| &s.claim,
+                &[&id, &key, &token, &ttl, &asked, &limit, &turn(&id), &mark],
+            )
+            .await?
+            .ok_or("the claim function returned no row")?;
+        let (answer, value, held): (i32, Option<i64>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        let value = u64::try_from(value.unwrap_or(0)).unwrap_or(0);
+        match answer {
+            1 => Ok(Acquire::Acquired {
+                fencing: value,
+                lease: Box::new(PostgresLease {
+                    shared: self.shared.clone(),
+                    id,
+                    token: request.token,
+                    ttl: request.ttl,
+                    one_of_many: true,
+                }),
+            }),
+            2 => {
+                let held = claims::claim_of(held.as_deref().unwrap_or_default());
+                Err(mismatch(held, request.claim).into())
+            }
+            _ => Ok(Acquire::Held {
+                remaining: Some(Duration::from_millis(value)),
+            }),
+        }
     }
 }
 

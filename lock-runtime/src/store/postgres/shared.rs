@@ -143,13 +143,17 @@ impl Shared {
     }
 
     /// After a refusal: the live holder's remaining time, if there still
-    /// is one; marks its row when `mark`.
+    /// is one; marks its row when `mark`, and, for a waiting `writer`,
+    /// keeps new shares out.
     pub(super) async fn refused(
         &self,
         id: &[u8],
         mark: bool,
+        writer: bool,
     ) -> Result<Option<Duration>, BackendError> {
-        let row = self.query_opt(id, |s| &s.refused, &[&id, &mark]).await?;
+        let row = self
+            .query_opt(id, |s| &s.refused, &[&id, &mark, &writer])
+            .await?;
         Ok(row.map(|row| {
             let ms: i64 = row.get(0);
             Duration::from_millis(u64::try_from(ms).unwrap_or(0))
@@ -172,6 +176,24 @@ impl Shared {
                 .await?
         };
         Ok(changed == 1)
+    }
+}
+
+impl Shared {
+    /// Ends `token`'s share or permit of the row `id` `ms` from now, or
+    /// at once when `release`. `Ok(false)` when it was no longer held.
+    pub(super) async fn unclaim(
+        &self,
+        id: &[u8],
+        token: LockToken,
+        ms: i64,
+        release: bool,
+    ) -> Result<bool, BackendError> {
+        let token = token.to_string();
+        let row = self
+            .query_opt(id, |s| &s.unclaim, &[&id, &token, &ms, &release, &CHANNEL])
+            .await?;
+        Ok(row.is_some_and(|row| row.get::<_, Option<bool>>(0) == Some(true)))
     }
 }
 

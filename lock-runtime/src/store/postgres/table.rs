@@ -26,6 +26,8 @@ pub(super) struct Statements {
     pub(super) hand_over: Stmt,
     pub(super) force_release: Stmt,
     pub(super) inspect: Stmt,
+    pub(super) claim: Stmt,
+    pub(super) unclaim: Stmt,
 }
 
 /// The lease table's name, checked, and its statements.
@@ -50,18 +52,30 @@ impl Table {
         })
     }
 
-    /// Creates the table and its sequence if they are missing, one process
-    /// at a time.
+    /// Creates the table, its sequence, the holders' table and the
+    /// functions of shares and permits if any is missing (adding what a
+    /// table made by an earlier version lacks), one process at a time.
     pub(super) async fn create(&self, client: &Client) -> Result<(), BackendError> {
         let t = &self.name;
         // Creating needs the right to create, even when the table exists:
         // a role that may only use it must not be asked to.
-        // One round trip, unprepared: it works through any pooler.
-        let sequence = format!("{t}_fencing");
+        // One round trip, unprepared: it works through any pooler. The
+        // last function made stands for all of them.
+        let (sequence, holders, force) = (
+            format!("{t}_fencing"),
+            format!("{t}_holders"),
+            format!("{t}_force(bytea,text)"),
+        );
         let exists: bool = client
             .query_typed(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-                &[(t, Type::TEXT), (&sequence, Type::TEXT)],
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
+                        AND to_regclass($3) IS NOT NULL AND to_regprocedure($4) IS NOT NULL",
+                &[
+                    (t, Type::TEXT),
+                    (&sequence, Type::TEXT),
+                    (&holders, Type::TEXT),
+                    (&force, Type::TEXT),
+                ],
             )
             .await
             .map_err(pg_error)?
@@ -73,16 +87,9 @@ impl Table {
         let sql = format!(
             "BEGIN;
              SELECT pg_advisory_xact_lock(hashtext('lock-runtime:{t}'));
-             CREATE TABLE IF NOT EXISTS {t} (
-                 id bytea PRIMARY KEY,
-                 key bytea NOT NULL,
-                 token text NOT NULL,
-                 fencing bigint NOT NULL,
-                 expires_at timestamptz NOT NULL,
-                 waiting boolean NOT NULL DEFAULT false
-             );
-             CREATE SEQUENCE IF NOT EXISTS {t}_fencing;
-             COMMIT;"
+             {schema}
+             COMMIT;",
+            schema = self.schema()
         );
         client
             .batch_execute(&sql)
@@ -94,6 +101,34 @@ impl Table {
                 )
                 .into()
             })
+    }
+
+    /// The statements that make what the store needs, or add what a table
+    /// made by an earlier version lacks; each does nothing when it is there.
+    pub(super) fn schema(&self) -> String {
+        let t = &self.name;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                 id bytea PRIMARY KEY,
+                 key bytea NOT NULL,
+                 token text NOT NULL,
+                 fencing bigint NOT NULL,
+                 expires_at timestamptz NOT NULL,
+                 waiting boolean NOT NULL DEFAULT false,
+                 writer_until timestamptz
+             );
+             ALTER TABLE {t} ADD COLUMN IF NOT EXISTS writer_until timestamptz;
+             CREATE SEQUENCE IF NOT EXISTS {t}_fencing;
+             CREATE TABLE IF NOT EXISTS {t}_holders (
+                 id bytea NOT NULL,
+                 token text NOT NULL,
+                 fencing bigint NOT NULL,
+                 expires_at timestamptz NOT NULL,
+                 PRIMARY KEY (id, token)
+             );
+             {functions}",
+            functions = include_str!("sql/claims.sql").replace("{t}", t),
+        )
     }
 
     /// The statements, prepared on `client` when `prepare`.
@@ -156,11 +191,18 @@ impl Table {
             // snapshot: that could report a holder whose release, not yet
             // committed, had read `waiting` as false, and no notification
             // would come.
+            //
+            // $3: the caller is a writer that waits: a key held by shares
+            // is marked so that no new share joins for 6 s (it asks again
+            // well within that while it waits).
             refused: make(
                 format!(
                     "WITH marked AS (
-                         UPDATE {t} SET waiting = true
-                         WHERE $2 AND id = $1 AND NOT waiting AND expires_at > clock_timestamp()
+                         UPDATE {t} SET waiting = waiting OR $2,
+                             writer_until = CASE WHEN $3 AND left(token, 1) = '*'
+                                 THEN clock_timestamp() + interval '6 s' ELSE writer_until END
+                         WHERE id = $1 AND expires_at > clock_timestamp()
+                             AND (($2 AND NOT waiting) OR ($3 AND left(token, 1) = '*'))
                          RETURNING {remaining}
                      )
                      (SELECT * FROM marked)
@@ -169,7 +211,7 @@ impl Table {
                       WHERE id = $1 AND expires_at > clock_timestamp() AND (waiting OR NOT $2))
                      LIMIT 1"
                 ),
-                &[Type::BYTEA, Type::BOOL],
+                &[Type::BYTEA, Type::BOOL, Type::BOOL],
             )
             .await?,
             // $1 id, $2 token, $3 ms: our lease ends that long from now (a
@@ -207,22 +249,57 @@ impl Table {
                 &[Type::BYTEA, Type::TEXT, Type::TEXT, Type::INT8, Type::INT4],
             )
             .await?,
-            // $1 id, $2 channel.
+            // $1 id, $2 channel: every lease of the key deleted (see
+            // sql/claims.sql).
             force_release: make(
-                format!(
-                    "DELETE FROM {t} WHERE id = $1 AND expires_at > clock_timestamp()
-                     RETURNING pg_notify($2, encode(id, 'hex')) IS NULL"
-                ),
+                format!("SELECT {t}_force($1, $2)"),
                 &[Type::BYTEA, Type::TEXT],
             )
             .await?,
-            // $1 id: the live holder's token, fencing and remaining time.
+            // $1 id: the live holder's token, fencing and remaining time
+            // (of a key held by shares or permits, the latest grant's),
+            // what holds it (a token, or '*shared', '*permits:N') and how
+            // many leases.
             inspect: make(
                 format!(
-                    "SELECT token, fencing, {remaining} FROM {t}
-                     WHERE id = $1 AND expires_at > clock_timestamp()"
+                    "SELECT coalesce(h.token, l.token), coalesce(h.fencing, l.fencing),
+                            ceil(extract(epoch FROM (coalesce(h.expires_at, l.expires_at)
+                                - clock_timestamp())) * 1000)::bigint,
+                            l.token,
+                            CASE WHEN left(l.token, 1) = '*' THEN
+                                (SELECT count(*) FROM {t}_holders c
+                                 WHERE c.id = l.id AND c.expires_at > clock_timestamp())
+                            ELSE 1 END
+                     FROM {t} l
+                     LEFT JOIN LATERAL (
+                         SELECT token, fencing, expires_at FROM {t}_holders h
+                         WHERE h.id = l.id AND left(l.token, 1) = '*'
+                             AND h.expires_at > clock_timestamp()
+                         ORDER BY h.fencing DESC LIMIT 1
+                     ) h ON true
+                     WHERE l.id = $1 AND l.expires_at > clock_timestamp()"
                 ),
                 &[Type::BYTEA],
+            )
+            .await?,
+            // See sql/claims.sql.
+            claim: make(
+                format!("SELECT answer, value, held FROM {t}_claim($1, $2, $3, $4, $5, $6, $7, $8)"),
+                &[
+                    Type::BYTEA,
+                    Type::BYTEA,
+                    Type::TEXT,
+                    Type::INT8,
+                    Type::TEXT,
+                    Type::INT4,
+                    Type::INT4,
+                    Type::BOOL,
+                ],
+            )
+            .await?,
+            unclaim: make(
+                format!("SELECT {t}_unclaim($1, $2, $3, $4, $5)"),
+                &[Type::BYTEA, Type::TEXT, Type::INT8, Type::BOOL, Type::TEXT],
             )
             .await?,
         })
