@@ -49,6 +49,12 @@ fn shared() -> (Servers, Processes) {
 }
 
 process_scenarios!(shared);
+process_scenarios!(
+    shared:
+    a_semaphore_of_three_across_processes_is_reached_and_never_exceeded,
+    a_sigkilled_permit_holder_frees_its_permit_within_its_ttl,
+    readers_overlap_and_a_writer_gets_in_within_a_bound,
+);
 
 #[test]
 fn another_process_holding_a_key_is_seen_and_can_be_freed() {

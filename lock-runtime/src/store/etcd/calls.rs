@@ -5,11 +5,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, LeaseClient, Txn, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, LeaseClient, SortOrder, SortTarget, Txn,
+    TxnOpResponse, TxnResponse,
 };
 use tokio::time::Instant;
 
-use super::keys::{first_of, queue_end, queue_start};
+use super::keys::{queue_end, queue_start};
 use super::shared::{Queued, Spare};
 use super::{EtcdStore, RETRY};
 use crate::error::BackendError;
@@ -167,10 +168,19 @@ impl EtcdStore {
             .collect())
     }
 
-    /// The first entry of `queue`: the holder's.
-    pub(super) async fn first(&self, queue: &[u8]) -> Result<Option<KeyValue>, BackendError> {
-        let got = self.get(queue, first_of(queue)).await?;
-        Ok(got.kvs().first().cloned())
+    /// The entries of `queue` that hold its key, in creation order: the
+    /// first, and the shares or permits that hold beside it.
+    pub(super) async fn holders(&self, queue: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        let options = GetOptions::new()
+            .with_range(queue_end(queue))
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut entries = self.get(queue, options).await?.kvs().to_vec();
+        let claims: Vec<_> = entries
+            .iter()
+            .map(|kv| super::claims::claim_of(queue, kv.key()))
+            .collect();
+        entries.truncate(super::claims::holding(&claims));
+        Ok(entries)
     }
 
     /// Reads from `key` with `options` (see [`timed`](Self::timed)).

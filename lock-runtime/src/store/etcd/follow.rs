@@ -5,16 +5,19 @@ use std::collections::{HashMap, HashSet};
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 
+use super::claims;
 use super::queues::Deletion;
 use super::{EtcdStore, WATCH_RETRY};
 use crate::error::BackendError;
+use crate::store::Claim;
 use crate::store::support::queue::Place;
 
 /// Follows `queue` for a waiter until nobody listens, on the key's shared
 /// watch ([`queues`]): lists the queue once the watch is open, and applies
 /// the deletions after the listing. Our entry heads the queue once every
 /// entry created before it is deleted; that is noted in its [`Place`] and
-/// reported on `tx`, as is the deletion of our own entry. With no entry of
+/// reported on `tx`, as is the deletion of our own entry (and, for a share
+/// or permit, which may hold behind others, every deletion ahead of it). With no entry of
 /// ours, every deletion is reported. A reset or lagging watch lists the
 /// queue again. `placed` is told once the first listing is made (or what
 /// failed).
@@ -120,9 +123,15 @@ pub(super) async fn follow(
                     tx.send_replace(());
                     break;
                 }
-                Some((_, created)) => {
-                    if ahead.remove(&deleted) && ahead.is_empty() {
+                Some((ours, created)) => {
+                    if !ahead.remove(&deleted) {
+                        continue;
+                    }
+                    if ahead.is_empty() {
                         store.inner.shared.place(&queue, *created, Place::Head);
+                        tx.send_replace(());
+                    } else if claims::claim_of(&queue, ours) != Claim::Exclusive {
+                        // A share or permit may hold behind others: look.
                         tx.send_replace(());
                     }
                 }

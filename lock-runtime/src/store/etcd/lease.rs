@@ -31,6 +31,8 @@ pub(super) struct EtcdLease {
     pub(super) loss: LossSignal,
     /// Whether the lease was granted or renewed before the acquire was sent.
     pub(super) counted_from_grant: bool,
+    /// A read share or a permit: never moved by a hand-over.
+    pub(super) one_of_many: bool,
 }
 
 impl Drop for EtcdLease {
@@ -40,6 +42,12 @@ impl Drop for EtcdLease {
 }
 
 impl EtcdLease {
+    /// This lease, as a read share's or a permit's.
+    pub(super) fn one_of_many(mut self) -> Self {
+        self.one_of_many = true;
+        self
+    }
+
     /// A keep-alive of our lease and a check that the entry is still ours,
     /// sent together.
     pub(super) async fn refresh(&mut self) -> Result<bool, BackendError> {
@@ -175,7 +183,17 @@ impl Lease for EtcdLease {
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        Box::pin(self.move_or_release())
+        Box::pin(async move {
+            if !self.one_of_many {
+                return self.move_or_release().await;
+            }
+            // A share's entry is not moved: released, the next holder
+            // claims anew.
+            Ok(match self.release(Duration::ZERO).await? {
+                true => HandOver::Released,
+                false => HandOver::Lost,
+            })
+        })
     }
 
     fn started_at(&self) -> Option<Instant> {
@@ -220,6 +238,7 @@ impl EtcdStore {
             watch,
             loss: loss.clone(),
             counted_from_grant,
+            one_of_many: false,
         }
     }
 }

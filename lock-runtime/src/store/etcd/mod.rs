@@ -53,6 +53,23 @@
 //!   one in one transaction, only while nobody queues behind it: then the
 //!   process's next task takes its turn behind the other processes'.
 //!
+//! # Semaphores and read-write locks
+//!
+//! A read share or a permit is an entry in the same queue, on a lease of
+//! its own, whose name ends with what it claims (`:s`, or `:p` and the
+//! limit). Who holds follows from creation order, as in Curator's recipes:
+//! the first entry, and behind it the shares that follow a share, or the
+//! permits (up to the limit) that follow a permit. An attempt queues its
+//! entry and reads the queue in one transaction; in skip mode a refused
+//! entry is deleted again. Waiters are served in arrival order, so a
+//! writer that queued stops every share that queued after it: readers
+//! cannot starve it. A waiting share or permit is woken by every deletion
+//! ahead of it, and reads the queue again (one round trip). A key serves
+//! one claim while held: a share or permit queued behind another kind is
+//! an error naming both. Fencing tokens are the entries' create
+//! revisions, so they increase in arrival order; two shares that hold
+//! together may be granted in the other order.
+//!
 //! # Ttls
 //!
 //! etcd counts leases in whole seconds and raises a ttl below its minimum
@@ -77,8 +94,8 @@ use etcd_client::{Compare, CompareOp, KvClient, LeaseClient, Txn, TxnOp, WatchCl
 use tokio::sync::watch;
 
 use super::{
-    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
-    Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
+    ReleaseWatch, Reply, SafetyMargin, Store,
 };
 
 use crate::store::support::queue::Place;
@@ -86,6 +103,7 @@ use crate::store::support::queue::Place;
 mod acquire;
 mod builder;
 mod calls;
+mod claims;
 mod follow;
 mod held;
 mod keys;
@@ -121,6 +139,8 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
         // extends every lease. Left: clock rate and timer slack.
         .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
         .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
+        .with_shares()
+        .with_permits()
 }
 
 /// The etcd store. Cheap to clone; clones share the connection and the
@@ -172,6 +192,9 @@ impl Store for EtcdStore {
             // A waiter asks again with the entry it has.
             let mut known = self.inner.shared.queued().get(&request.token).cloned();
             known = known.filter(|e| e.queue == queue);
+            if request.claim != Claim::Exclusive {
+                return self.claim(request, queue, secs, known).await;
+            }
             let placed = |e: &Queued, place| e.secs == secs && e.place == place;
             let fresh = |e: &Queued| e.lease.fresh_at.elapsed() < request.ttl / 2;
             // Told by the waiter's watch: no round trip.
@@ -250,33 +273,44 @@ impl Store for EtcdStore {
         })
     }
 
+    /// Deletes every entry that holds the key (the first; with it, the
+    /// shares or permits that hold beside it), each only if it is the
+    /// entry that was read.
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let queue = self.queue_of(key);
-            let Some(holder) = self.first(&queue).await? else {
+            let holders = self.holders(&queue).await?;
+            if holders.is_empty() {
                 return Ok(false);
-            };
-            let created = holder.create_revision();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    holder.key(),
-                    CompareOp::Equal,
-                    created,
-                )])
-                .and_then([TxnOp::delete(holder.key(), None)]);
-            Ok(self.txn(&txn).await?.succeeded())
+            }
+            let mut deleted = false;
+            for holder in holders {
+                let created = holder.create_revision();
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        holder.key(),
+                        CompareOp::Equal,
+                        created,
+                    )])
+                    .and_then([TxnOp::delete(holder.key(), None)]);
+                deleted |= self.txn(&txn).await?.succeeded();
+            }
+            Ok(deleted)
         })
     }
 
     /// The first entry of the key's queue holds the holder's token, and its
-    /// create revision is the holder's fencing token; the remaining time is
-    /// what etcd says of its lease, in whole seconds rounded down.
+    /// create revision is the holder's fencing token (of several shares or
+    /// permits holding, the latest's); the remaining time is what etcd says
+    /// of its lease, in whole seconds rounded down.
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Box::pin(async move {
             let queue = self.queue_of(key);
-            let Some(holder) = self.first(&queue).await? else {
+            let holders = self.holders(&queue).await?;
+            let Some(holder) = holders.last() else {
                 return Ok(None);
             };
+            let claim = claims::claim_of(&queue, holder.key());
             let lease = holder.lease();
             let remaining = if lease == 0 {
                 None
@@ -294,7 +328,8 @@ impl Store for EtcdStore {
                 .ok()
                 .and_then(|value| value.parse().ok());
             let fencing = holder.create_revision().max(0).unsigned_abs();
-            Ok(Some(LeaseInfo::new(token, fencing, remaining)))
+            let info = LeaseInfo::new(token, fencing, remaining);
+            Ok(Some(info.with_holders(claim, holders.len())))
         })
     }
 }
