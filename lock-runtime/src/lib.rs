@@ -51,7 +51,7 @@
 //! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] | not yet: refused |
 //! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` | yes, one round trip per grant (a function); a waiting writer holds new readers off |
 //! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | yes, one round trip per grant; served in arrival order, a queued writer ahead of later readers |
-//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` | not yet: refused |
+//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` | yes, one request per grant alone in the queue; served in arrival order, a queued writer ahead of later readers |
 //!
 //! A store refuses a claim it does not serve (`permits` above 1, `access =
 //! "read"`) with [`LockError::InvalidOptions`] naming it, before anything

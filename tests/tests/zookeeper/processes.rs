@@ -47,7 +47,21 @@ process_scenarios!(
     skip_mode_skips_while_another_process_runs_the_job,
     fencing_tokens_strictly_increase_across_processes,
     a_waiter_in_another_process_is_woken_by_the_release,
+    a_semaphore_of_three_across_processes_is_reached_and_never_exceeded,
+    readers_overlap_and_a_writer_gets_in_within_a_bound,
 );
+
+/// A SIGKILLed permit holder's node goes when the server expires its 2 s
+/// session (its ttl is 1 s): the permit comes back within the session
+/// timeout and a few ticks, as a mutex's lock does.
+#[test]
+fn a_sigkilled_permit_holder_frees_its_permit_within_its_session_timeout() {
+    let servers = Servers::new(1);
+    servers
+        .processes(Duration::from_secs(2))
+        .expiry_slack(Duration::from_millis(1800))
+        .a_sigkilled_permit_holder_frees_its_permit_within_its_ttl();
+}
 
 #[test]
 fn another_process_holding_a_key_is_seen_and_can_be_freed() {

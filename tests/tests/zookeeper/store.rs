@@ -23,12 +23,6 @@ store_contract!(
     zookeeper_store,
     skip: [
         a_hand_over_moves_the_lease_to_a_new_token,
-        shares_hold_together_and_an_exclusive_claim_alone,
-        a_semaphore_admits_up_to_its_limit,
-        each_permit_expires_renews_and_fences_alone,
-        a_claim_of_another_kind_is_an_error_naming_both,
-        a_forced_release_frees_every_share,
-        a_waiting_exclusive_claim_stops_new_shares,
     ]
 );
 

@@ -179,7 +179,7 @@ impl EtcdStore {
             .iter()
             .map(|kv| super::claims::claim_of(queue, kv.key()))
             .collect();
-        entries.truncate(super::claims::holding(&claims));
+        entries.truncate(crate::store::support::claims::holding(&claims));
         Ok(entries)
     }
 

@@ -11,7 +11,7 @@ use super::calls::{lease_gone, owned};
 use super::keys::{entry_for, queue_end};
 use super::shared::Queued;
 use crate::error::BackendError;
-use crate::store::support::claims::mismatch;
+use crate::store::support::claims::{fits_behind, holding};
 use crate::store::support::queue::Place;
 use crate::store::{Acquire, AcquireRequest, Claim};
 
@@ -40,32 +40,6 @@ pub(super) fn claim_of(queue: &[u8], entry: &[u8]) -> Claim {
             .and_then(|limit| limit.parse().ok())
             .and_then(NonZeroU32::new)
             .map_or(Claim::Exclusive, Claim::permits),
-    }
-}
-
-/// How many entries at the front of a queue (the claims of its entries in
-/// creation order) hold the key: the first, and those after it that may
-/// hold with it (shares behind shares, permits up to the limit).
-pub(super) fn holding(claims: &[Claim]) -> usize {
-    let Some(&first) = claims.first() else {
-        return 0;
-    };
-    let joined = claims.iter().take_while(|&&claim| claim == first).count();
-    match first {
-        Claim::Exclusive => 1,
-        Claim::Shared => joined,
-        Claim::Permit { limit } => joined.min(limit.get() as usize),
-    }
-}
-
-/// Whether `asked` may queue behind `ahead` at all: shares behind writers
-/// and shares; permits behind writers and permits of the same limit.
-fn fits(ahead: Claim, asked: Claim) -> Result<(), String> {
-    match (ahead, asked) {
-        (Claim::Exclusive, _) => Ok(()),
-        (Claim::Shared, Claim::Shared) => Ok(()),
-        (Claim::Permit { limit: a }, Claim::Permit { limit: b }) if a == b => Ok(()),
-        (ahead, asked) => Err(mismatch(ahead, asked)),
     }
 }
 
@@ -149,7 +123,7 @@ impl EtcdStore {
         };
         let misfit = claims[..at]
             .iter()
-            .find_map(|&ahead| fits(ahead, request.claim).err());
+            .find_map(|&ahead| fits_behind(ahead, request.claim).err());
         if misfit.is_none() && at < holding(&claims) {
             self.inner.shared.queued().remove(&request.token);
             let lease = self.granted(ours, request.token, true, request.loss);
@@ -190,21 +164,5 @@ mod tests {
             entry.extend_from_slice(suffix(claim).as_bytes());
             assert_eq!(claim_of(&queue, &entry), claim);
         }
-    }
-
-    #[test]
-    fn the_front_of_a_queue_holds_as_its_claims_allow() {
-        let (x, s) = (Claim::Exclusive, Claim::Shared);
-        let two = Claim::permits(NonZeroU32::new(2).unwrap());
-        assert_eq!(holding(&[]), 0);
-        assert_eq!(holding(&[x, x]), 1);
-        assert_eq!(
-            holding(&[s, s, x, s]),
-            2,
-            "a writer waits, readers behind it too"
-        );
-        assert_eq!(holding(&[x, s, s]), 1);
-        assert_eq!(holding(&[two, two, two]), 2);
-        assert_eq!(holding(&[two, x, two]), 1);
     }
 }

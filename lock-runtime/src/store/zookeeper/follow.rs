@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::claims;
+use super::queue::sort;
 use super::shared::Shared;
-use crate::store::LockToken;
 use crate::store::support::queue::Place;
+use crate::store::{Claim, LockToken};
 
-/// Ends a watch: stops its task, and takes our waiting children (not the
-/// held ones) out of the key's queue.
+/// Ends a watch: stops its task, and takes our waiting exclusive children
+/// (not the held ones) out of the key's queue.
 pub(super) struct LeaveQueue {
     pub(super) shared: Weak<Shared>,
     pub(super) parent: String,
@@ -30,7 +32,12 @@ impl Drop for LeaveQueue {
                 .iter()
                 .filter_map(|(token, child)| {
                     let child = child.as_ref()?;
-                    (child.parent() == self.parent && !held.contains_key(child.path()))
+                    // Shares and permits of one process wait side by side,
+                    // each with a watch of its own: this one cannot tell
+                    // whose they are, and leaves them to their waiters'
+                    // abandon.
+                    let exclusive = claims::claim_of(child.name()) == Claim::Exclusive;
+                    (exclusive && child.parent() == self.parent && !held.contains_key(child.path()))
                         .then(|| (*token, child.path().to_owned()))
                 })
                 .collect()
@@ -51,8 +58,9 @@ impl Drop for LeaveQueue {
 }
 
 /// Reports the releases a waiter on `parent` cares about: the deletion of
-/// the child just before ours (or, with no child of ours, of the holder's),
-/// and keeps our child's [`Place`] up to date. `placed` is told once the
+/// the child just before ours (or, with no child of ours, of the holder's;
+/// for a share or permit of ours, any change of the queue), and keeps our
+/// child's [`Place`] up to date. `placed` is told once the
 /// first placement is made.
 pub(super) async fn follow(
     shared: Weak<Shared>,
@@ -94,6 +102,40 @@ pub(super) async fn follow(
         };
         let mine = queue.iter().position(|name| ours.contains(name));
         let name = mine.map(|at| &queue[at]);
+        if let Some(name) = name
+            && claims::claim_of(name) != Claim::Exclusive
+        {
+            // A share or permit may hold behind others: every change of
+            // the queue may let it in.
+            let client = store.client();
+            let watched = store.call(client.list_and_watch_children(&parent)).await;
+            drop(store);
+            let Ok((mut children, watcher)) = watched else {
+                place(&shared, Some(name), Place::Unknown);
+                placed.take().map(|placed| placed.send(()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            sort(&mut children);
+            let at = children.iter().position(|child| child == name);
+            let holds = at.is_some_and(|at| claims::holds(&children, at) == Ok(true));
+            let here = if holds { Place::Head } else { Place::Behind };
+            place(
+                &shared,
+                Some(name),
+                if at.is_some() { here } else { Place::Unknown },
+            );
+            placed.take().map(|placed| placed.send(()));
+            if holds || at.is_none() {
+                tx.send_replace(());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let _ = watcher.changed().await;
+            place(&shared, Some(name), Place::Unknown);
+            tx.send_replace(());
+            continue;
+        }
         let target = match mine {
             Some(0) => None,
             Some(at) => queue.get(at - 1).cloned(),

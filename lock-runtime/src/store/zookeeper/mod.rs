@@ -32,6 +32,22 @@
 //! - **Release** deletes our child; `hold_at_least` deletes it later (if
 //!   the session dies first, it goes with it). Deletions asked for while
 //!   one is in flight go together, as one transaction (a group commit).
+//!
+//! # Semaphores and read-write locks
+//!
+//! A read share or a permit is a child in the same queue whose name says
+//! what it claims (`<token>-s-<sequence>`, `<token>-p<limit>-<sequence>`).
+//! As in Curator's recipes, who holds follows from the sequence: the first
+//! child, and behind it the shares that follow a share, or the permits (up
+//! to the limit) that follow a permit. Alone in the queue a share or
+//! permit holds at once (the one request of a mutex); behind others, the
+//! queue is read. Waiters are served in arrival order, so a writer that
+//! queued stops every share that queued after it: readers cannot starve
+//! it. A waiting share or permit watches the queue's children (any change
+//! may let it in), where a mutex's waiter watches only the child ahead. A
+//! key serves one claim while held: a share or permit queued behind
+//! another kind is an error naming both. Fencing tokens are the children's
+//! czxids, increasing in arrival order.
 
 use std::fmt;
 use std::sync::Arc;
@@ -40,12 +56,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::support::claims::holding;
 use super::{
-    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
-    Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
+    ReleaseWatch, Reply, SafetyMargin, Store,
 };
 
 mod builder;
+mod claims;
 mod follow;
 mod keys;
 mod lease;
@@ -55,7 +73,6 @@ mod shared;
 
 pub use builder::ZooKeeperStoreBuilder;
 use follow::{LeaveQueue, follow};
-use lease::ZooKeeperLease;
 use shared::Shared;
 
 /// What the ZooKeeper store can do, given the session timeout granted.
@@ -70,6 +87,8 @@ fn capabilities(session_timeout: Duration) -> Capabilities {
         // from the client, which is after that.
         .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
         .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
+        .with_shares()
+        .with_permits()
 }
 
 /// The ZooKeeper store. Cheap to clone; clones share the session.
@@ -98,27 +117,22 @@ impl Store for ZooKeeperStore {
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let sent_at = Instant::now();
+            if request.claim != Claim::Exclusive {
+                return self.claim(request, sent_at).await;
+            }
             let shared = &self.shared;
             let parent = shared.parent(request.key);
-            let mut found = shared.enqueue(&parent, request.token).await?;
+            let claim = request.claim;
+            let mut found = shared.enqueue(&parent, request.token, claim).await?;
             if found.is_none() {
                 // Ours was gone: queue again.
-                found = shared.enqueue(&parent, request.token).await?;
+                found = shared.enqueue(&parent, request.token, claim).await?;
             }
             let Some((child, first)) = found else {
                 return Err("our lock node vanished twice in a row".into());
             };
             if first {
-                let fencing = u64::try_from(child.czxid).unwrap_or(0);
-                shared
-                    .held()
-                    .insert(child.path.clone(), request.loss.clone());
-                let lease =
-                    ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
-                return Ok(Acquire::Acquired {
-                    fencing,
-                    lease: Box::new(lease),
-                });
+                return Ok(self.granted(request, child, sent_at));
             }
             if !request.waits {
                 shared.withdraw(&parent, request.token).await?;
@@ -168,16 +182,20 @@ impl Store for ZooKeeperStore {
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
-            let queue = self.shared.queue(&parent).await?;
-            let Some(holder) = queue.first() else {
-                return Ok(false);
-            };
-            self.shared.delete(&format!("{parent}/{holder}")).await
+            let mut queue = self.shared.queue(&parent).await?;
+            let claims: Vec<Claim> = queue.iter().map(|name| claims::claim_of(name)).collect();
+            queue.truncate(holding(&claims));
+            let mut deleted = false;
+            for holder in queue {
+                deleted |= self.shared.delete(&format!("{parent}/{holder}")).await?;
+            }
+            Ok(deleted)
         })
     }
 
-    /// The head of the key's queue: its name starts with the holder's
-    /// token, its czxid is the fencing token. The remaining time is not
+    /// The head of the key's queue (of several shares or permits holding,
+    /// the latest): its name starts with the holder's token, its czxid is
+    /// the fencing token. The remaining time is not
     /// known outside the holder (the lock lasts while its session does and
     /// its holder renews it).
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
@@ -185,8 +203,10 @@ impl Store for ZooKeeperStore {
             let parent = self.shared.parent(key);
             // The head may leave between the listing and its stat: look again.
             for _ in 0..3 {
-                let queue = self.shared.queue(&parent).await?;
-                let Some(head) = queue.first() else {
+                let mut queue = self.shared.queue(&parent).await?;
+                let claims: Vec<Claim> = queue.iter().map(|name| claims::claim_of(name)).collect();
+                queue.truncate(holding(&claims));
+                let Some(head) = queue.last() else {
                     return Ok(None);
                 };
                 let path = format!("{parent}/{head}");
@@ -199,7 +219,8 @@ impl Store for ZooKeeperStore {
                         .split_once('-')
                         .and_then(|(token, _)| token.parse().ok());
                     let fencing = stat.czxid.max(0).unsigned_abs();
-                    return Ok(Some(LeaseInfo::new(token, fencing, None)));
+                    let info = LeaseInfo::new(token, fencing, None);
+                    return Ok(Some(info.with_holders(claims[0], queue.len())));
                 }
             }
             Err("ZooKeeper: the head of the lock's queue kept changing while it was read".into())

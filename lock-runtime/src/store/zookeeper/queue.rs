@@ -6,19 +6,22 @@ use std::time::Duration;
 
 use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
+use super::claims;
 use super::shared::deletions;
 use super::shared::{Child, Failed, Shared};
 use crate::error::BackendError;
-use crate::store::LockToken;
 use crate::store::support::queue::Place;
+use crate::store::{Claim, LockToken};
 
 impl Shared {
     /// Our child for `token` under `parent` and whether it heads the
-    /// queue; creates the child if we have none. `None` if ours was gone.
+    /// queue; creates the child, claiming `claim`, if we have none. `None`
+    /// if ours was gone.
     pub(super) async fn enqueue(
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
+        claim: Claim,
     ) -> Result<Option<(Child, bool)>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
@@ -43,7 +46,7 @@ impl Shared {
                 let prefix = format!("{token}-");
                 let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) else {
                     self.created().remove(&token);
-                    return Box::pin(self.enqueue(parent, token)).await;
+                    return Box::pin(self.enqueue(parent, token, claim)).await;
                 };
                 let path = format!("{parent}/{name}");
                 let Some(stat) = self.call(self.client().check_stat(&path)).await? else {
@@ -57,13 +60,13 @@ impl Shared {
             }
             None => {
                 self.created().insert(token, None);
-                let child = self.create(parent, token).await?;
+                let child = self.create(parent, token, claim).await?;
                 let created = match child {
                     Ok(pair) => pair,
                     Err(()) => {
                         // The key's node was missing: make it, once more.
                         self.make_parent(parent).await?;
-                        self.create(parent, token)
+                        self.create(parent, token, claim)
                             .await?
                             .map_err(|()| format!("the node `{parent}` vanished twice"))?
                     }
@@ -93,6 +96,7 @@ impl Shared {
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
+        claim: Claim,
     ) -> Result<Result<(Child, bool), ()>, BackendError> {
         let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         let hex = token.hex();
@@ -101,6 +105,7 @@ impl Shared {
         prefix.push('/');
         prefix.extend(hex.iter().map(|&digit| char::from(digit)));
         prefix.push('-');
+        prefix.push_str(&claims::tag(claim));
         let client = self.client();
         let mut multi = client.new_multi_writer();
         multi
