@@ -34,6 +34,11 @@
 //!   distinct-key work once at 64 tasks, so a JIT has compiled their
 //!   requests' paths before anything is measured.
 //!
+//! - rows 21-24: semaphores (4 permits) and read-write locks (90 % reads)
+//!   on Redis and PostgreSQL, 16 tasks on one key, beside each store's
+//!   floor and distributed-lock's semaphore and read-write locks (see
+//!   `claims.rs`).
+//!
 //! Every critical section does the same small fixed work (about 2 µs of
 //! arithmetic).
 
@@ -50,6 +55,7 @@ use redis::aio::MultiplexedConnection;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+mod claims;
 mod contenders;
 mod floors;
 mod measure;
@@ -59,6 +65,7 @@ mod stores;
 mod system;
 mod wake;
 
+use claims::*;
 use contenders::*;
 use floors::*;
 use measure::*;
@@ -178,7 +185,7 @@ async fn main() -> Result<(), Error> {
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {
-        // `--store postgres|etcd|zookeeper [--quick]`: that store's four
+        // `--store postgres|etcd|zookeeper|claims [--quick]`: that store's
         // rows alone, printed, not written.
         return one_store(args.get(1).map_or("", String::as_str), quick).await;
     }
@@ -332,6 +339,12 @@ async fn main() -> Result<(), Error> {
     let postgres = lock_tests::PostgresServer::new();
     let (rows, pg_rtt) = store_rows(&POSTGRES, &postgres.url(), quick).await?;
     rows.into_iter().for_each(&mut push);
+    // Semaphores and read-write locks on Redis and PostgreSQL.
+    let claims = [
+        claim_rows("Redis", &url, 21, quick).await?,
+        claim_rows("PostgreSQL", &postgres.url(), 23, quick).await?,
+    ];
+    claims.into_iter().flatten().for_each(&mut push);
     store_round_trips.push(format!("PostgreSQL: `SELECT 1` p50 {}", fmt_d(pg_rtt)));
     drop(postgres);
     let etcd = lock_tests::EtcdCluster::single();

@@ -216,8 +216,21 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
             let ensemble = lock_tests::ZooKeeperEnsemble::single_deployed();
             store_rows(&ZOOKEEPER, &ensemble.connect_string(), quick).await?
         }
+        "claims" => {
+            // Rows 21-24: semaphores and read-write locks.
+            let (redis, postgres) = (RedisServer::new(), lock_tests::PostgresServer::new());
+            let mut rows = claim_rows("Redis", &redis.url(), 21, quick).await?;
+            rows.extend(claim_rows("PostgreSQL", &postgres.url(), 23, quick).await?);
+            for m in &rows {
+                println!("{}", row_line(m));
+            }
+            return Ok(());
+        }
         other => {
-            return Err(format!("--store takes postgres, etcd or zookeeper, not `{other}`").into());
+            return Err(format!(
+                "--store takes postgres, etcd, zookeeper or claims, not `{other}`"
+            )
+            .into());
         }
     };
     println!("round trip p50 {}", fmt_d(round_trip));

@@ -312,3 +312,42 @@ async fn fencing_survives_a_failover_to_a_replica_that_missed_the_last_grants() 
         "fencing went backwards after the failover: {tokens:?}"
     );
 }
+
+/// Semaphores and read locks work through a Sentinel group as on one
+/// server: a semaphore of 2 admits two and refuses a third, read locks
+/// overlap, and a writer waits for them.
+#[tokio::test]
+async fn semaphores_and_read_locks_work_through_sentinel() {
+    let group = RedisSentinels::spawn();
+    let (a, b) = (
+        LockRegistry::redis(&group.url()).await.unwrap(),
+        LockRegistry::redis(&group.url()).await.unwrap(),
+    );
+    let key = unique_key("claims");
+    let two = LockOptions::default().permits(2);
+    let first = a.lock(&key, two.clone()).await.unwrap();
+    let second = b.lock(&key, two.clone()).await.unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(a.try_lock(&key, two.clone()).await.unwrap().is_none());
+    let info = b.inspect(&key).await.unwrap().expect("held");
+    assert_eq!((info.permits, info.holders), (Some(2), 2), "{info:?}");
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+
+    let rw = unique_key("rw");
+    let read = LockOptions::default().access(lock_runtime::Access::Read);
+    let readers = (
+        a.lock(&rw, read.clone()).await.unwrap(),
+        b.lock(&rw, read.clone()).await.unwrap(),
+    );
+    assert!(
+        a.try_lock(&rw, LockOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    readers.0.release().await.unwrap();
+    readers.1.release().await.unwrap();
+    let writer = b.lock(&rw, LockOptions::default()).await.unwrap();
+    writer.release().await.unwrap();
+}

@@ -259,3 +259,36 @@ async fn the_builder_refuses_timings_that_cannot_work() {
         assert!(!shown.contains("pw1"), "{shown}");
     }
 }
+
+/// Redlock serves neither semaphores nor read locks: the first call is
+/// refused at once, naming the store and the claim, and nothing is sent or
+/// kept.
+#[tokio::test]
+async fn semaphores_and_read_locks_are_refused_at_the_first_call() {
+    let servers = RedisServers::spawn(3);
+    let locks = registry(&servers).await;
+    let key = unique_key("claims");
+    for (opts, what) in [
+        (LockOptions::default().permits(3), "semaphores"),
+        (
+            LockOptions::default().access(lock_runtime::Access::Read),
+            "shared (read) locks",
+        ),
+    ] {
+        let err = locks.lock(&key, opts).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains("redlock store does not serve") && shown.contains(what),
+            "{shown}"
+        );
+    }
+    assert_eq!(locks.local_keys(), 0);
+    for server in 0..servers.len() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut servers.get(server).connection())
+            .unwrap();
+        assert!(keys.is_empty(), "node {server} holds {keys:?}");
+    }
+}
