@@ -5,8 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, LeaseClient, SortOrder, SortTarget, Txn,
-    TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, LeaseClient, Txn, TxnOpResponse, TxnResponse,
 };
 use tokio::time::Instant;
 
@@ -166,21 +165,6 @@ impl EtcdStore {
             .filter(|kv| kv.value() == value.as_bytes())
             .map(|kv| kv.key().to_vec())
             .collect())
-    }
-
-    /// The entries of `queue` that hold its key, in creation order: the
-    /// first, and the shares or permits that hold beside it.
-    pub(super) async fn holders(&self, queue: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
-        let options = GetOptions::new()
-            .with_range(queue_end(queue))
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let mut entries = self.get(queue, options).await?.kvs().to_vec();
-        let claims: Vec<_> = entries
-            .iter()
-            .map(|kv| super::claims::claim_of(queue, kv.key()))
-            .collect();
-        entries.truncate(crate::store::support::claims::holding(&claims));
-        Ok(entries)
     }
 
     /// Reads from `key` with `options` (see [`timed`](Self::timed)).

@@ -4,7 +4,9 @@
 
 use std::num::NonZeroU32;
 
-use etcd_client::{GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
 
 use super::EtcdStore;
 use super::calls::{lease_gone, owned};
@@ -44,6 +46,18 @@ pub(super) fn claim_of(queue: &[u8], entry: &[u8]) -> Claim {
 }
 
 impl EtcdStore {
+    /// The entries of `queue` that hold its key, in creation order: the
+    /// first, and the shares or permits that hold beside it.
+    pub(super) async fn holders(&self, queue: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        let options = GetOptions::new()
+            .with_range(queue_end(queue))
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut entries = self.get(queue, options).await?.kvs().to_vec();
+        let claims: Vec<_> = entries.iter().map(|kv| claim_of(queue, kv.key())).collect();
+        entries.truncate(holding(&claims));
+        Ok(entries)
+    }
+
     /// An attempt at a share or permit: our entry queued (or the one a
     /// waiter has) and the queue read in one transaction; held if the
     /// entries ahead allow it. In skip mode a refused entry is deleted
