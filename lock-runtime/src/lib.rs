@@ -47,7 +47,7 @@
 //! | store | constructor | feature | promises | semaphores, read-write locks |
 //! |---|---|---|---|---|
 //! | this process | [`LockRegistry::memory`] | | tests, one instance | yes; a waiting writer holds new readers off |
-//! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), each over TLS (`rediss...`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] | yes, one round trip per grant; a waiting writer holds new readers off; not in fair mode |
+//! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), each over TLS (`rediss...`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] | yes, one round trip per grant; a waiting writer holds new readers off; in fair mode, everyone in arrival order |
 //! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] | no: refused at the first call (`InvalidOptions`); a permit kept on a majority of independent masters is not built |
 //! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` | yes, one round trip per grant (a function); a waiting writer holds new readers off |
 //! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | yes, one round trip per grant; served in arrival order, a queued writer ahead of later readers |

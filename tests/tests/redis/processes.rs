@@ -106,7 +106,8 @@ fn fair() -> (RedisServer, Processes) {
 }
 
 /// Every store's scenarios, in fair mode: exclusion, skip, expiry and
-/// fencing hold with the queue as they do without it.
+/// fencing hold with the queue as they do without it, for semaphores and
+/// read-write locks too.
 mod fair_mode {
     use super::*;
 
@@ -118,6 +119,9 @@ mod fair_mode {
         a_sigkilled_holder_blocks_others_for_at_most_its_ttl,
         fencing_tokens_strictly_increase_across_processes,
         a_waiter_in_another_process_is_woken_by_the_release,
+        a_semaphore_of_three_across_processes_is_reached_and_never_exceeded,
+        a_sigkilled_permit_holder_frees_its_permit_within_its_ttl,
+        readers_overlap_and_a_writer_gets_in_within_a_bound,
     );
 }
 

@@ -758,12 +758,6 @@ store_contract!(
     redis_fair_store,
     skip: [
         a_forced_release_is_pushed_to_the_holder,
-        shares_hold_together_and_an_exclusive_claim_alone,
-        a_semaphore_admits_up_to_its_limit,
-        each_permit_expires_renews_and_fences_alone,
-        a_claim_of_another_kind_is_an_error_naming_both,
-        a_forced_release_frees_every_share,
-        a_waiting_exclusive_claim_stops_new_shares,
     ]
 );
 
@@ -922,32 +916,73 @@ async fn fair_mode_serves_another_process_waiter_before_the_holder_own_next_task
     assert_eq!(served, ["other process", "same process"]);
 }
 
-/// Fair mode's queue serves exclusive claims only: semaphores and read
-/// locks are refused before anything is sent, naming the store.
+/// Fair mode serves shares and permits in arrival order with everyone
+/// else: a reader that comes after a queued writer queues behind it, even
+/// while readers hold; a release grants the writer, then the reader; a
+/// freed permit goes to the first queued waiter, and a skip-mode attempt
+/// never jumps the queue.
 #[tokio::test]
-async fn fair_mode_refuses_semaphores_and_read_locks() {
+async fn fair_mode_serves_shares_and_permits_in_arrival_order() {
+    use lock_runtime::store::{
+        Acquire, AcquireRequest, Claim, Lease, LockToken, LossSignal, Store,
+    };
     let server = RedisServer::new();
-    let store = RedisStore::builder(&server.url())
-        .fair(Duration::from_millis(500))
-        .connect()
-        .await
-        .unwrap();
-    let locks = LockRegistry::new(store);
-    let key = unique_key("claims");
-    for (opts, what) in [
-        (LockOptions::default().permits(3), "semaphores"),
-        (
-            LockOptions::default().access(lock_runtime::Access::Read),
-            "shared (read) locks",
-        ),
-    ] {
-        let err = locks.lock(&key, opts).await.unwrap_err();
-        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
-        let shown = err.to_string();
-        assert!(
-            shown.contains("redis store does not serve") && shown.contains(what),
-            "{shown}"
-        );
+    let store = fair_backend(&server, 500).await;
+    let loss = LossSignal::new();
+    let ttl = Duration::from_secs(10);
+    let attempt = async |key: &str, token: LockToken, claim: Claim, waits: bool| {
+        let request = AcquireRequest::new(key, token, ttl, &loss)
+            .claiming(claim)
+            .waiting(waits);
+        store.acquire(request).await.unwrap()
+    };
+    let granted = |answer: Acquire| -> Box<dyn Lease> {
+        match answer {
+            Acquire::Acquired { lease, .. } => lease,
+            other => panic!("expected the lease, got {other:?}"),
+        }
+    };
+    let refused = |answer: Acquire| assert!(matches!(answer, Acquire::Held { .. }), "{answer:?}");
+    let hex = |token: LockToken| token.to_string();
+
+    let key = unique_key("fair-rw");
+    let (first, writer, late) = (
+        LockToken::random(),
+        LockToken::random(),
+        LockToken::random(),
+    );
+    let mut reader = granted(attempt(&key, first, Claim::Shared, false).await);
+    refused(attempt(&key, writer, Claim::Exclusive, true).await);
+    refused(attempt(&key, late, Claim::Shared, true).await);
+    assert_eq!(fair_queue(&server, &key), [hex(writer), hex(late)]);
+    refused(attempt(&key, LockToken::random(), Claim::Shared, false).await);
+    assert!(reader.release(Duration::ZERO).await.unwrap());
+    let mut write = granted(attempt(&key, writer, Claim::Exclusive, true).await);
+    refused(attempt(&key, late, Claim::Shared, true).await);
+    assert!(write.release(Duration::ZERO).await.unwrap());
+    let mut read = granted(attempt(&key, late, Claim::Shared, true).await);
+    assert!(read.release(Duration::ZERO).await.unwrap());
+    assert!(fair_queue(&server, &key).is_empty());
+
+    let key = unique_key("fair-permits");
+    let two = Claim::permits(std::num::NonZeroU32::new(2).unwrap());
+    let mut held: Vec<Box<dyn Lease>> = Vec::new();
+    for _ in 0..2 {
+        held.push(granted(
+            attempt(&key, LockToken::random(), two, false).await,
+        ));
     }
-    assert_eq!(locks.local_keys(), 0);
+    let (third, fourth) = (LockToken::random(), LockToken::random());
+    refused(attempt(&key, third, two, true).await);
+    refused(attempt(&key, fourth, two, true).await);
+    assert!(held[0].release(Duration::ZERO).await.unwrap());
+    refused(attempt(&key, LockToken::random(), two, false).await);
+    refused(attempt(&key, fourth, two, true).await);
+    held[0] = granted(attempt(&key, third, two, true).await);
+    assert_eq!(fair_queue(&server, &key), [hex(fourth)]);
+    assert!(held[1].release(Duration::ZERO).await.unwrap());
+    held[1] = granted(attempt(&key, fourth, two, true).await);
+    for lease in &mut held {
+        assert!(lease.release(Duration::ZERO).await.unwrap());
+    }
 }

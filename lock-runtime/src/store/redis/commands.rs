@@ -91,24 +91,32 @@ where
     }
 
     /// A call of `script` with the lock's keys: the lock and its counter,
-    /// and in fair mode its queue and the queue's deadlines.
+    /// and in fair mode its queue, the queue's deadlines, and the kind and
+    /// fencing tokens of shares or permits (which a release may grant).
     pub(super) fn with_keys<'s>(&self, script: &'s Script, lock: &[u8]) -> Call<'s> {
         let counter = suffixed(lock, b":fence");
         if self.fair.is_none() {
             return Call::new(script, &[lock, &counter]);
         }
-        let queue = suffixed(lock, b":queue");
-        let waiters = suffixed(lock, b":waiters");
-        Call::new(script, &[lock, &counter, &queue, &waiters])
+        let keys = [":queue", ":waiters", ":kind", ":tokens"].map(|s| suffixed(lock, s.as_bytes()));
+        Call::new(
+            script,
+            &[lock, &counter, &keys[0], &keys[1], &keys[2], &keys[3]],
+        )
     }
 
+    /// One exclusive attempt: the fencing token when granted; otherwise
+    /// how long the holder has left, and whether this waiting writer
+    /// marked the key against new shares (it passes `marked` on its next
+    /// attempts, and clears the mark once granted).
     pub(super) async fn acquire(
         &self,
         lock: &[u8],
         token: LockToken,
         ttl: Duration,
         waits: bool,
-    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+        marked: bool,
+    ) -> Result<Result<u64, (Option<Duration>, bool)>, BackendError> {
         let call = match self.fair {
             None => Call::new(
                 &scripts::ACQUIRE,
@@ -121,19 +129,24 @@ where
             .arg(&token.hex()[..])
             .arg(millis(ttl))
             .arg(self.fencing.counter_life(ttl))
-            .arg(u8::from(waits)),
+            .arg(u8::from(waits) + u8::from(waits && marked)),
             Some(grant_timeout) => self
                 .fenced(&scripts::FAIR_ACQUIRE, lock, token, ttl)
                 .arg(u8::from(waits))
                 .arg(millis(grant_timeout)),
         };
-        let (acquired, value): (i64, ::redis::Value) =
+        let answer: Vec<::redis::Value> =
             invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
-        let value = integer(&value)?;
+        let (acquired, value, marks) = match &answer[..] {
+            [acquired, value] => (integer(acquired)?, integer(value)?, false),
+            [acquired, value, _] => (integer(acquired)?, integer(value)?, true),
+            _ => return Err(format!("the acquire script answered {answer:?}").into()),
+        };
         if acquired != 1 {
             // -1: no expiry (set by hand); -3 (fair mode): the key is free,
             // but it is another waiter's turn.
-            return Ok(Err(u64::try_from(value).ok().map(Duration::from_millis)));
+            let remaining = u64::try_from(value).ok().map(Duration::from_millis);
+            return Ok(Err((remaining, marks)));
         }
         self.replicated().await?;
         Ok(Ok(u64::try_from(value).unwrap_or(0)))
@@ -149,22 +162,30 @@ where
         token: LockToken,
         ttl: Duration,
         claim: Claim,
+        waits: bool,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
         let asked = claim_name(claim);
-        let call = Call::new(
-            &scripts::SHARE_ACQUIRE,
-            &[
-                lock,
-                &suffixed(lock, b":fence"),
-                &suffixed(lock, b":kind"),
-                &suffixed(lock, b":tokens"),
-                &suffixed(lock, b":writer"),
-            ],
-        )
-        .arg(&token.hex()[..])
-        .arg(millis(ttl))
-        .arg(self.fencing.counter_life(ttl))
-        .arg(&asked[..]);
+        let call = match self.fair {
+            None => Call::new(
+                &scripts::SHARE_ACQUIRE,
+                &[
+                    lock,
+                    &suffixed(lock, b":fence"),
+                    &suffixed(lock, b":kind"),
+                    &suffixed(lock, b":tokens"),
+                    &suffixed(lock, b":writer"),
+                ],
+            )
+            .arg(&token.hex()[..])
+            .arg(millis(ttl))
+            .arg(self.fencing.counter_life(ttl))
+            .arg(&asked[..]),
+            Some(grant_timeout) => self
+                .fenced(&scripts::FAIR_SHARE_ACQUIRE, lock, token, ttl)
+                .arg(u8::from(waits))
+                .arg(millis(grant_timeout))
+                .arg(&asked[..]),
+        };
         let (answer, value): (i64, ::redis::Value) =
             invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
         match answer {

@@ -32,8 +32,9 @@
 //! shares hold the key and that waits marks the key (`:writer`, kept while
 //! it keeps asking): new shares are refused until it is served, so readers
 //! cannot starve it; on a free key the mark is cut to 50 ms. A key serves
-//! one claim while held: another is an error naming both. Fair mode serves
-//! exclusive claims only.
+//! one claim while held: another is an error naming both. In fair mode
+//! shares and permits queue with everyone else (see below) and no mark is
+//! needed.
 //!
 //! # Fair mode
 //!
@@ -64,6 +65,14 @@
 //!   only while nobody waits in the store's queue; otherwise the hand-over
 //!   script releases the key to the queue's head instead, and that task
 //!   queues in the store behind the other processes' waiters.
+//! - Shares and permits queue too, each entry saying what it claims. A
+//!   share or permit is granted at once only when the key has room and
+//!   nobody live is queued ahead; a release grants what it freed to the
+//!   head of the queue: the whole key to a writer, or to the run of
+//!   readers (or permits, up to the limit) at the head, each for the grant
+//!   timeout and with its own fencing token and message. So readers queued
+//!   behind a writer wait for it, and a writer behind readers gets the key
+//!   when they are done: nobody is starved.
 //!
 //! It costs two more keys per contended lock (`:queue`, `:waiters`, which
 //! expire three grant timeouts after the last waiter's attempt).
@@ -163,6 +172,7 @@ mod commands;
 mod connection;
 mod keys;
 mod lease;
+mod marks;
 mod scripts;
 mod subscriber;
 mod urls;
@@ -184,6 +194,7 @@ use connection::Source;
 pub(crate) use connection::TlsSettings;
 use keys::{lock_name, suffixed};
 use lease::RedisLease;
+use marks::WriterMarks;
 use subscriber::Subscriber;
 
 use super::{
@@ -222,6 +233,7 @@ pub struct RedisStore<C = RedisConnection> {
     subscriber: Arc<Subscriber>,
     shown_url: String,
     capabilities: Capabilities,
+    marks: Arc<WriterMarks>,
 }
 
 impl<C> RedisStore<C>
@@ -271,16 +283,18 @@ where
             .with_fencing(commands.fencing.promise());
         // A queued waiter asks again within a third of the grant timeout,
         // to keep its place with room to spare.
-        // Fair mode's queue serves exclusive claims only.
         let capabilities = match commands.fair {
             Some(grant_timeout) => capabilities.with_waiter_queue(grant_timeout / 3),
-            None => capabilities.with_shares().with_permits(),
-        };
+            None => capabilities,
+        }
+        .with_shares()
+        .with_permits();
         RedisStore {
             commands,
             subscriber,
             shown_url,
             capabilities,
+            marks: Arc::default(),
         }
     }
 }
@@ -297,9 +311,11 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
-        self.commands
-            .acquire(&lock_name(key), token, ttl, false)
-            .await
+        let answer = self
+            .commands
+            .acquire(&lock_name(key), token, ttl, false, false)
+            .await?;
+        Ok(answer.map_err(|(remaining, _)| remaining))
     }
 
     /// Renews `token`'s lease on `key` to `ttl`.
@@ -350,15 +366,32 @@ where
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
             let lock = lock_name(request.key);
+            let token = request.token;
             let answer = match request.claim {
                 Claim::Exclusive => {
-                    self.commands
-                        .acquire(&lock, request.token, request.ttl, request.waits)
-                        .await?
+                    let marked = request.waits && self.marks.contains(token);
+                    let answer = self
+                        .commands
+                        .acquire(&lock, token, request.ttl, request.waits, marked)
+                        .await?;
+                    match answer {
+                        Ok(fencing) => {
+                            if marked {
+                                self.marks.remove(token);
+                            }
+                            Ok(fencing)
+                        }
+                        Err((remaining, marks)) => {
+                            if marks {
+                                self.marks.insert(token);
+                            }
+                            Err(remaining)
+                        }
+                    }
                 }
                 claim => {
                     self.commands
-                        .share_acquire(&lock, request.token, request.ttl, claim)
+                        .share_acquire(&lock, request.token, request.ttl, claim, request.waits)
                         .await?
                 }
             };
@@ -378,6 +411,8 @@ where
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
+        // A writer giving up takes its mark off the key (release.lua).
+        self.marks.remove(token);
         Box::pin(self.release_token(key, token, Duration::ZERO))
     }
 

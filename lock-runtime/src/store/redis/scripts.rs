@@ -23,6 +23,8 @@ pub(super) static INSPECT: Lazy<Script> = script!("inspect.lua");
 pub(super) static RAISE: Lazy<Script> = script!("raise.lua");
 pub(super) static FAIR_ACQUIRE: Lazy<Script> =
     script!("fence.lua", "queue.lua", "fair_acquire.lua");
+pub(super) static FAIR_SHARE_ACQUIRE: Lazy<Script> =
+    script!("fence.lua", "queue.lua", "fair_share_acquire.lua");
 pub(super) static FAIR_RELEASE: Lazy<Script> =
     script!("fence.lua", "queue.lua", "fair_release.lua");
 pub(super) static FAIR_HAND_OVER: Lazy<Script> =

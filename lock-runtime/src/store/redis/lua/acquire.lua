@@ -1,15 +1,14 @@
 -- KEYS: lock, counter, writer. ARGV: token, ttl ms, the counter's life in
--- ms (0: no fencing), '1' when the caller waits. Returns {1, fencing}
--- when acquired (the token as a string of digits), {0, pttl} when held.
--- Run again by the same token (a retry after a dropped reply), it answers
--- as the first run did. Held by shares (a sorted set), a caller that
--- waits marks the key so that no new share joins while it waits, and
--- clears the mark once granted; the share script shortens a mark it finds
+-- ms (0: no fencing), '1' when the caller waits ('2' when it waits and
+-- marked the key before). Returns {1, fencing} when acquired (the token as
+-- a string of digits), {0, pttl} when held. Run again by the same token (a
+-- retry after a dropped reply), it answers as the first run did. Held by
+-- shares (a sorted set), a caller that waits marks the key so that no new
+-- share joins while it waits, and says so ({0, pttl, 1}); granted, a caller
+-- that marked clears its mark. The share script shortens a mark it finds
 -- on a free key (see there).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- A writer that marked the key while waiting is served: shares may
-  -- queue up again behind it.
-  if ARGV[4] == '1' then redis.call('DEL', KEYS[3]) end
+  if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) end
   if ARGV[3] == '0' then return {1, 0} end
   return {1, fence(KEYS[2], ARGV[3])}
 end
@@ -19,8 +18,9 @@ if held == ARGV[1] then
   return {1, redis.call('GET', KEYS[2]) or 0}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-if type(held) == 'table' and ARGV[4] == '1' then
+if type(held) == 'table' and ARGV[4] ~= '0' then
   -- Kept while the writer keeps asking: it asks again within 5 s.
   redis.call('SET', KEYS[3], ARGV[1], 'PX', 6000)
+  return {0, pttl, 1}
 end
 return {0, pttl}

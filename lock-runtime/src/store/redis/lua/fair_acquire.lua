@@ -1,12 +1,13 @@
--- Fair mode. KEYS: lock, counter, queue, waiters. ARGV: token, ttl ms,
--- the counter's life in ms (0: no fencing), 1 if the caller waits, the
--- grant timeout in ms. Returns {1, fencing} when acquired: the key was free
--- and nobody live queued ahead, or a release granted it to this token
--- (then this claims it for the full ttl). Otherwise {0, pttl}, or {0, -3}
--- when the key is free but it is another waiter's turn; a caller that
--- waits is queued (or keeps its place), its deadline moved to a grant
--- timeout from now. Idempotent, as acquire.lua is.
-local holder = redis.call('GET', KEYS[1])
+-- Fair mode. KEYS: lock, counter, queue, waiters (kind, tokens). ARGV:
+-- token, ttl ms, the counter's life in ms (0: no fencing), 1 if the
+-- caller waits, the grant timeout in ms. Returns {1, fencing} when
+-- acquired: the key was free and nobody live queued ahead, or a release
+-- granted it to this token (then this claims it for the full ttl).
+-- Otherwise {0, pttl}, or {0, -3} when the key is free but it is another
+-- waiter's turn; a caller that waits is queued (or keeps its place), its
+-- deadline moved to a grant timeout from now. Idempotent, as acquire.lua
+-- is. Held by shares or permits (a sorted set), the key is held.
+local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}

@@ -1,8 +1,11 @@
 -- Fair mode's queue of waiters. The queue is a list of tokens in arrival
--- order; a hash gives each queued token "deadline life" (its deadline in
--- server ms, and its fencing counter's life). `head` drops waiters whose
--- deadline passed on its way to the first live one; `grant` gives the lock
--- to that waiter for `timeout` ms (KEYS: lock, counter, queue, waiters).
+-- order; a hash gives each queued token "deadline life [claim]" (its
+-- deadline in server ms, its fencing counter's life, and for a share or a
+-- permit its claim: 'shared' or the semaphore's limit). `head` drops
+-- waiters whose deadline passed on its way to the first live one; `grant`
+-- gives the lock to that waiter for `timeout` ms, and `grant_heads` gives
+-- what a release freed to the waiters at the head (KEYS: lock, counter,
+-- queue, waiters, kind, tokens).
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -15,8 +18,8 @@ local function head(queue, waiters)
     now = now or now_ms()
     local entry = redis.call('HGET', waiters, first)
     if entry then
-      local deadline, life = string.match(entry, '^(%d+) (%d+)$')
-      if deadline and tonumber(deadline) >= now then return first, life end
+      local deadline, life, claim = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
+      if deadline and tonumber(deadline) >= now then return first, life, claim end
       redis.call('HDEL', waiters, first)
     end
     redis.call('LPOP', queue)
@@ -28,4 +31,45 @@ local function grant(first, life, timeout, channel)
   redis.call('SET', KEYS[1], first, 'PX', timeout)
   if life ~= '0' then fence(KEYS[2], life) end
   redis.call('PUBLISH', channel, first)
+end
+-- After a release: the free key to an exclusive waiter at the head, or
+-- the run of waiters of one share claim at the head (up to a semaphore's
+-- limit) added to the key's holders. Each granted token holds for
+-- `timeout` ms and gets the channel's message; its next attempt claims
+-- the full ttl. Returns whether anyone was granted.
+local function grant_heads(timeout, channel)
+  local first, life, claim = head(KEYS[3], KEYS[4])
+  if not first then return false end
+  local held = redis.call('TYPE', KEYS[1]).ok
+  if claim == '' then
+    if held ~= 'none' then return false end
+    grant(first, life, timeout, channel)
+    return true
+  end
+  if held ~= 'none' and held ~= 'zset' then return false end
+  local now = now_ms()
+  local limit = tonumber(claim)
+  local granted = false
+  while first do
+    if limit and redis.call('ZCARD', KEYS[1]) >= limit then break end
+    redis.call('LPOP', KEYS[3])
+    redis.call('HDEL', KEYS[4], first)
+    local fencing = '0'
+    if life ~= '0' then fencing = fence(KEYS[2], life) end
+    redis.call('ZADD', KEYS[1], now + tonumber(timeout), first)
+    redis.call('HSET', KEYS[6], first, fencing)
+    redis.call('PUBLISH', channel, first)
+    granted = true
+    local next_claim
+    first, life, next_claim = head(KEYS[3], KEYS[4])
+    if next_claim ~= claim then break end
+  end
+  if granted then
+    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+    local left = tonumber(last[2]) - now
+    redis.call('PEXPIRE', KEYS[1], left)
+    redis.call('SET', KEYS[5], claim, 'PX', left)
+    redis.call('PEXPIRE', KEYS[6], left)
+  end
+  return granted
 end
