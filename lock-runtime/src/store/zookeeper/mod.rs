@@ -47,7 +47,8 @@
 //! may let it in), where a mutex's waiter watches only the child ahead. A
 //! key serves one claim while held: a share or permit queued behind
 //! another kind is an error naming both. Fencing tokens are the children's
-//! czxids, increasing in arrival order.
+//! czxids, increasing in arrival order; two shares or permits that hold
+//! together may be granted in the other order.
 
 use std::fmt;
 use std::sync::Arc;
