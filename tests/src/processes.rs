@@ -278,7 +278,9 @@ impl Processes {
 
     /// 3 processes x 2 tasks read continuously (20 ms sections) and
     /// overlap; a writer from a fourth process gets the key within a bound
-    /// (the readers inside finish, no new one starts), alone.
+    /// (the readers inside finish, no new one starts), alone, with a
+    /// fencing token above every earlier reader's and below every later
+    /// one's.
     pub fn readers_overlap_and_a_writer_gets_in_within_a_bound(&self) {
         let key = unique_key("rw");
         let readers: Vec<_> = (0..3)
@@ -317,6 +319,20 @@ impl Processes {
         assert!(most >= 2, "the readers never overlapped: {most}");
         // Readers inside finish their 20 ms sections; none starts meanwhile.
         assert!(waited < 1000, "the writer waited {waited} ms");
+        // Fencing: every reader that entered before the writer holds a
+        // smaller token than the writer's, every one after a larger one.
+        let tokens: Vec<String> = conn.lrange(format!("rw:{key}:tokens"), 0, -1).unwrap();
+        let parse = |entry: &str| entry[1..].parse::<u64>().expect("a token");
+        let at = tokens
+            .iter()
+            .position(|entry| entry.starts_with('w'))
+            .expect("the writer's entry");
+        let written = parse(&tokens[at]);
+        assert!(
+            tokens[..at].iter().all(|entry| parse(entry) < written)
+                && tokens[at + 1..].iter().all(|entry| parse(entry) > written),
+            "fencing tokens around the writer's {written}: {tokens:?}"
+        );
     }
 
     /// A holder of a 1 s lease (renewed every 333 ms) for a 5 s body;

@@ -135,6 +135,10 @@ async fn hold_permit(key: &str, duration: Duration) {
 /// saw, and any writer found inside.
 #[distributed_lock(key = "{key}", access = "read", ttl = "10s")]
 async fn read_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let token = fencing_token().unwrap_or(0);
+    let _: i64 = conn
+        .rpush(format!("rw:{key}:tokens"), format!("r{token}"))
+        .await?;
     let readers: i64 = conn.incr(format!("rw:{key}:readers"), 1).await?;
     let writers: i64 = conn.get(format!("rw:{key}:writers")).await.unwrap_or(0);
     let _: i64 = conn.rpush(format!("rw:{key}:seen"), readers).await?;
@@ -150,6 +154,10 @@ async fn read_section(conn: &mut MultiplexedConnection, key: &str) -> redis::Red
 /// found inside (there must be none) and when.
 #[distributed_lock(key = "{key}", access = "write", ttl = "10s")]
 async fn write_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let token = fencing_token().unwrap_or(0);
+    let _: i64 = conn
+        .rpush(format!("rw:{key}:tokens"), format!("w{token}"))
+        .await?;
     let _: i64 = conn.incr(format!("rw:{key}:writers"), 1).await?;
     let readers: i64 = conn.get(format!("rw:{key}:readers")).await.unwrap_or(0);
     println!("wrote readers={readers} at_ms={}", now_ms());
