@@ -211,6 +211,12 @@ pub(crate) async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
             )
             .build()?,
         ),
+        "lock-runtime-unfenced" => Lib::Ours(LockRegistry::new(
+            lock_runtime::RedisStore::builder(url)
+                .fencing(lock_runtime::store::redis::Fencing::Off)
+                .connect()
+                .await?,
+        )),
         "raw" => Lib::Raw(Arc::new(
             lock_runtime::RedisStore::builder(url).connect().await?,
         )),

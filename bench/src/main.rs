@@ -15,7 +15,9 @@
 //! - `floor`: `SET key token NX PX ttl`, retried at once while held, then an
 //!   owner-checked delete script, on one multiplexed connection;
 //! - `lock-runtime`: `LockRegistry::lock` + `LockGuard::release` (and the
-//!   attribute in scenario 7);
+//!   attribute in scenario 7); `lock-runtime-unfenced` the same on a store
+//!   without fencing tokens (`Fencing::Off`: a plain `SET NX PX` per
+//!   uncontended acquire), in rows 1-3;
 //! - `rslock`: `LockManager::acquire_no_guard` + `unlock`, default retry
 //!   settings, on the same server;
 //! - `distributed-lock` (0.2): a lock made by its provider per key,
@@ -199,6 +201,7 @@ async fn main() -> Result<(), Error> {
     let floor = Lib::Floor(conn.clone());
     let ours = make_lib("lock-runtime", &url).await?;
     let fair = make_lib("lock-runtime-fair", &url).await?;
+    let unfenced = make_lib("lock-runtime-unfenced", &url).await?;
     let rslock = make_lib("rslock", &url).await?;
     let peer = make_lib("distributed-lock", &url).await?;
     let memory = LockRegistry::memory();
@@ -206,6 +209,7 @@ async fn main() -> Result<(), Error> {
     let contenders = [
         ("floor", &floor),
         ("lock-runtime", &ours),
+        ("lock-runtime-unfenced", &unfenced),
         ("lock-runtime-fair", &fair),
         ("rslock", &rslock),
         ("distributed-lock", &peer),
@@ -434,7 +438,8 @@ async fn main() -> Result<(), Error> {
          owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
          and an owner-checked delete, no library (the library queues an entry per contender instead), retried at once while the key is held (and in the hand-off row \
          also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
-         library); for hand-offs it is the median in round trips ({}). lock-runtime-fair is the Redis \
+         library); for hand-offs it is the median in round trips ({}). lock-runtime-unfenced is the Redis store without fencing tokens (`Fencing::Off`: \
+         a plain `SET NX PX GET` per uncontended acquire, no script); lock-runtime-fair is the Redis \
          store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
          Other libraries: rslock 0.10 (Redis), \
          distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx), each with its \

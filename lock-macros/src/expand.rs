@@ -330,7 +330,7 @@ fn finish(
     }
 }
 
-/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost, permits, read)`:
+/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost, permits, read, fencing)`:
 /// a literal becomes `Duration::from_millis(N)`, an expression is used as
 /// it is, typed `Duration` at its own span (so a wrong type is reported
 /// there).
@@ -373,8 +373,9 @@ fn options(config: &Config) -> TokenStream {
         None => quote!(1u32),
     };
     let read = config.read;
+    let fencing = config.fencing;
     quote! {
-        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost, #permits, #read)
+        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost, #permits, #read, #fencing)
     }
 }
 

@@ -24,6 +24,7 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "wait_timeout",
     "hold_at_least",
     "watchdog",
+    "fencing",
     "max_hold",
     "on_lost",
     "permits",
@@ -50,6 +51,7 @@ mod kw {
     syn::custom_keyword!(wait_timeout);
     syn::custom_keyword!(hold_at_least);
     syn::custom_keyword!(watchdog);
+    syn::custom_keyword!(fencing);
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(on_lost);
     syn::custom_keyword!(permits);
@@ -120,6 +122,8 @@ pub(crate) struct LockArgs {
     pub(crate) wait_timeout: Option<DurationArg>,
     pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: Option<LitBool>,
+    /// `fencing = false`: no fencing token (0), and no work to make one.
+    pub(crate) fencing: Option<LitBool>,
     pub(crate) max_hold: Option<DurationArg>,
     /// `on_lost = "notify"` (`true`) or `"cancel"`: whether a lost lease
     /// lets the body finish rather than cancelling it.
@@ -170,6 +174,10 @@ impl LockArgs {
 
     pub(crate) fn watchdog(&self) -> bool {
         self.watchdog.as_ref().is_none_or(LitBool::value)
+    }
+
+    pub(crate) fn fencing(&self) -> bool {
+        self.fencing.as_ref().is_none_or(LitBool::value)
     }
 }
 
@@ -311,6 +319,10 @@ impl LockArgs {
             let span = input.parse::<kw::watchdog>()?.span;
             let lit = parse_value::<LitBool>(input)?;
             set_once(&mut args.watchdog, lit, span, "watchdog")
+        } else if lookahead.peek(kw::fencing) {
+            let span = input.parse::<kw::fencing>()?.span;
+            let lit = parse_value::<LitBool>(input)?;
+            set_once(&mut args.fencing, lit, span, "fencing")
         } else if lookahead.peek(Token![crate]) {
             let span = input.parse::<Token![crate]>()?.span;
             let lit = parse_value::<LitStr>(input)?;
@@ -527,7 +539,7 @@ mod tests {
     fn parses_every_argument() {
         let args = parse(
             r#"key = "a:{id}", mode = "skip", ttl = "1m30s", hold_at_least = "10s",
-               watchdog = false, max_hold = "10m", on_lost = "notify", crate = "my::locks""#,
+               watchdog = false, fencing = false, max_hold = "10m", on_lost = "notify", crate = "my::locks""#,
         )
         .unwrap();
         assert_eq!(args.key.as_ref().unwrap().lit.value(), "a:{id}");
@@ -535,6 +547,7 @@ mod tests {
         assert_eq!(args.ttl.as_ref().unwrap().millis(), Some(90_000));
         assert_eq!(args.hold_at_least.as_ref().unwrap().millis(), Some(10_000));
         assert!(!args.watchdog.as_ref().unwrap().value());
+        assert!(!args.fencing());
         assert_eq!(args.max_hold.as_ref().unwrap().millis(), Some(600_000));
         assert!(args.notify_on_lost());
         let krate = args.krate.unwrap();
@@ -547,6 +560,7 @@ mod tests {
         assert_eq!(args.mode(), Mode::Wait);
         assert_eq!(args.ttl_millis(), Some(DEFAULT_TTL_MILLIS));
         assert!(args.watchdog());
+        assert!(args.fencing());
         assert!(!args.notify_on_lost());
         assert!(args.wait_timeout.is_none());
     }
@@ -628,6 +642,7 @@ mod tests {
     fn wrong_literal_kind_is_a_syntax_error() {
         assert!(parse(r#"ttl = 30"#).is_err());
         assert!(parse(r#"watchdog = "no""#).is_err());
+        assert!(parse(r#"fencing = "no""#).is_err());
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub(crate) struct Config {
     pub(crate) wait_timeout: Option<DurationArg>,
     pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) watchdog: bool,
+    /// `fencing = false`: no fencing token.
+    pub(crate) fencing: bool,
     pub(crate) max_hold: Option<DurationArg>,
     /// `on_lost = "notify"`: a lost lease lets the body finish.
     pub(crate) notify_on_lost: bool,
@@ -47,6 +49,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
     let keys = check(&args, func)?;
     let multi = args.keys.is_some();
     let watchdog = args.watchdog();
+    let fencing = args.fencing();
     let errors_into = args.errors_into();
     let notify_on_lost = args.notify_on_lost();
     let read = args.read_access();
@@ -70,6 +73,7 @@ pub(crate) fn validate(args: LockArgs, func: &LockFn) -> syn::Result<Config> {
         wait_timeout: args.wait_timeout,
         hold_at_least: args.hold_at_least,
         watchdog,
+        fencing,
         max_hold: args.max_hold,
         notify_on_lost,
         permits: args.permits.map(|(expr, _)| expr),

@@ -139,8 +139,11 @@ async fn contend(
     } else {
         LocalPermit::unqueued(full_key.clone())
     };
-    if let Some(handed) = permit.take_handed() {
+    if let Some(mut handed) = permit.take_handed() {
         if handed.ttl == opts.ttl && !handed.loss.is_raised() {
+            if !opts.fencing {
+                handed.fencing = 0;
+            }
             tracing::debug!(
                 parent: wait,
                 key,
@@ -175,7 +178,8 @@ async fn contend(
         let attempt = Stake::new(parts.store, &permit, token);
         let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
             .claiming(claim)
-            .waiting(mode == Mode::Wait);
+            .waiting(mode == Mode::Wait)
+            .fencing(opts.fencing);
         let answer = within(deadline, store.acquire(request))
             .await
             .ok_or_else(timed_out)?
@@ -184,6 +188,8 @@ async fn contend(
         let remaining = match answer {
             Acquire::Acquired { fencing, lease } => {
                 place.into_iter().for_each(Stake::settle);
+                // Asked for none: whatever the store made is not promised.
+                let fencing = if opts.fencing { fencing } else { 0 };
                 tracing::debug!(
                     parent: wait,
                     key,

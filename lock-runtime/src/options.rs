@@ -40,6 +40,7 @@ pub struct LockOptions {
     pub(crate) on_lost: OnLost,
     pub(crate) permits: u32,
     pub(crate) access: Access,
+    pub(crate) fencing: bool,
 }
 
 /// How a lock is held on its key: alone, or as one of many readers. See
@@ -83,6 +84,7 @@ impl Default for LockOptions {
             on_lost: OnLost::Cancel,
             permits: 1,
             access: Access::Write,
+            fencing: true,
         }
     }
 }
@@ -166,6 +168,18 @@ impl LockOptions {
     /// waiters.
     pub fn access(mut self, access: Access) -> Self {
         self.access = access;
+        self
+    }
+
+    /// Whether the lock has a fencing token (the default). Without one,
+    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) and
+    /// [`fencing_token`](crate::fencing_token) give 0, and a store whose
+    /// tokens cost a round trip's worth of work skips them: on Redis an
+    /// uncontended acquire is then one plain `SET NX PX` rather than a
+    /// script. For locks whose body writes nowhere a token could be
+    /// checked (a scheduled job, a cache refresh).
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
         self
     }
 

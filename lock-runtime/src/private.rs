@@ -24,7 +24,8 @@ pub fn render_key(args: fmt::Arguments<'_>) -> String {
 /// Builds the options the attribute's arguments describe (literals made
 /// `Duration::from_millis(..)` at compile time, or the user's `Duration`
 /// expressions, checked when the call runs); `name` labels its metrics;
-/// `permits` and `read` make a semaphore or a read lock.
+/// `permits` and `read` make a semaphore or a read lock; `fencing` is
+/// `false` for `fencing = false`.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub const fn options(
@@ -37,8 +38,10 @@ pub const fn options(
     notify_on_lost: bool,
     permits: u32,
     read: bool,
+    fencing: bool,
 ) -> LockOptions {
     LockOptions {
+        fencing,
         permits,
         access: if read { Access::Read } else { Access::Write },
         ttl,

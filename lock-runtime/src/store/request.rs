@@ -134,6 +134,9 @@ pub struct AcquireRequest<'a> {
     /// mode), rather than giving up at once: a store whose release
     /// notifications cost something can send them only when someone waits.
     pub waits: bool,
+    /// Whether the caller wants a fencing token (the default). When not, a
+    /// store may skip the work of making one and answer 0.
+    pub fenced: bool,
     /// `key`, shared, when the caller has it so: see
     /// [`owned_key`](Self::owned_key).
     shared_key: Option<&'a Arc<str>>,
@@ -149,6 +152,7 @@ impl<'a> AcquireRequest<'a> {
             ttl,
             loss,
             waits: false,
+            fenced: true,
             shared_key: None,
         }
     }
@@ -171,6 +175,12 @@ impl<'a> AcquireRequest<'a> {
     /// Says whether the caller waits for a release if the key is held.
     pub fn waiting(mut self, waits: bool) -> Self {
         self.waits = waits;
+        self
+    }
+
+    /// Says whether the caller wants a fencing token.
+    pub fn fencing(mut self, fenced: bool) -> Self {
+        self.fenced = fenced;
         self
     }
 

@@ -107,3 +107,34 @@ lock_tests::on_memory_and_redis!(
     a_named_registry_locks_without_the_global_one,
     senseless_run_time_durations_are_invalid_options
 );
+
+#[distributed_lock(key = "report:{day}", fencing = false, registry = locks)]
+async fn unfenced_report(locks: &LockRegistry, day: u32) -> Option<u64> {
+    lock_runtime::fencing_token()
+}
+
+#[distributed_lock(key = "report:{day}", registry = locks)]
+async fn fenced_report(locks: &LockRegistry, day: u32) -> Option<u64> {
+    lock_runtime::fencing_token()
+}
+
+/// `fencing = false`: the body's token is 0 (the store's, if it made one,
+/// is not promised); the same key's fenced locks keep theirs, and the
+/// manual API's `fencing(false)` does the same.
+#[tokio::test]
+async fn fencing_false_gives_the_body_a_zero_token() {
+    let locks = LockRegistry::memory();
+    assert_eq!(unfenced_report(&locks, 1).await.unwrap(), Some(0));
+    let fenced = fenced_report(&locks, 1)
+        .await
+        .unwrap()
+        .expect("in the body");
+    assert!(fenced > 0);
+    assert_eq!(unfenced_report(&locks, 1).await.unwrap(), Some(0));
+    let guard = locks
+        .lock("report:2", LockOptions::default().fencing(false))
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token(), 0);
+    guard.release().await.unwrap();
+}

@@ -63,6 +63,110 @@ fn reset_stats(server: &RedisServer) {
         .unwrap();
 }
 
+/// The store with fencing off: exclusive grants take the plain `SET NX`
+/// path.
+async fn redis_unfenced_store() -> Clients {
+    let server = RedisServer::new();
+    let url = server.url();
+    Clients::connect(server, async || {
+        RedisStore::builder(&url)
+            .fencing(Fencing::Off)
+            .connect()
+            .await
+    })
+    .await
+}
+
+store_contract!(
+    redis_unfenced_contract,
+    redis_unfenced_store,
+    skip: [
+        fencing_tokens_increase_across_holders,
+        a_forced_release_is_pushed_to_the_holder,
+    ]
+);
+
+/// Without fencing, an uncontended lock is the one command a plain lock
+/// sends (`SET NX PX`, with `GET` to recognise a retried attempt), no
+/// script; the release is one script call, as the floor's.
+#[tokio::test]
+async fn an_unfenced_lock_is_one_plain_set() {
+    let server = RedisServer::new();
+    let store = RedisStore::builder(&server.url())
+        .fencing(Fencing::Off)
+        .connect()
+        .await
+        .unwrap();
+    let registry = LockRegistry::new(store);
+    let warm = registry
+        .lock(&unique_key("warm"), LockOptions::default())
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    reset_stats(&server);
+    let guard = registry
+        .lock(&unique_key("plain"), LockOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token(), 0);
+    guard.release().await.unwrap();
+    let mut calls = command_calls(&server);
+    calls.retain(|(name, _)| name != "config|resetstat");
+    calls.sort();
+    let expected: Vec<_> = [
+        ("del", 1),
+        ("evalsha", 1),
+        ("get", 1),
+        ("publish", 1),
+        ("set", 1),
+    ]
+    .iter()
+    .map(|&(name, n)| (name.to_owned(), n))
+    .collect();
+    assert_eq!(calls, expected);
+}
+
+/// `LockOptions::fencing(false)` on a store with fencing: that lock is
+/// one plain `SET`, its token 0, and fenced locks of the same key before
+/// and after it keep their increasing tokens.
+#[tokio::test]
+async fn a_lock_without_fencing_on_a_fenced_store_is_one_plain_set() {
+    let server = RedisServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("mixed");
+    let first = registry.lock(&key, LockOptions::default()).await.unwrap();
+    let before = first.fencing_token();
+    first.release().await.unwrap();
+    reset_stats(&server);
+    let plain = registry
+        .lock(&key, LockOptions::default().fencing(false))
+        .await
+        .unwrap();
+    assert_eq!(plain.fencing_token(), 0);
+    plain.release().await.unwrap();
+    let mut calls = command_calls(&server);
+    calls.retain(|(name, _)| name != "config|resetstat");
+    calls.sort();
+    let expected: Vec<_> = [
+        ("del", 1),
+        ("evalsha", 1),
+        ("get", 1),
+        ("publish", 1),
+        ("set", 1),
+    ]
+    .iter()
+    .map(|&(name, n)| (name.to_owned(), n))
+    .collect();
+    assert_eq!(calls, expected);
+    let after = registry.lock(&key, LockOptions::default()).await.unwrap();
+    assert!(
+        after.fencing_token() > before,
+        "{before} then {}",
+        after.fencing_token()
+    );
+    after.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn uncontended_lock_and_release_are_one_round_trip_each() {
     let server = RedisServer::new();

@@ -105,10 +105,12 @@ where
         )
     }
 
-    /// One exclusive attempt: the fencing token when granted; otherwise
-    /// how long the holder has left, and whether this waiting writer
-    /// marked the key against new shares (it passes `marked` on its next
-    /// attempts, and clears the mark once granted).
+    /// One exclusive attempt: the fencing token when granted (0 when not
+    /// `fenced`, or with fencing off); otherwise how long the holder has
+    /// left, and whether this waiting writer marked the key against new
+    /// shares (it passes `marked` on its next attempts, and clears the mark
+    /// once granted).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn acquire(
         &self,
         lock: &[u8],
@@ -116,7 +118,16 @@ where
         ttl: Duration,
         waits: bool,
         marked: bool,
+        fenced: bool,
     ) -> Result<Result<u64, (Option<Duration>, bool)>, BackendError> {
+        let unfenced = !fenced || self.fencing == Fencing::Off;
+        if self.fair.is_none()
+            && unfenced
+            && !marked
+            && let Some(answer) = self.acquire_plain(lock, token, ttl).await?
+        {
+            return Ok(answer);
+        }
         let call = match self.fair {
             None => Call::new(
                 &scripts::ACQUIRE,
@@ -150,6 +161,68 @@ where
         }
         self.replicated().await?;
         Ok(Ok(u64::try_from(value).unwrap_or(0)))
+    }
+
+    /// An exclusive attempt without a fencing token, in the one command a
+    /// plain lock sends: `SET lock token NX PX ttl GET` (its old value
+    /// tells a retried attempt that it holds the key already). Refused, a
+    /// `PTTL` says for how long. `None` when shares or permits hold the key
+    /// (not a string): the script decides then.
+    async fn acquire_plain(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<Option<Result<u64, (Option<Duration>, bool)>>, BackendError> {
+        let hex = token.hex();
+        let mut set = ::redis::Cmd::with_capacity(7, 64 + lock.len());
+        set.arg("SET")
+            .arg(lock)
+            .arg(&hex[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl))
+            .arg("GET");
+        let mut conn = self.conn.clone();
+        let sent = match set.query_async::<Option<::redis::Value>>(&mut conn).await {
+            Err(err) if Retry::IfConnectionFailed.allows(&err) => {
+                // The key may be ours already: the old value says so.
+                set.query_async(&mut conn).await
+            }
+            sent => sent,
+        };
+        let old = match sent {
+            Ok(old) => old,
+            Err(err) if err.code() == Some("WRONGTYPE") => return Ok(None),
+            Err(err) => return Err(err.into()),
+        };
+        let held_by = match &old {
+            None => None,
+            Some(::redis::Value::BulkString(held)) => Some(held.as_slice()),
+            Some(other) => return Err(format!("SET .. GET answered {other:?}").into()),
+        };
+        match held_by {
+            None => {}
+            Some(held) if held == hex.as_slice() => {
+                // A retry of an attempt whose reply was lost: ours, for a
+                // full ttl from now.
+                let _: i64 = ::redis::cmd("PEXPIRE")
+                    .arg(lock)
+                    .arg(millis(ttl))
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Some(_) => {
+                let pttl: i64 = ::redis::cmd("PTTL")
+                    .arg(lock)
+                    .query_async(&mut conn)
+                    .await?;
+                let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+                return Ok(Some(Err((remaining, false))));
+            }
+        }
+        self.replicated().await?;
+        Ok(Some(Ok(0)))
     }
 
     /// One attempt at a share or a permit (`claim`) of the key: the

@@ -313,7 +313,7 @@ where
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
         let answer = self
             .commands
-            .acquire(&lock_name(key), token, ttl, false, false)
+            .acquire(&lock_name(key), token, ttl, false, false, true)
             .await?;
         Ok(answer.map_err(|(remaining, _)| remaining))
     }
@@ -372,7 +372,14 @@ where
                     let marked = request.waits && self.marks.contains(token);
                     let answer = self
                         .commands
-                        .acquire(&lock, token, request.ttl, request.waits, marked)
+                        .acquire(
+                            &lock,
+                            token,
+                            request.ttl,
+                            request.waits,
+                            marked,
+                            request.fenced,
+                        )
                         .await?;
                     match answer {
                         Ok(fencing) => {
