@@ -255,6 +255,24 @@ async fn main() -> Result<(), Error> {
             }
         }
     }
+    // The user's shape: contenders[0] is the floor.
+    let user = [
+        ("floor", &floor),
+        ("lock-runtime", &ours),
+        ("lock-runtime-unfenced", &unfenced),
+        ("rslock", &rslock),
+    ];
+    let pairs = if quick { 6 } else { 30 };
+    for m in run_user_shape(
+        &user,
+        "1b. 1 task, one key reused (interleaved 150 ms slices)",
+        pairs,
+        Duration::from_millis(150),
+    )
+    .await?
+    {
+        push(m);
+    }
     for (name, _) in contenders {
         let ops = 500 / scale;
         let m = tokio::task::spawn_blocking({
@@ -432,7 +450,8 @@ async fn main() -> Result<(), Error> {
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
          Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
          interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 six times, keeping each contender's best, \
-         and \"paired\" is the median over those six rounds of its throughput over the floor's in the same round. \"vs floor\" is throughput over the floor's in the same \
+         and \"paired\" is the median over those six rounds of its throughput over the floor's in the same round \
+         (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \

@@ -126,3 +126,56 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
         _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
+
+/// Row 1b, the user's shape: one task in this multi-thread runtime locking
+/// and releasing one key over and over (default options), in `slice`-long
+/// runs interleaved with the floor's on a key of its own, `pairs` times.
+/// Each contender's row counts all its slices; `paired` is the median over
+/// the pairs of its rate over the floor's in the same pair.
+pub(crate) async fn run_user_shape(
+    contenders: &[(&str, &Lib)],
+    scenario: &str,
+    pairs: usize,
+    slice: Duration,
+) -> Result<Vec<Measured>, Error> {
+    let run = rand_u128() as u32;
+    let mut totals: Vec<(u64, Duration, Vec<Duration>)> =
+        vec![(0, Duration::ZERO, Vec::new()); contenders.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+    for _ in 0..pairs {
+        let mut rates = Vec::with_capacity(contenders.len());
+        for (at, (name, lib)) in contenders.iter().enumerate() {
+            let key = format!("bench:{run}:user:{name}");
+            let lib = (*lib).clone();
+            // Its own task, as a handler's would be.
+            let (ops, elapsed, waits) = tokio::spawn(async move {
+                let started = Instant::now();
+                let (mut ops, mut waits) = (0u64, Vec::new());
+                while started.elapsed() < slice {
+                    waits.push(lib.section(&key).await?);
+                    ops += 1;
+                }
+                Ok::<_, Error>((ops, started.elapsed(), waits))
+            })
+            .await??;
+            rates.push(ops as f64 / elapsed.as_secs_f64());
+            totals[at].0 += ops;
+            totals[at].1 += elapsed;
+            totals[at].2.extend(waits);
+        }
+        for (at, rate) in rates.iter().enumerate() {
+            ratios[at].push(rate / rates[0]);
+        }
+    }
+    let mut rows = Vec::new();
+    for (at, (name, _)) in contenders.iter().enumerate() {
+        let (ops, elapsed, mut waits) = std::mem::take(&mut totals[at]);
+        waits.sort_unstable();
+        let mut m = Measured::new(scenario, *name, ops, elapsed, waits);
+        if at > 0 {
+            m.paired = Some(median(std::mem::take(&mut ratios[at])));
+        }
+        rows.push(m);
+    }
+    Ok(rows)
+}
