@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, LockRegistry, distributed_lock};
@@ -115,8 +115,22 @@ where
 
 impl Capture {
     /// Installs the capture as this thread's subscriber while the guard lives.
+    ///
+    /// Other tests of this binary run the lock's code at the same time on
+    /// threads with no subscriber. tracing caches one interest per callsite
+    /// for the whole process, and while only one dispatcher is registered
+    /// it asks the registering thread's default: a callsite first reached
+    /// on such a thread would be cached as never wanted, and its spans and
+    /// events would never reach this capture. An anchor dispatcher that
+    /// wants everything and lives as long as the process keeps two
+    /// registered, so interests are asked of all of them; the interests
+    /// cached before it existed are computed again.
     fn install(&self) -> tracing::subscriber::DefaultGuard {
-        tracing::subscriber::set_default(Registry::default().with(self.clone()))
+        static ANCHOR: OnceLock<tracing::Dispatch> = OnceLock::new();
+        ANCHOR.get_or_init(|| tracing::Dispatch::new(Registry::default()));
+        let guard = tracing::subscriber::set_default(Registry::default().with(self.clone()));
+        tracing::callsite::rebuild_interest_cache();
+        guard
     }
 
     fn snapshot(&self) -> (Vec<SpanRecord>, Vec<EventRecord>) {
