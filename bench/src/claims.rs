@@ -298,11 +298,9 @@ async fn run_claims(
     ops: u64,
 ) -> Result<Measured, Error> {
     let key = format!("bench:{}:claims", rand_u128() as u32);
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for task in 0..TASKS {
+    measure_tasks(scenario, name, TASKS, ops, |task| {
         let (lib, key) = (lib.clone(), key.clone());
-        handles.push(tokio::spawn(async move {
+        async move {
             let mut waits = Vec::with_capacity(ops as usize);
             for op in 0..ops {
                 let want = match (semaphore, (op as usize + task) % 10) {
@@ -312,22 +310,10 @@ async fn run_claims(
                 };
                 waits.push(lib.section(&key, want).await?);
             }
-            Ok::<_, Error>(waits)
-        }));
-    }
-    let mut waits = Vec::new();
-    for handle in handles {
-        waits.extend(handle.await??);
-    }
-    let elapsed = started.elapsed();
-    waits.sort_unstable();
-    Ok(Measured::new(
-        scenario,
-        name,
-        TASKS as u64 * ops,
-        elapsed,
-        waits,
-    ))
+            Ok(waits)
+        }
+    })
+    .await
 }
 
 /// The semaphore and read-write rows of one store (`Redis` or

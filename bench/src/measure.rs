@@ -78,23 +78,40 @@ pub(crate) async fn run_tasks(
     hot: bool,
 ) -> Result<Measured, Error> {
     let run = rand_u128() as u32;
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for t in 0..tasks {
+    measure_tasks(scenario, name, tasks, ops, |t| {
         let lib = lib.clone();
         let key = if hot {
             format!("bench:{run}:hot")
         } else {
             format!("bench:{run}:{t}")
         };
-        handles.push(tokio::spawn(async move {
+        async move {
             let mut waits = Vec::with_capacity(ops as usize);
             for _ in 0..ops {
                 waits.push(lib.section(&key).await?);
             }
-            Ok::<_, Error>(waits)
-        }));
-    }
+            Ok(waits)
+        }
+    })
+    .await
+}
+
+/// Runs `tasks` tasks at once, task `t` being `task(t)`, which makes
+/// `ops` sections and returns their waits: one row, timed from the first
+/// spawn to the last task's end.
+pub(crate) async fn measure_tasks<F, Fut>(
+    scenario: &str,
+    name: &str,
+    tasks: usize,
+    ops: u64,
+    task: F,
+) -> Result<Measured, Error>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<Vec<Duration>, Error>> + Send + 'static,
+{
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks).map(|t| tokio::spawn(task(t))).collect();
     let mut waits = Vec::new();
     for handle in handles {
         waits.extend(handle.await??);

@@ -31,6 +31,19 @@ async fn registry(server: &RedisServer) -> LockRegistry {
 }
 
 /// Calls of each command since the last `CONFIG RESETSTAT`.
+/// Checks the commands the server ran since [`reset_stats`] (sorted by
+/// name, with their counts): `expected`.
+fn assert_commands(server: &RedisServer, expected: &[(&str, u64)]) {
+    let mut calls = command_calls(server);
+    calls.retain(|(name, _)| name != "config|resetstat");
+    calls.sort();
+    let expected: Vec<(String, u64)> = expected
+        .iter()
+        .map(|&(name, n)| (name.to_owned(), n))
+        .collect();
+    assert_eq!(calls, expected);
+}
+
 fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -110,20 +123,16 @@ async fn an_unfenced_lock_is_one_plain_set() {
         .unwrap();
     assert_eq!(guard.fencing_token(), 0);
     guard.release().await.unwrap();
-    let mut calls = command_calls(&server);
-    calls.retain(|(name, _)| name != "config|resetstat");
-    calls.sort();
-    let expected: Vec<_> = [
-        ("del", 1),
-        ("evalsha", 1),
-        ("get", 1),
-        ("publish", 1),
-        ("set", 1),
-    ]
-    .iter()
-    .map(|&(name, n)| (name.to_owned(), n))
-    .collect();
-    assert_eq!(calls, expected);
+    assert_commands(
+        &server,
+        &[
+            ("del", 1),
+            ("evalsha", 1),
+            ("get", 1),
+            ("publish", 1),
+            ("set", 1),
+        ],
+    );
 }
 
 /// `LockOptions::fencing(false)` on a store with fencing: that lock is
@@ -144,20 +153,16 @@ async fn a_lock_without_fencing_on_a_fenced_store_is_one_plain_set() {
         .unwrap();
     assert_eq!(plain.fencing_token(), 0);
     plain.release().await.unwrap();
-    let mut calls = command_calls(&server);
-    calls.retain(|(name, _)| name != "config|resetstat");
-    calls.sort();
-    let expected: Vec<_> = [
-        ("del", 1),
-        ("evalsha", 1),
-        ("get", 1),
-        ("publish", 1),
-        ("set", 1),
-    ]
-    .iter()
-    .map(|&(name, n)| (name.to_owned(), n))
-    .collect();
-    assert_eq!(calls, expected);
+    assert_commands(
+        &server,
+        &[
+            ("del", 1),
+            ("evalsha", 1),
+            ("get", 1),
+            ("publish", 1),
+            ("set", 1),
+        ],
+    );
     let after = registry.lock(&key, LockOptions::default()).await.unwrap();
     assert!(
         after.fencing_token() > before,
@@ -183,25 +188,20 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
         .await
         .unwrap();
     guard.release().await.unwrap();
-    let mut calls = command_calls(&server);
-    calls.retain(|(name, _)| name != "config|resetstat");
-    calls.sort();
     // Two top-level commands; the rest ran inside the acquire script (SET NX,
     // then TIME and a SET .. GET of the fencing counter) and the release
     // script (GET, DEL, PUBLISH).
-    let expected = [
-        ("del", 1),
-        ("evalsha", 2),
-        ("get", 1),
-        ("publish", 1),
-        ("set", 2),
-        ("time", 1),
-    ];
-    let expected: Vec<_> = expected
-        .iter()
-        .map(|&(name, n)| (name.to_owned(), n))
-        .collect();
-    assert_eq!(calls, expected);
+    assert_commands(
+        &server,
+        &[
+            ("del", 1),
+            ("evalsha", 2),
+            ("get", 1),
+            ("publish", 1),
+            ("set", 2),
+            ("time", 1),
+        ],
+    );
 }
 
 #[tokio::test]

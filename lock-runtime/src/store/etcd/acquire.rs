@@ -36,10 +36,7 @@ impl EtcdStore {
             let (spare, entry) = match &known {
                 Some(known) => (known.lease, known.entry.clone()),
                 None => {
-                    let spare = match self.inner.shared.take(secs, &queue) {
-                        Some(spare) => spare,
-                        None => self.grant(secs).await?,
-                    };
+                    let spare = self.spare(secs, &queue).await?;
                     (spare, entry_for(&queue, spare.id, false))
                 }
             };

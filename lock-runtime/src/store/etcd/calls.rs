@@ -92,6 +92,15 @@ impl EtcdStore {
         }
     }
 
+    /// A lease of `secs` for an entry in `queue`: a prepared one (see
+    /// [`Shared::take`](super::shared::Shared::take)), else a new one.
+    pub(super) async fn spare(&self, secs: i64, queue: &[u8]) -> Result<Spare, BackendError> {
+        match self.inner.shared.take(secs, queue) {
+            Some(spare) => Ok(spare),
+            None => self.grant(secs).await,
+        }
+    }
+
     /// A new lease of `secs`, counted from before its request was sent.
     pub(super) async fn grant(&self, secs: i64) -> Result<Spare, BackendError> {
         let fresh_at = Instant::now();

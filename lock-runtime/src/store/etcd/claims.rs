@@ -89,10 +89,7 @@ impl EtcdStore {
                 let mut tries = 0;
                 loop {
                     tries += 1;
-                    let spare = match self.inner.shared.take(secs, &queue) {
-                        Some(spare) => spare,
-                        None => self.grant(secs).await?,
-                    };
+                    let spare = self.spare(secs, &queue).await?;
                     let mut entry = entry_for(&queue, spare.id, false);
                     entry.extend_from_slice(suffix(request.claim).as_bytes());
                     let on_lease = PutOptions::new().with_lease(spare.id);

@@ -14,7 +14,8 @@ macro_rules! script {
 }
 
 pub(super) static ACQUIRE: Lazy<Script> = script!("fence.lua", "acquire.lua");
-pub(super) static SHARE_ACQUIRE: Lazy<Script> = script!("fence.lua", "share_acquire.lua");
+pub(super) static SHARE_ACQUIRE: Lazy<Script> =
+    script!("fence.lua", "shares.lua", "share_acquire.lua");
 pub(super) static RENEW: Lazy<Script> = script!("renew.lua");
 pub(super) static RELEASE: Lazy<Script> = script!("release.lua");
 pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "hand_over.lua");
@@ -22,10 +23,14 @@ pub(super) static FORCE_RELEASE: Lazy<Script> = script!("force_release.lua");
 pub(super) static INSPECT: Lazy<Script> = script!("inspect.lua");
 pub(super) static RAISE: Lazy<Script> = script!("raise.lua");
 pub(super) static FAIR_ACQUIRE: Lazy<Script> =
-    script!("fence.lua", "queue.lua", "fair_acquire.lua");
-pub(super) static FAIR_SHARE_ACQUIRE: Lazy<Script> =
-    script!("fence.lua", "queue.lua", "fair_share_acquire.lua");
+    script!("fence.lua", "shares.lua", "queue.lua", "fair_acquire.lua");
+pub(super) static FAIR_SHARE_ACQUIRE: Lazy<Script> = script!(
+    "fence.lua",
+    "shares.lua",
+    "queue.lua",
+    "fair_share_acquire.lua"
+);
 pub(super) static FAIR_RELEASE: Lazy<Script> =
-    script!("fence.lua", "queue.lua", "fair_release.lua");
+    script!("fence.lua", "shares.lua", "queue.lua", "fair_release.lua");
 pub(super) static FAIR_HAND_OVER: Lazy<Script> =
-    script!("fence.lua", "queue.lua", "fair_hand_over.lua");
+    script!("fence.lua", "shares.lua", "queue.lua", "fair_hand_over.lua");

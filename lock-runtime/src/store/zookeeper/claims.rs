@@ -2,41 +2,15 @@
 //! mutex's, whose names say what they claim; who holds follows from their
 //! sequence, as in Curator's recipes.
 
-use std::num::NonZeroU32;
-
 use super::ZooKeeperStore;
+use super::keys::claim_of;
 use super::lease::ZooKeeperLease;
+use super::queue::Enqueued;
 use super::shared::Child;
 use crate::error::BackendError;
 use crate::store::support::claims::{fits_behind, holding};
 use crate::store::support::queue::Place;
 use crate::store::{Acquire, AcquireRequest, Claim};
-
-/// What a child's name says after its token and `-`, before its sequence:
-/// nothing for an exclusive claim, `s-` for a share, `p<limit>-` for a
-/// permit.
-pub(super) fn tag(claim: Claim) -> String {
-    match claim {
-        Claim::Exclusive => String::new(),
-        Claim::Shared => "s-".to_owned(),
-        Claim::Permit { limit } => format!("p{limit}-"),
-    }
-}
-
-/// What the child named `name` (`<token>-[<tag>-]<sequence>`) claims.
-pub(super) fn claim_of(name: &str) -> Claim {
-    let mut parts = name.split('-');
-    let (_, tag, _) = (parts.next(), parts.next(), parts.next());
-    match tag {
-        Some("s") => Claim::Shared,
-        Some(tag) => tag
-            .strip_prefix('p')
-            .and_then(|limit| limit.parse().ok())
-            .and_then(NonZeroU32::new)
-            .map_or(Claim::Exclusive, Claim::permits),
-        None => Claim::Exclusive,
-    }
-}
 
 /// Whether the child at `at` of `queue` (sorted by sequence) holds the
 /// key; the mismatch when a child ahead claims it another way.
@@ -50,6 +24,15 @@ pub(super) fn holds(queue: &[String], at: usize) -> Result<bool, String> {
 }
 
 impl ZooKeeperStore {
+    /// The children of `parent` that hold its key, in sequence order: the
+    /// first, and the shares or permits that hold beside it.
+    pub(super) async fn holders(&self, parent: &str) -> Result<Vec<String>, BackendError> {
+        let mut queue = self.shared.queue(parent).await?;
+        let claims: Vec<Claim> = queue.iter().map(|name| claim_of(name)).collect();
+        queue.truncate(holding(&claims));
+        Ok(queue)
+    }
+
     /// An attempt at a share or permit: our child queued (or the one a
     /// waiter has), held if the children ahead allow it. Alone in the
     /// queue it is one request; behind others, a listing follows unless
@@ -72,7 +55,12 @@ impl ZooKeeperStore {
                 .enqueue(&parent, request.token, request.claim)
                 .await?;
         }
-        let Some((child, first)) = found else {
+        let Some(Enqueued {
+            child,
+            first,
+            queue,
+        }) = found
+        else {
             return Err("our lock node vanished twice in a row".into());
         };
         let verdict = if first {
@@ -80,7 +68,11 @@ impl ZooKeeperStore {
         } else if placed == Some(Place::Behind) {
             Ok(false)
         } else {
-            let queue = shared.queue(&parent).await?;
+            // The queue as enqueuing read it, if it did.
+            let queue = match queue {
+                Some(queue) => queue,
+                None => shared.queue(&parent).await?,
+            };
             match queue.iter().position(|name| name == child.name()) {
                 Some(at) => holds(&queue, at),
                 None => Ok(false),
@@ -119,6 +111,9 @@ impl ZooKeeperStore {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
+    use super::super::keys::tag;
     use super::*;
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::claims;
+use super::keys::claim_of;
 use super::queue::sort;
 use super::shared::Shared;
 use crate::store::support::queue::Place;
@@ -36,7 +37,7 @@ impl Drop for LeaveQueue {
                     // each with a watch of its own: this one cannot tell
                     // whose they are, and leaves them to their waiters'
                     // abandon.
-                    let exclusive = claims::claim_of(child.name()) == Claim::Exclusive;
+                    let exclusive = claim_of(child.name()) == Claim::Exclusive;
                     (exclusive && child.parent() == self.parent && !held.contains_key(child.path()))
                         .then(|| (*token, child.path().to_owned()))
                 })
@@ -91,20 +92,7 @@ pub(super) async fn follow(
             .filter(|child| child.parent() == parent)
             .map(|child| child.name().to_owned())
             .collect();
-        let queue = match store.queue(&parent).await {
-            Ok(queue) => queue,
-            Err(_) => {
-                drop(store);
-                placed.take().map(|placed| placed.send(()));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let mine = queue.iter().position(|name| ours.contains(name));
-        let name = mine.map(|at| &queue[at]);
-        if let Some(name) = name
-            && claims::claim_of(name) != Claim::Exclusive
-        {
+        if let Some(name) = ours.iter().find(|name| claim_of(name) != Claim::Exclusive) {
             // A share or permit may hold behind others: every change of
             // the queue may let it in.
             let client = store.client();
@@ -136,6 +124,17 @@ pub(super) async fn follow(
             tx.send_replace(());
             continue;
         }
+        let queue = match store.queue(&parent).await {
+            Ok(queue) => queue,
+            Err(_) => {
+                drop(store);
+                placed.take().map(|placed| placed.send(()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mine = queue.iter().position(|name| ours.contains(name));
+        let name = mine.map(|at| &queue[at]);
         let target = match mine {
             Some(0) => None,
             Some(at) => queue.get(at - 1).cloned(),

@@ -1,4 +1,8 @@
-//! A lock key as one node name.
+//! A lock key as one node name, and what a child's name says it claims.
+
+use std::num::NonZeroU32;
+
+use crate::store::Claim;
 
 /// [`encode_onto`] into a new string.
 #[cfg(test)]
@@ -24,6 +28,32 @@ pub(super) fn encode_onto(name: &mut String, key: &str) {
             name.push(char::from(DIGITS[usize::from(byte >> 4)]));
             name.push(char::from(DIGITS[usize::from(byte & 0xf)]));
         }
+    }
+}
+
+/// What a child's name says after its token and `-`, before its sequence:
+/// nothing for an exclusive claim, `s-` for a share, `p<limit>-` for a
+/// permit.
+pub(super) fn tag(claim: Claim) -> String {
+    match claim {
+        Claim::Exclusive => String::new(),
+        Claim::Shared => "s-".to_owned(),
+        Claim::Permit { limit } => format!("p{limit}-"),
+    }
+}
+
+/// What the child named `name` (`<token>-[<tag>-]<sequence>`) claims.
+pub(super) fn claim_of(name: &str) -> Claim {
+    let mut parts = name.split('-');
+    let (_, tag, _) = (parts.next(), parts.next(), parts.next());
+    match tag {
+        Some("s") => Claim::Shared,
+        Some(tag) => tag
+            .strip_prefix('p')
+            .and_then(|limit| limit.parse().ok())
+            .and_then(NonZeroU32::new)
+            .map_or(Claim::Exclusive, Claim::permits),
+        None => Claim::Exclusive,
     }
 }
 

@@ -57,7 +57,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::support::claims::holding;
 use super::{
     Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
     ReleaseWatch, Reply, SafetyMargin, Store,
@@ -129,11 +128,11 @@ impl Store for ZooKeeperStore {
                 // Ours was gone: queue again.
                 found = shared.enqueue(&parent, request.token, claim).await?;
             }
-            let Some((child, first)) = found else {
+            let Some(found) = found else {
                 return Err("our lock node vanished twice in a row".into());
             };
-            if first {
-                return Ok(self.granted(request, child, sent_at));
+            if found.first {
+                return Ok(self.granted(request, found.child, sent_at));
             }
             if !request.waits {
                 shared.withdraw(&parent, request.token).await?;
@@ -183,11 +182,8 @@ impl Store for ZooKeeperStore {
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Box::pin(async move {
             let parent = self.shared.parent(key);
-            let mut queue = self.shared.queue(&parent).await?;
-            let claims: Vec<Claim> = queue.iter().map(|name| claims::claim_of(name)).collect();
-            queue.truncate(holding(&claims));
             let mut deleted = false;
-            for holder in queue {
+            for holder in self.holders(&parent).await? {
                 deleted |= self.shared.delete(&format!("{parent}/{holder}")).await?;
             }
             Ok(deleted)
@@ -204,10 +200,8 @@ impl Store for ZooKeeperStore {
             let parent = self.shared.parent(key);
             // The head may leave between the listing and its stat: look again.
             for _ in 0..3 {
-                let mut queue = self.shared.queue(&parent).await?;
-                let claims: Vec<Claim> = queue.iter().map(|name| claims::claim_of(name)).collect();
-                queue.truncate(holding(&claims));
-                let Some(head) = queue.last() else {
+                let holders = self.holders(&parent).await?;
+                let Some(head) = holders.last() else {
                     return Ok(None);
                 };
                 let path = format!("{parent}/{head}");
@@ -221,7 +215,8 @@ impl Store for ZooKeeperStore {
                         .and_then(|(token, _)| token.parse().ok());
                     let fencing = stat.czxid.max(0).unsigned_abs();
                     let info = LeaseInfo::new(token, fencing, None);
-                    return Ok(Some(info.with_holders(claims[0], queue.len())));
+                    let claim = keys::claim_of(&holders[0]);
+                    return Ok(Some(info.with_holders(claim, holders.len())));
                 }
             }
             Err("ZooKeeper: the head of the lock's queue kept changing while it was read".into())

@@ -6,12 +6,31 @@ use std::time::Duration;
 
 use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
-use super::claims;
+use super::keys;
 use super::shared::deletions;
 use super::shared::{Child, Failed, Shared};
 use crate::error::BackendError;
 use crate::store::support::queue::Place;
 use crate::store::{Claim, LockToken};
+
+/// Our child in a key's queue, as [`Shared::enqueue`] found or made it.
+pub(super) struct Enqueued {
+    pub(super) child: Child,
+    /// Whether it heads the queue.
+    pub(super) first: bool,
+    /// The queue, sorted, when it was read to find that out.
+    pub(super) queue: Option<Vec<String>>,
+}
+
+impl Enqueued {
+    fn new(child: Child, first: bool, queue: Option<Vec<String>>) -> Option<Enqueued> {
+        Some(Enqueued {
+            child,
+            first,
+            queue,
+        })
+    }
+}
 
 impl Shared {
     /// Our child for `token` under `parent` and whether it heads the
@@ -22,19 +41,19 @@ impl Shared {
         parent: &str,
         token: LockToken,
         claim: Claim,
-    ) -> Result<Option<(Child, bool)>, BackendError> {
+    ) -> Result<Option<Enqueued>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
             Some(Some(child)) if child.place != Place::Unknown => {
                 // Told by the waiter's watch: no round trip.
                 let head = child.place == Place::Head;
-                Ok(Some((child, head)))
+                Ok(Enqueued::new(child, head, None))
             }
             Some(Some(child)) => {
                 let queue = self.queue(parent).await?;
                 if queue.iter().any(|name| name == child.name()) {
                     let first = queue.first().is_some_and(|name| name == child.name());
-                    return Ok(Some((child, first)));
+                    return Ok(Enqueued::new(child, first, Some(queue)));
                 }
                 // Gone (expired at its ttl, deleted by an operator).
                 self.created().remove(&token);
@@ -56,7 +75,7 @@ impl Shared {
                 let child = Child::new(parent, name, stat.czxid);
                 let first = queue.first() == Some(name);
                 self.created().insert(token, Some(child.clone()));
-                Ok(Some((child, first)))
+                Ok(Enqueued::new(child, first, Some(queue)))
             }
             None => {
                 self.created().insert(token, None);
@@ -71,8 +90,9 @@ impl Shared {
                             .map_err(|()| format!("the node `{parent}` vanished twice"))?
                     }
                 };
-                self.created().insert(token, Some(created.0.clone()));
-                Ok(Some(created))
+                let (child, first) = created;
+                self.created().insert(token, Some(child.clone()));
+                Ok(Enqueued::new(child, first, None))
             }
         }
     }
@@ -105,7 +125,7 @@ impl Shared {
         prefix.push('/');
         prefix.extend(hex.iter().map(|&digit| char::from(digit)));
         prefix.push('-');
-        prefix.push_str(&claims::tag(claim));
+        prefix.push_str(&keys::tag(claim));
         let client = self.client();
         let mut multi = client.new_multi_writer();
         multi

@@ -24,14 +24,6 @@ if not holder then
     return {1, fence(KEYS[2], ARGV[3])}
   end
 end
-if ARGV[4] == '1' then
-  local grant = tonumber(ARGV[5])
-  local entry = string.format('%.0f', now_ms() + grant) .. ' ' .. ARGV[3]
-  if redis.call('HSET', KEYS[4], ARGV[1], entry) == 1 then
-    redis.call('RPUSH', KEYS[3], ARGV[1])
-  end
-  redis.call('PEXPIRE', KEYS[3], 3 * grant)
-  redis.call('PEXPIRE', KEYS[4], 3 * grant)
-end
+if ARGV[4] == '1' then enqueue(ARGV[1], ARGV[3], tonumber(ARGV[5])) end
 if not holder then return {0, -3} end
 return {0, redis.call('PTTL', KEYS[1])}

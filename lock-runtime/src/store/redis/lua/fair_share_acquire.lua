@@ -11,37 +11,15 @@ local now = now_ms()
 local ttl = tonumber(ARGV[2])
 local held = redis.pcall('GET', KEYS[1])
 local function wait()
-  if ARGV[4] ~= '1' then return end
-  local grant = tonumber(ARGV[5])
-  local entry = string.format('%.0f', now + grant) .. ' ' .. ARGV[3] .. ' ' .. ARGV[6]
-  if redis.call('HSET', KEYS[4], ARGV[1], entry) == 1 then
-    redis.call('RPUSH', KEYS[3], ARGV[1])
-  end
-  redis.call('PEXPIRE', KEYS[3], 3 * grant)
-  redis.call('PEXPIRE', KEYS[4], 3 * grant)
+  if ARGV[4] == '1' then enqueue(ARGV[1], ARGV[3] .. ' ' .. ARGV[6], tonumber(ARGV[5])) end
 end
 if held and type(held) ~= 'table' then
   wait()
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if held then
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    redis.call('HDEL', KEYS[6], unpack(gone))
-  end
-  local mine = redis.call('HGET', KEYS[6], ARGV[1])
-  if mine and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-    redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-    local left = tonumber(last[2]) - now
-    redis.call('PEXPIRE', KEYS[1], left)
-    redis.call('PEXPIRE', KEYS[5], left)
-    redis.call('PEXPIRE', KEYS[6], left)
-    return {1, mine}
-  end
-  local kind = redis.call('GET', KEYS[5])
-  if kind and kind ~= ARGV[6] and redis.call('ZCARD', KEYS[1]) > 0 then return {2, kind} end
+  local answer = held_already(KEYS[1], KEYS[5], KEYS[6], ARGV[1], now, ttl, ARGV[6])
+  if answer then return answer end
 end
 local limit = tonumber(ARGV[6])
 local first = head(KEYS[3], KEYS[4])
@@ -53,13 +31,8 @@ if room and (not first or first == ARGV[1]) then
   end
   local fencing = '0'
   if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3]) end
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-  redis.call('HSET', KEYS[6], ARGV[1], fencing)
-  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  local left = tonumber(last[2]) - now
-  redis.call('PEXPIRE', KEYS[1], left)
-  redis.call('SET', KEYS[5], ARGV[6], 'PX', left)
-  redis.call('PEXPIRE', KEYS[6], left)
+  add_holder(KEYS[1], KEYS[6], ARGV[1], now + ttl, fencing)
+  stretch(KEYS[1], KEYS[5], KEYS[6], now, ARGV[6])
   return {1, fencing}
 end
 wait()

@@ -25,6 +25,16 @@ local function head(queue, waiters)
     redis.call('LPOP', queue)
   end
 end
+-- Queues `token` (or keeps its place) with its entry's rest (`life`, or
+-- `life claim`), its deadline `grant` ms from now.
+local function enqueue(token, rest, grant)
+  local entry = string.format('%.0f', now_ms() + grant) .. ' ' .. rest
+  if redis.call('HSET', KEYS[4], token, entry) == 1 then
+    redis.call('RPUSH', KEYS[3], token)
+  end
+  redis.call('PEXPIRE', KEYS[3], 3 * grant)
+  redis.call('PEXPIRE', KEYS[4], 3 * grant)
+end
 local function grant(first, life, timeout, channel)
   redis.call('LPOP', KEYS[3])
   redis.call('HDEL', KEYS[4], first)
@@ -56,20 +66,13 @@ local function grant_heads(timeout, channel)
     redis.call('HDEL', KEYS[4], first)
     local fencing = '0'
     if life ~= '0' then fencing = fence(KEYS[2], life) end
-    redis.call('ZADD', KEYS[1], now + tonumber(timeout), first)
-    redis.call('HSET', KEYS[6], first, fencing)
+    add_holder(KEYS[1], KEYS[6], first, now + tonumber(timeout), fencing)
     redis.call('PUBLISH', channel, first)
     granted = true
     local next_claim
     first, life, next_claim = head(KEYS[3], KEYS[4])
     if next_claim ~= claim then break end
   end
-  if granted then
-    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-    local left = tonumber(last[2]) - now
-    redis.call('PEXPIRE', KEYS[1], left)
-    redis.call('SET', KEYS[5], claim, 'PX', left)
-    redis.call('PEXPIRE', KEYS[6], left)
-  end
+  if granted then stretch(KEYS[1], KEYS[5], KEYS[6], now, claim) end
   return granted
 end

@@ -12,20 +12,8 @@ local ttl = tonumber(ARGV[2])
 local held = redis.pcall('GET', KEYS[1])
 if held then
   if type(held) ~= 'table' then return {0, redis.call('PTTL', KEYS[1])} end
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    redis.call('HDEL', KEYS[4], unpack(gone))
-  end
-  local mine = redis.call('HGET', KEYS[4], ARGV[1])
-  if mine and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-    redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
-    return {1, mine}
-  end
-  local kind = redis.call('GET', KEYS[3])
-  if kind and kind ~= ARGV[4] and redis.call('ZCARD', KEYS[1]) > 0 then return {2, kind} end
+  local answer = held_already(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now, ttl, ARGV[4])
+  if answer then return answer end
 end
 if ARGV[4] == 'shared' then
   local writer = redis.call('PTTL', KEYS[5])
@@ -45,11 +33,6 @@ elseif redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
 end
 local fencing = '0'
 if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3]) end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], fencing)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-local life = tonumber(last[2]) - now
-redis.call('PEXPIRE', KEYS[1], life)
-redis.call('SET', KEYS[3], ARGV[4], 'PX', life)
-redis.call('PEXPIRE', KEYS[4], life)
+add_holder(KEYS[1], KEYS[4], ARGV[1], now + ttl, fencing)
+stretch(KEYS[1], KEYS[3], KEYS[4], now, ARGV[4])
 return {1, fencing}
