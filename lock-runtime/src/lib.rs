@@ -53,6 +53,10 @@
 //! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | yes, one round trip per grant; served in arrival order, a queued writer ahead of later readers |
 //! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` | yes, one request per grant alone in the queue; served in arrival order, a queued writer ahead of later readers |
 //!
+//! On every store a crashed holder blocks its key for its `ttl`, and on
+//! etcd (leases in whole seconds) and ZooKeeper (a margin for its servers'
+//! clocks, see `store::zookeeper`) for at most 1 s more.
+//!
 //! A store refuses a claim it does not serve (`permits` above 1, `access =
 //! "read"`) with [`LockError::InvalidOptions`] naming it, before anything
 //! is sent; its [`Capabilities`](store::Capabilities) say which it serves.

@@ -199,6 +199,7 @@ impl Processes {
         let killed_at = Instant::now();
         waiter.expect("acquired", Duration::from_secs(5));
         let blocked = killed_at.elapsed();
+        eprintln!("a SIGKILLed holder (1 s lease) blocked the waiter for {blocked:?}");
         // The lease had at most 1 s left.
         assert!(
             blocked < Duration::from_secs(1) + self.expiry_slack,

@@ -105,6 +105,16 @@ impl Worker {
         }
     }
 
+    /// Freezes the process (SIGSTOP).
+    pub fn pause(&self) {
+        crate::server_process::signal(Some(&self.child), "-STOP");
+    }
+
+    /// Thaws the process (SIGCONT).
+    pub fn resume(&self) {
+        crate::server_process::signal(Some(&self.child), "-CONT");
+    }
+
     /// Kills the process (SIGKILL): a crash, no clean-up runs.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -90,6 +90,12 @@ async fn hold_1s(key: &str, duration: Duration) {
     hold(duration).await;
 }
 
+#[distributed_lock(key = "{key}", ttl = "3s")]
+async fn hold_3s(key: &str, duration: Duration) {
+    let _ = key;
+    hold(duration).await;
+}
+
 #[distributed_lock(key = "{key}", ttl = "30s")]
 async fn hold_30s(key: &str, duration: Duration) {
     let _ = key;
@@ -214,6 +220,31 @@ async fn chaos_section(
     Ok(())
 }
 
+/// A section held across several renewals (a 300 ms lease, renewed every
+/// 100 ms, for 700 ms), with an overlap detector: a holder whose lease the
+/// store took from it while it renewed would get `Lost` or overlap.
+#[distributed_lock(key = "{key}", ttl = "300ms", wait_timeout = "20s")]
+async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
+    let id = format!(
+        "{}-{}",
+        std::process::id(),
+        ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let inside: i64 = redis::Script::new(
+        "redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])",
+    )
+    .key(format!("renewed:{key}:inside"))
+    .arg(&id)
+    .invoke_async(conn)
+    .await?;
+    if inside != 1 {
+        let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), &id).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let _: i64 = conn.srem(format!("renewed:{key}:inside"), &id).await?;
+    Ok(())
+}
+
 /// A connection of its own to the data server.
 async fn connection(data: &redis::Client) -> MultiplexedConnection {
     data.get_multiplexed_async_connection()
@@ -328,11 +359,12 @@ async fn main() -> Result<(), LockError> {
             }
             println!("done transfers={}", 2 * count);
         }
-        "hold-1s" | "hold-30s" | "hold-unrenewed" => {
+        "hold-1s" | "hold-3s" | "hold-30s" | "hold-unrenewed" => {
             let ms: u64 = arg(&args, 4, "hold ms").parse().expect("hold ms");
             let duration = Duration::from_millis(ms);
             let result = match scenario.as_str() {
                 "hold-1s" => hold_1s(&key, duration).await,
+                "hold-3s" => hold_3s(&key, duration).await,
                 "hold-30s" => hold_30s(&key, duration).await,
                 _ => hold_unrenewed(&key, duration).await,
             };
@@ -356,6 +388,50 @@ async fn main() -> Result<(), LockError> {
                 now_ms()
             );
             guard.release().await?;
+        }
+        "wait-12s" => {
+            let options =
+                lock_runtime::LockOptions::default().wait_timeout(Duration::from_secs(12));
+            let guard = lock_runtime::registry()?.lock(&key, options).await?;
+            println!(
+                "acquired fencing={} at_ms={}",
+                guard.fencing_token(),
+                now_ms()
+            );
+            guard.release().await?;
+        }
+        "renewed" => {
+            // Two tasks, each on one of the keys `KEY-0`, `KEY-1`, in turn.
+            let secs: u64 = arg(&args, 4, "seconds").parse().expect("seconds");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+            let mut handles = Vec::new();
+            for task in 0..2 {
+                let mut conn = connection(&data).await;
+                let key = format!("{key}-{task}");
+                handles.push(tokio::spawn(async move {
+                    let (mut entries, mut errors) = (0u64, 0u64);
+                    while tokio::time::Instant::now() < deadline {
+                        match renewed_section(&mut conn, &key).await {
+                            Ok(result) => {
+                                result.expect("data store");
+                                entries += 1;
+                            }
+                            Err(err) => {
+                                errors += 1;
+                                eprintln!("renewed worker {}: {err}", std::process::id());
+                            }
+                        }
+                    }
+                    (entries, errors)
+                }));
+            }
+            let (mut entries, mut errors) = (0, 0);
+            for handle in handles {
+                let (e, x) = handle.await.expect("task");
+                entries += e;
+                errors += x;
+            }
+            println!("done entries={entries} errors={errors}");
         }
         "semaphore" => {
             let tasks: usize = arg(&args, 4, "tasks").parse().expect("tasks");

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::session::{Digest, Session};
-use super::shared::deletions;
 use super::shared::{Failed, Shared, watch_session};
+use super::shared::{deletions, dues};
 use super::{ZooKeeperStore, capabilities};
 use crate::error::{BackendError, LockError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
@@ -54,8 +54,9 @@ impl ZooKeeperStoreBuilder {
     }
 
     /// The session timeout to ask for (default 30 s); the ensemble may
-    /// grant another within its limits. A crashed holder's lock is free
-    /// after it, and no lock's ttl may exceed it.
+    /// grant another within its limits. No lock's ttl may exceed it. A
+    /// crashed holder's lock is free after its ttl and 1 s whatever this
+    /// is; its session ends after this.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
@@ -159,6 +160,7 @@ impl ZooKeeperStoreBuilder {
                 held: Mutex::default(),
                 created: Mutex::default(),
                 deletions: deletions::Deletions::default(),
+                overdue: dues::Dues::default(),
             }),
             capabilities: capabilities(session_timeout),
             shown,

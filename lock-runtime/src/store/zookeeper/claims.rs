@@ -6,7 +6,6 @@ use super::ZooKeeperStore;
 use super::keys::claim_of;
 use super::lease::ZooKeeperLease;
 use super::queue::Enqueued;
-use super::shared::Child;
 use crate::error::BackendError;
 use crate::store::support::claims::{fits_behind, holding};
 use crate::store::support::queue::Place;
@@ -33,80 +32,91 @@ impl ZooKeeperStore {
         Ok(queue)
     }
 
-    /// An attempt at a share or permit: our child queued (or the one a
-    /// waiter has), held if the children ahead allow it. Alone in the
-    /// queue it is one request; behind others, a listing follows unless
-    /// the waiter's watch knows where ours stands. In skip mode a refused
-    /// child is deleted again; in wait mode it keeps its place.
-    pub(super) async fn claim(
+    /// One look at `parent`'s queue for `request`: our child queued (or
+    /// the one a waiter has), and whether it holds. Alone in the queue it
+    /// is one request; behind others, a share or permit reads the queue
+    /// unless the waiter's watch knows where ours stands. A share or permit
+    /// queued behind another kind is withdrawn and an error naming both.
+    pub(super) async fn attempt(
         &self,
-        request: AcquireRequest<'_>,
-        sent_at: tokio::time::Instant,
-    ) -> Result<Acquire, BackendError> {
+        parent: &str,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Attempt, BackendError> {
         let shared = &self.shared;
-        let parent = shared.parent(request.key);
-        let known = shared.created().get(&request.token).cloned().flatten();
+        let (token, asked) = (request.token, (request.claim, request.ttl));
+        let known = shared.created().get(&token).cloned().flatten();
         let placed = known.map(|child| child.place);
-        let mut found = shared
-            .enqueue(&parent, request.token, request.claim)
-            .await?;
+        let mut found = shared.enqueue(parent, token, asked).await?;
         if found.is_none() {
-            found = shared
-                .enqueue(&parent, request.token, request.claim)
-                .await?;
+            // Ours was gone: queue again.
+            found = shared.enqueue(parent, token, asked).await?;
         }
-        let Some(Enqueued {
-            child,
-            first,
-            queue,
-        }) = found
-        else {
+        let Some(mut found) = found else {
             return Err("our lock node vanished twice in a row".into());
         };
-        let verdict = if first {
-            Ok(true)
-        } else if placed == Some(Place::Behind) {
-            Ok(false)
-        } else {
-            // The queue as enqueuing read it, if it did.
-            let queue = match queue {
-                Some(queue) => queue,
-                None => shared.queue(&parent).await?,
-            };
-            match queue.iter().position(|name| name == child.name()) {
-                Some(at) => holds(&queue, at),
-                None => Ok(false),
-            }
+        if found.first {
+            return Ok(Attempt::Holds(found));
+        }
+        if request.claim == Claim::Exclusive || placed == Some(Place::Behind) {
+            return Ok(Attempt::Behind(found.queue));
+        }
+        // The queue as enqueuing read it, if it did.
+        let queue = match found.queue.take() {
+            Some(queue) => queue,
+            None => shared.queue(parent).await?,
+        };
+        let verdict = match queue.iter().position(|name| name == found.child.name()) {
+            Some(at) => holds(&queue, at),
+            None => Ok(false),
         };
         match verdict {
-            Ok(true) => Ok(self.granted(request, child, sent_at)),
-            Ok(false) if request.waits => Ok(Acquire::Held { remaining: None }),
-            refused => {
-                shared.withdraw(&parent, request.token).await?;
-                refused?;
-                Ok(Acquire::Held { remaining: None })
+            Ok(true) => Ok(Attempt::Holds(found)),
+            Ok(false) => Ok(Attempt::Behind(Some(queue))),
+            Err(mismatch) => {
+                shared.withdraw(parent, token).await?;
+                Err(mismatch.into())
             }
         }
     }
 
-    /// The lease of `child`, which holds the key for `request`.
-    pub(super) fn granted(
+    /// The lease of `found`, which holds the key for `request`. A child
+    /// not created by this attempt (it waited) is written first, so its
+    /// lease counts from now for others too (see [`overdue`](super::overdue));
+    /// `None` if it was gone by then (found overdue while its holder was
+    /// away).
+    pub(super) async fn grant(
         &self,
-        request: AcquireRequest<'_>,
-        child: Child,
-        sent_at: tokio::time::Instant,
-    ) -> Acquire {
+        request: &AcquireRequest<'_>,
+        found: Enqueued,
+        mut sent_at: tokio::time::Instant,
+    ) -> Result<Option<Acquire>, BackendError> {
         let shared = &self.shared;
+        let child = found.child;
+        if !found.fresh {
+            sent_at = tokio::time::Instant::now();
+            if !shared.touch(child.path(), request.ttl).await? {
+                shared.created().remove(&request.token);
+                return Ok(None);
+            }
+        }
         let fencing = u64::try_from(child.czxid).unwrap_or(0);
         shared
             .held()
             .insert(child.path.clone(), request.loss.clone());
         let lease = ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
-        Acquire::Acquired {
+        Ok(Some(Acquire::Acquired {
             fencing,
             lease: Box::new(lease),
-        }
+        }))
     }
+}
+
+/// What one look at a key's queue found for an attempt.
+pub(super) enum Attempt {
+    /// Our child holds the key.
+    Holds(Enqueued),
+    /// Our child is behind others; the queue, if it was read.
+    Behind(Option<Vec<String>>),
 }
 
 #[cfg(test)]

@@ -61,8 +61,9 @@ impl Drop for LeaveQueue {
 /// Reports the releases a waiter on `parent` cares about: the deletion of
 /// the child just before ours (or, with no child of ours, of the holder's;
 /// for a share or permit of ours, any change of the queue), and keeps our
-/// child's [`Place`] up to date. `placed` is told once the
-/// first placement is made.
+/// child's [`Place`] up to date. Deletes the holders found overdue, looking
+/// again when one could be. `placed` is told once the first placement is
+/// made.
 pub(super) async fn follow(
     shared: Weak<Shared>,
     parent: String,
@@ -97,14 +98,22 @@ pub(super) async fn follow(
             // the queue may let it in.
             let client = store.client();
             let watched = store.call(client.list_and_watch_children(&parent)).await;
-            drop(store);
             let Ok((mut children, watcher)) = watched else {
+                drop(store);
                 place(&shared, Some(name), Place::Unknown);
                 placed.take().map(|placed| placed.send(()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
             sort(&mut children);
+            if matches!(
+                store.reap_overdue(&parent, Some(children.clone())).await,
+                Ok(true)
+            ) {
+                continue;
+            }
+            let due = store.overdue.due(&parent);
+            drop(store);
             let at = children.iter().position(|child| child == name);
             let holds = at.is_some_and(|at| claims::holds(&children, at) == Ok(true));
             let here = if holds { Place::Head } else { Place::Behind };
@@ -119,7 +128,10 @@ pub(super) async fn follow(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-            let _ = watcher.changed().await;
+            tokio::select! {
+                _ = watcher.changed() => {}
+                () = until(due) => continue,
+            }
             place(&shared, Some(name), Place::Unknown);
             tx.send_replace(());
             continue;
@@ -133,6 +145,13 @@ pub(super) async fn follow(
                 continue;
             }
         };
+        if matches!(
+            store.reap_overdue(&parent, Some(queue.clone())).await,
+            Ok(true)
+        ) {
+            continue;
+        }
+        let due = store.overdue.due(&parent);
         let mine = queue.iter().position(|name| ours.contains(name));
         let name = mine.map(|at| &queue[at]);
         let target = match mine {
@@ -168,9 +187,17 @@ pub(super) async fn follow(
             Ok((Some(_), watcher)) => {
                 place(&shared, name, Place::Behind);
                 placed.take().map(|placed| placed.send(()));
-                let event = watcher.changed().await;
-                let deleted = event.event_type == zookeeper_client::EventType::NodeDeleted;
-                place(&shared, name, if deleted { after } else { Place::Unknown });
+                let event = tokio::select! {
+                    event = watcher.changed() => event.event_type,
+                    // Look again: a holder may be overdue.
+                    () = until(due) => continue,
+                };
+                match event {
+                    zookeeper_client::EventType::NodeDeleted => place(&shared, name, after),
+                    // The child ahead renewed: still behind it.
+                    zookeeper_client::EventType::NodeDataChanged => continue,
+                    _ => place(&shared, name, Place::Unknown),
+                }
                 tx.send_replace(());
             }
             Err(_) => {
@@ -179,5 +206,13 @@ pub(super) async fn follow(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Sleeps until `due`, or forever without one.
+async fn until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
     }
 }

@@ -1,6 +1,7 @@
 //! A lock key as one node name, and what a child's name says it claims.
 
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use crate::store::Claim;
 
@@ -57,6 +58,18 @@ pub(super) fn claim_of(name: &str) -> Claim {
     }
 }
 
+/// A child's data: its holder's ttl in milliseconds, in decimal, so that
+/// others can tell when it is overdue.
+pub(super) fn ttl_data(ttl: Duration) -> Vec<u8> {
+    ttl.as_millis().to_string().into_bytes()
+}
+
+/// The ttl a child's data states; `None` for a child without one.
+pub(super) fn ttl_of(data: &[u8]) -> Option<Duration> {
+    let millis = std::str::from_utf8(data).ok()?.parse().ok()?;
+    Some(Duration::from_millis(millis))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +82,13 @@ mod tests {
         assert_eq!(encode("."), "%2E");
         assert_eq!(encode("x y%"), "x%20y%25");
         assert_eq!(encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn a_child_s_data_states_its_ttl() {
+        let ttl = Duration::from_millis(2_500);
+        assert_eq!(ttl_of(&ttl_data(ttl)), Some(ttl));
+        assert_eq!(ttl_of(b""), None);
+        assert_eq!(ttl_of(b"soon"), None);
     }
 }

@@ -15,38 +15,43 @@ use crate::store::{Lease, LockToken, Reply};
 pub(super) const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// Tells the holder of `path` when someone else deletes it (an operator, a
-/// forced release), once it has been held for [`WATCH_AFTER`]. Runs in the
+/// forced release, a waiter that found it overdue), once it has been held for [`WATCH_AFTER`]. Runs in the
 /// lease's task, beside [`expire`].
 pub(super) async fn watch_held(shared: Weak<Shared>, path: Arc<str>) {
     tokio::time::sleep(WATCH_AFTER).await;
-    let watched = {
+    loop {
+        let watched = {
+            let Some(store) = shared.upgrade() else {
+                return;
+            };
+            if !store.held().contains_key(&path) {
+                return;
+            }
+            let client = store.client();
+            store.call(client.check_and_watch_stat(&path)).await
+        };
+        let deleted = match watched {
+            Ok((None, _)) => true,
+            Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
+                zookeeper_client::EventType::NodeDeleted => true,
+                // Our own renewal: watch again.
+                zookeeper_client::EventType::NodeDataChanged => continue,
+                _ => false,
+            },
+            // The renewal checks the node anyway.
+            Err(_) => false,
+        };
+        if !deleted {
+            return;
+        }
         let Some(store) = shared.upgrade() else {
             return;
         };
-        if !store.held().contains_key(&path) {
-            return;
+        let loss = store.held().remove(&path);
+        if let Some(loss) = loss {
+            loss.raise("its ZooKeeper node was deleted (overdue, a forced release, or by hand)");
         }
-        let client = store.client();
-        store.call(client.check_and_watch_stat(&path)).await
-    };
-    let deleted = match watched {
-        Ok((None, _)) => true,
-        Ok((Some(_), watcher)) => {
-            let event = watcher.changed().await;
-            event.event_type == zookeeper_client::EventType::NodeDeleted
-        }
-        // The renewal checks the node anyway.
-        Err(_) => false,
-    };
-    if !deleted {
         return;
-    }
-    let Some(store) = shared.upgrade() else {
-        return;
-    };
-    let loss = store.held().remove(&path);
-    if let Some(loss) = loss {
-        loss.raise("its ZooKeeper node was deleted (a forced release, or by hand)");
     }
 }
 
@@ -145,6 +150,8 @@ pub(super) async fn expire(
 }
 
 impl Lease for ZooKeeperLease {
+    /// Writes the child again: its `mtime`, which others judge it by, is
+    /// now (see [`overdue`](super::overdue)).
     fn renew(&mut self) -> Reply<'_, bool> {
         Box::pin(async move {
             let sent_at = Instant::now();
@@ -153,15 +160,9 @@ impl Lease for ZooKeeperLease {
             if !held() {
                 return Ok(false);
             }
-            let stat = self
-                .shared
-                .call(self.shared.client().check_stat(path))
-                .await?;
-            let ours = stat.is_some_and(|stat| {
-                stat.ephemeral_owner == self.shared.client().session_id().0
-                    && stat.czxid == self.child.czxid
-            });
-            let ours = ours && held();
+            // The node's name is unique to this attempt: it exists only as
+            // ours, and nobody else writes it.
+            let ours = self.shared.touch(path, self.ttl).await? && held();
             if ours {
                 *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = sent_at + self.ttl;
             }

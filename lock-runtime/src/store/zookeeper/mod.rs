@@ -20,15 +20,29 @@
 //!   cluster-wide and strictly increasing, and lower for every child queued
 //!   before ours, so the next holder always has a larger one.
 //! - **Waiting** watches only the child just before ours (no herd): its
-//!   deletion (a release, an expired session, a waiter that left) wakes us
-//!   to look again. If that child headed the queue, ours heads it now (no
-//!   child can join ahead of ours), so the hand-off costs no round trip.
-//! - **Liveness** is the session: a crashed holder's children vanish when
-//!   the ensemble expires its session. A live holder's lock also ends at
-//!   its ttl unless renewed: the store deletes its child then itself. The
-//!   ttl may not exceed the session timeout, so a holder never believes in
-//!   a lock whose session the ensemble may already have expired. An expired
-//!   session is pushed to every holder (body cancelled, `Lost`).
+//!   deletion (a release, an expired session, a waiter that left, an
+//!   overdue holder deleted) wakes us to look again. If that child headed
+//!   the queue, ours heads it now (no child can join ahead of ours), and
+//!   one write (the renewal's) starts our lease.
+//! - **Liveness** is the ttl, as on every store. A child's data is its
+//!   holder's ttl, and its holder writes it again to renew (so its `mtime`,
+//!   stamped by the ensemble, is its last renewal) and when it gets the
+//!   lock after waiting. A holder that stops writing (crashed, frozen, cut
+//!   off) is *overdue* once the ensemble's clock is past its child's
+//!   `mtime` plus its ttl plus 1 s: waiters, and
+//!   attempts refused by it, delete its child then, checked against the
+//!   version they read so that a renewal landing first wins. So a crashed
+//!   holder blocks the key for at most its ttl and 1 s, and a waiter sees
+//!   it within that (it looks when a holder could first be overdue; no
+//!   polling in between), whatever the session timeout. A reaped holder
+//!   that comes back learns it lost the lock (its renewal finds no node,
+//!   and its watch sees the deletion). Its lease counted from before its
+//!   last write, so it gave the lock up before anyone could delete it.
+//!   The session still bounds everything: a holder's children go with its
+//!   session, and a ttl may not exceed the session timeout. An expired
+//!   session is pushed to every holder (body cancelled, `Lost`). The
+//!   ensemble's servers' clocks are assumed to agree within the 1 s margin
+//!   (writes are stamped by the leader, and a new leader uses its own).
 //! - **Release** deletes our child; `hold_at_least` deletes it later (if
 //!   the session dies first, it goes with it). Deletions asked for while
 //!   one is in flight go together, as one transaction (a group commit).
@@ -58,8 +72,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, SafetyMargin, Store,
 };
 
 mod builder;
@@ -67,11 +81,13 @@ mod claims;
 mod follow;
 mod keys;
 mod lease;
+mod overdue;
 mod queue;
 mod session;
 mod shared;
 
 pub use builder::ZooKeeperStoreBuilder;
+use claims::Attempt;
 use follow::{LeaveQueue, follow};
 use shared::Shared;
 
@@ -116,23 +132,25 @@ impl Store for ZooKeeperStore {
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
-            let sent_at = Instant::now();
-            if request.claim != Claim::Exclusive {
-                return self.claim(request, sent_at).await;
-            }
             let shared = &self.shared;
             let parent = shared.parent(request.key);
-            let claim = request.claim;
-            let mut found = shared.enqueue(&parent, request.token, claim).await?;
-            if found.is_none() {
-                // Ours was gone: queue again.
-                found = shared.enqueue(&parent, request.token, claim).await?;
-            }
-            let Some(found) = found else {
-                return Err("our lock node vanished twice in a row".into());
-            };
-            if found.first {
-                return Ok(self.granted(request, found.child, sent_at));
+            // Once more after a holder ahead was found overdue and
+            // deleted, or ours found gone at its grant.
+            for _ in 0..3 {
+                let sent_at = Instant::now();
+                match self.attempt(&parent, &request).await? {
+                    Attempt::Holds(found) => {
+                        if let Some(granted) = self.grant(&request, found, sent_at).await? {
+                            return Ok(granted);
+                        }
+                    }
+                    Attempt::Behind(queue) => {
+                        if !shared.reap_overdue(&parent, queue).await? {
+                            break;
+                        }
+                        shared.unplace(request.token);
+                    }
+                }
             }
             if !request.waits {
                 shared.withdraw(&parent, request.token).await?;

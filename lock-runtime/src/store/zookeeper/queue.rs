@@ -20,6 +20,8 @@ pub(super) struct Enqueued {
     pub(super) first: bool,
     /// The queue, sorted, when it was read to find that out.
     pub(super) queue: Option<Vec<String>>,
+    /// Whether it was created by this call (so written just now).
+    pub(super) fresh: bool,
 }
 
 impl Enqueued {
@@ -28,19 +30,20 @@ impl Enqueued {
             child,
             first,
             queue,
+            fresh: false,
         })
     }
 }
 
 impl Shared {
     /// Our child for `token` under `parent` and whether it heads the
-    /// queue; creates the child, claiming `claim`, if we have none. `None`
-    /// if ours was gone.
+    /// queue; creates the child, claiming `claim` for `ttl`, if we have
+    /// none. `None` if ours was gone.
     pub(super) async fn enqueue(
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
-        claim: Claim,
+        (claim, ttl): (Claim, Duration),
     ) -> Result<Option<Enqueued>, BackendError> {
         let known = self.created().get(&token).cloned();
         match known {
@@ -65,7 +68,7 @@ impl Shared {
                 let prefix = format!("{token}-");
                 let Some(name) = queue.iter().find(|name| name.starts_with(&prefix)) else {
                     self.created().remove(&token);
-                    return Box::pin(self.enqueue(parent, token, claim)).await;
+                    return Box::pin(self.enqueue(parent, token, (claim, ttl))).await;
                 };
                 let path = format!("{parent}/{name}");
                 let Some(stat) = self.call(self.client().check_stat(&path)).await? else {
@@ -79,26 +82,30 @@ impl Shared {
             }
             None => {
                 self.created().insert(token, None);
-                let child = self.create(parent, token, claim).await?;
+                let child = self.create(parent, token, (claim, ttl)).await?;
                 let created = match child {
                     Ok(pair) => pair,
                     Err(()) => {
                         // The key's node was missing: make it, once more.
                         self.make_parent(parent).await?;
-                        self.create(parent, token, claim)
+                        self.create(parent, token, (claim, ttl))
                             .await?
                             .map_err(|()| format!("the node `{parent}` vanished twice"))?
                     }
                 };
                 let (child, first) = created;
                 self.created().insert(token, Some(child.clone()));
-                Ok(Enqueued::new(child, first, None))
+                let made = Enqueued::new(child, first, None);
+                Ok(made.map(|made| Enqueued {
+                    fresh: true,
+                    ..made
+                }))
             }
         }
     }
 
-    /// Creates our child; returns it and whether it heads the queue, or
-    /// `Err(())` when the key's node does not exist.
+    /// Creates our child, its data the ttl; returns it and whether it
+    /// heads the queue, or `Err(())` when the key's node does not exist.
     ///
     /// One request, one transaction, and no read: the create and an empty
     /// `setData` on the key's node, whose returned stat is taken in the
@@ -116,7 +123,7 @@ impl Shared {
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
-        claim: Claim,
+        (claim, ttl): (Claim, Duration),
     ) -> Result<Result<(Child, bool), ()>, BackendError> {
         let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         let hex = token.hex();
@@ -129,7 +136,7 @@ impl Shared {
         let client = self.client();
         let mut multi = client.new_multi_writer();
         multi
-            .add_create(&prefix, &[], &options)
+            .add_create(&prefix, &keys::ttl_data(ttl), &options)
             .and_then(|()| multi.add_set_data(parent, &[], None))
             .map_err(|err| format!("ZooKeeper refused the lock node `{prefix}`: {err}"))?;
         let mut unknown = Unknown {
@@ -166,6 +173,8 @@ impl Shared {
             Err(Failed::Refused(ZkError::NoNode)) => return Ok(Err(())),
             Err(err) => return Err(err.into()),
         };
+        // The transaction's time, by the ensemble's clock.
+        self.overdue.saw(stat.mtime);
         let name = path.rsplit('/').next().unwrap_or_default();
         let child = Child::new(parent, name, stat.mzxid);
         Ok(Ok((child, stat.num_children == 1)))

@@ -13,6 +13,7 @@ use super::keys::encode_onto;
 use super::session::Session;
 
 pub(super) mod deletions;
+pub(super) mod dues;
 use crate::error::BackendError;
 use crate::store::support::queue::Place;
 use crate::store::{LockToken, LossSignal};
@@ -31,6 +32,7 @@ pub(super) struct Shared {
     /// whose reply was lost: `None` until found by name).
     pub(super) created: Mutex<HashMap<LockToken, Option<Child>>>,
     pub(super) deletions: deletions::Deletions,
+    pub(super) overdue: dues::Dues,
 }
 
 /// One of our children: its path (its key's node, `/`, its name), built
@@ -127,6 +129,14 @@ impl Shared {
 
     pub(super) fn created(&self) -> std::sync::MutexGuard<'_, HashMap<LockToken, Option<Child>>> {
         self.created.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets where the waiter's watch placed our child for `token`: the
+    /// queue changed under it.
+    pub(super) fn unplace(&self, token: LockToken) {
+        if let Some(Some(child)) = self.created().get_mut(&token) {
+            child.place = Place::Unknown;
+        }
     }
 
     pub(super) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, LossSignal>> {
