@@ -104,24 +104,29 @@ fn a_sigkilled_holder_blocks_others_for_its_ttl_not_its_session_timeout() {
 
 /// A holder (1 s ttl, 30 s session) frozen with SIGSTOP: a waiter deletes
 /// its overdue node and gets the lock after the frozen holder's lease
-/// ended (it renewed last before the freeze), by a margin; thawed, the
-/// holder reports `Lost` and never finishes its body.
+/// ended (it renewed last before the freeze), by a margin, with a larger
+/// fencing token; thawed, the holder reports `Lost` and never finishes its
+/// body.
 #[test]
 fn a_frozen_holder_is_taken_over_after_its_lease_and_told_it_lost() {
     let servers = Servers::new(3);
     let processes = servers.processes(Duration::from_secs(30));
     let key = unique_key("frozen");
     let mut holder = processes.worker("hold-1s", &key, &["60000"]);
-    holder.expect("acquired", Duration::from_secs(10));
+    let held = holder.expect("acquired", Duration::from_secs(10));
     let mut waiter = processes.worker("wait", &key, &[]);
     waiter.expect("ready", Duration::from_secs(10));
     // Its renewals so far were all sent before this.
     let frozen_at = now_ms();
     holder.pause();
-    let acquired: u128 = field(&waiter.expect("acquired", Duration::from_secs(10)), "at_ms")
-        .parse()
-        .unwrap();
+    let taken = waiter.expect("acquired", Duration::from_secs(10));
     holder.resume();
+    let acquired: u128 = field(&taken, "at_ms").parse().unwrap();
+    let fencing = |line: &str| field(line, "fencing").parse::<u64>().unwrap();
+    assert!(
+        fencing(&taken) > fencing(&held),
+        "fencing went back after a holder was taken over: {held} then {taken}"
+    );
     let lease_end = frozen_at + 1000;
     assert!(
         acquired > lease_end,

@@ -38,6 +38,10 @@
 //!   that comes back learns it lost the lock (its renewal finds no node,
 //!   and its watch sees the deletion). Its lease counted from before its
 //!   last write, so it gave the lock up before anyone could delete it.
+//!   (A waiter that waited longer than its ttl writes its node a round
+//!   trip after it heads the queue; an attempt that reads the node just
+//!   before takes it for overdue, and the waiter queues again: safe, but
+//!   it loses its place.)
 //!   The session still bounds everything: a holder's children go with its
 //!   session, and a ttl may not exceed the session timeout. An expired
 //!   session is pushed to every holder (body cancelled, `Lost`). The
