@@ -315,14 +315,22 @@ where
         Ok(renewed == 1)
     }
 
+    /// Releases `token`'s lease on `lock` (or shortens it to `linger`);
+    /// `exclusive` when the caller knows it is an exclusive lease of its
+    /// own, which a script of one key releases.
     pub(super) async fn release(
         &self,
         lock: &[u8],
         token: LockToken,
         linger: Duration,
+        exclusive: bool,
     ) -> Result<bool, BackendError> {
         let channel = suffixed(lock, b":released");
         let call = match self.fair {
+            None if exclusive => Call::new(&scripts::RELEASE_EXCLUSIVE, &[lock])
+                .arg(&token.hex()[..])
+                .arg(millis(linger))
+                .arg(channel),
             None => Call::new(
                 &scripts::RELEASE,
                 &[

@@ -14,6 +14,8 @@ pub(super) struct RedisLease<C> {
     pub(super) lock: Vec<u8>,
     pub(super) token: LockToken,
     pub(super) ttl: Duration,
+    /// Whether it is an exclusive lease (not a share or a permit).
+    pub(super) exclusive: bool,
 }
 
 impl<C> Lease for RedisLease<C>
@@ -25,7 +27,10 @@ where
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(self.commands.release(&self.lock, self.token, linger))
+        Box::pin(
+            self.commands
+                .release(&self.lock, self.token, linger, self.exclusive),
+        )
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {

@@ -335,7 +335,9 @@ where
         token: LockToken,
         linger: Duration,
     ) -> Result<bool, BackendError> {
-        self.commands.release(&lock_name(key), token, linger).await
+        self.commands
+            .release(&lock_name(key), token, linger, false)
+            .await
     }
 
     /// Raises `key`'s fencing counter to at least `floor`, kept for at least
@@ -410,6 +412,7 @@ where
                         lock,
                         token: request.token,
                         ttl: request.ttl,
+                        exclusive: request.claim == Claim::Exclusive,
                     }),
                 },
                 Err(remaining) => Acquire::Held { remaining },

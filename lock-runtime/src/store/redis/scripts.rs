@@ -18,6 +18,7 @@ pub(super) static SHARE_ACQUIRE: Lazy<Script> =
     script!("fence.lua", "shares.lua", "share_acquire.lua");
 pub(super) static RENEW: Lazy<Script> = script!("renew.lua");
 pub(super) static RELEASE: Lazy<Script> = script!("release.lua");
+pub(super) static RELEASE_EXCLUSIVE: Lazy<Script> = script!("release_exclusive.lua");
 pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "hand_over.lua");
 pub(super) static FORCE_RELEASE: Lazy<Script> = script!("force_release.lua");
 pub(super) static INSPECT: Lazy<Script> = script!("inspect.lua");
