@@ -130,6 +130,10 @@ impl Renewable for State {
         self.loss.raise(reason);
     }
 
+    fn ends_at(&self, at: tokio::time::Instant, reason: &'static str) {
+        self.loss.ends_at(at, reason);
+    }
+
     fn span(&self) -> &Span {
         &self.span
     }

@@ -35,6 +35,9 @@ pub(crate) trait Renewable: Send + Sync {
     fn renew(&self) -> Reply<'_, bool>;
     /// The lease is lost, for `reason`.
     fn lose(&self, reason: &'static str);
+    /// The holder stops counting on the lease at `at`, for `reason`, unless
+    /// told a later time first.
+    fn ends_at(&self, at: Instant, reason: &'static str);
     /// The lock's span, the parent of the renewal's events.
     fn span(&self) -> &tracing::Span;
     /// A renewal did not extend the lease (counted).
@@ -128,6 +131,23 @@ impl Entry {
             self.lease.lose(reason);
         }
     }
+
+    /// Tells the holder when it stops counting on the lease: where the
+    /// lease stops being valid, or `max_hold` passes if that is sooner.
+    fn tell_deadline(&self) {
+        let valid_until = self.valid_until();
+        let ends = if self.schedule.renew {
+            reason::LATE
+        } else {
+            reason::TTL
+        };
+        match self.stop_at() {
+            Some(stop_at) if stop_at <= valid_until => {
+                self.lease.ends_at(stop_at, reason::MAX_HOLD);
+            }
+            _ => self.lease.ends_at(valid_until, ends),
+        }
+    }
 }
 
 mod renewer;
@@ -167,6 +187,7 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
             Ok(Ok(true)) => {
                 tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
                 *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
+                entry.tell_deadline();
                 let due = entry.next_due(sent_at);
                 renewer.schedule(id, &entry, due);
             }
@@ -208,6 +229,7 @@ impl Renewal {
             lease,
             stopped: AtomicBool::new(false),
         });
+        entry.tell_deadline();
         let due = entry.next_due(acquired_at);
         let id = renewer.add(entry.clone(), due);
         Renewal { renewer, id, entry }

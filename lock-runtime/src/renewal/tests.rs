@@ -8,6 +8,8 @@ struct Held {
     span: tracing::Span,
     renewals: Arc<std::sync::atomic::AtomicUsize>,
     losses: Arc<std::sync::atomic::AtomicUsize>,
+    /// The last deadline the holder was told.
+    ends: Arc<std::sync::Mutex<Option<(Instant, &'static str)>>>,
 }
 
 impl Default for Held {
@@ -16,6 +18,7 @@ impl Default for Held {
             span: tracing::Span::none(),
             renewals: Arc::default(),
             losses: Arc::default(),
+            ends: Arc::default(),
         }
     }
 }
@@ -32,6 +35,10 @@ impl Renewable for Held {
 
     fn lose(&self, _: &'static str) {
         self.losses.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn ends_at(&self, at: Instant, reason: &'static str) {
+        *self.ends.lock().unwrap() = Some((at, reason));
     }
 
     fn span(&self) -> &tracing::Span {
@@ -141,4 +148,39 @@ async fn many_leases_are_renewed_in_batches() {
     for lease in &leases {
         lease.stop();
     }
+}
+
+/// The holder is told when it stops counting on its lease: at the start,
+/// again after each renewal, and `max_hold` when that comes first.
+#[tokio::test(start_paused = true)]
+async fn the_holder_is_told_its_deadline_and_each_new_one() {
+    let owner = Arc::new(());
+    let held = Held::default();
+    let ends = held.ends.clone();
+    let start = Instant::now();
+    let renewal = Renewal::start(&owner, schedule(), Arc::new(held));
+    let told = || *ends.lock().unwrap();
+    assert_eq!(
+        told(),
+        Some((start + Duration::from_secs(29), reason::LATE))
+    );
+    // Renewed at 10 s: valid 29 s from then.
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    let (at, why) = told().unwrap();
+    assert!(at >= start + Duration::from_secs(38), "{:?}", at - start);
+    assert_eq!(why, reason::LATE);
+    drop(renewal);
+    let capped = Held::default();
+    let ends = capped.ends.clone();
+    let mut schedule = schedule();
+    schedule.max_hold = Some(Duration::from_secs(5));
+    let _renewal = Renewal::start(&owner, schedule, Arc::new(capped));
+    let told = *ends.lock().unwrap();
+    assert_eq!(
+        told,
+        Some((
+            start + Duration::from_millis(10_500) + Duration::from_secs(5),
+            reason::MAX_HOLD
+        ))
+    );
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// The signal that one lease is lost.
 ///
@@ -25,6 +26,9 @@ pub struct LossSignal {
 struct LossShared {
     raised: AtomicBool,
     notify: Notify,
+    /// When the holder stops counting on the lease, and why: looked at
+    /// whenever the holder's task wakes (see [`LossSignal::raised`]).
+    deadline: Mutex<Option<(Instant, &'static str)>>,
     /// Told once when the signal is raised; the runtime's holder of the lease.
     listener: Mutex<Option<Weak<dyn LossListener>>>,
 }
@@ -61,18 +65,55 @@ impl LossSignal {
         self.shared.raised.load(Ordering::SeqCst)
     }
 
-    /// Completes once the signal is raised.
+    /// Completes once the signal is raised, or the lease's deadline (see
+    /// [`ends_at`](Self::ends_at)) has passed, which raises it. The
+    /// deadline is looked at each time this is polled, not only when the
+    /// renewal's timer fires: a task that wakes late (its process frozen,
+    /// its thread blocked) learns that its lease ended before it runs on,
+    /// whichever of its wake-ups comes first.
     pub async fn raised(&self) {
         loop {
             let notified = self.shared.notify.notified();
             let mut notified = std::pin::pin!(notified);
             // Registered before the check, so a raise in between is not missed.
             notified.as_mut().enable();
-            if self.is_raised() {
+            let raised = std::future::poll_fn(|cx| {
+                if self.is_raised() || self.past_deadline() {
+                    return std::task::Poll::Ready(true);
+                }
+                notified.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if raised || self.is_raised() {
                 return;
             }
-            notified.await;
         }
+    }
+
+    /// Sets when the holder stops counting on the lease (its ttl less the
+    /// margin, or `max_hold`), and the reason it is lost then.
+    pub(crate) fn ends_at(&self, at: Instant, reason: &'static str) {
+        *self.deadline() = Some((at, reason));
+    }
+
+    /// Raises the signal if its deadline has passed; whether it did.
+    fn past_deadline(&self) -> bool {
+        let deadline = *self.deadline();
+        match deadline {
+            Some((at, reason)) if Instant::now() >= at => {
+                self.raise(reason);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn deadline(&self) -> std::sync::MutexGuard<'_, Option<(Instant, &'static str)>> {
+        // One assignment or copy per use: consistent after a panic.
+        self.shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Completes once any of `signals` is raised; never, if there are

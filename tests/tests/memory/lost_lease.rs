@@ -220,3 +220,49 @@ async fn outside_a_locked_body_nothing_is_lost() {
     let waited = tokio::time::timeout(Duration::from_secs(3600), lock_runtime::lost()).await;
     assert!(waited.is_err(), "lost() completed with no lease held");
 }
+
+/// A process frozen past its lease (here a task blocking the runtime's
+/// only thread, as SIGSTOP would): the body, woken afterwards by something
+/// other than a timer before the runtime's own timers have fired, is
+/// cancelled before it runs on: its lease ended while it waited.
+#[test]
+fn a_body_woken_after_its_lease_ended_is_cancelled_before_it_runs_on() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let steps = std::sync::Arc::new(Steps::default());
+    let result = runtime.block_on(async {
+        let locks = LockRegistry::memory();
+        let (inside, entered) = oneshot::channel::<()>();
+        let (wake, woken) = oneshot::channel::<()>();
+        let options = LockOptions::default()
+            .ttl(Duration::from_millis(100))
+            .watchdog(false);
+        let body_steps = steps.clone();
+        let body = tokio::spawn(async move {
+            locks
+                .with_lock(&unique_key("frozen"), options, async {
+                    let _ = inside.send(());
+                    let _ = woken.await;
+                    body_steps.push("ran on after the freeze");
+                })
+                .await
+        });
+        entered.await.unwrap();
+        // Woken from another thread while the runtime's thread is frozen:
+        // the wake is queued before the expired timers are looked at.
+        tokio::spawn(async move {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(150));
+                let _ = wake.send(());
+            });
+            std::thread::sleep(Duration::from_millis(300));
+        })
+        .await
+        .unwrap();
+        body.await.unwrap()
+    });
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    assert_eq!(steps.taken(), Vec::<&str>::new());
+}
