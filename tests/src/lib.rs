@@ -8,6 +8,7 @@
 pub mod attribute;
 mod certs;
 mod etcd_server;
+pub mod history;
 mod postgres_server;
 pub mod processes;
 mod proxy;

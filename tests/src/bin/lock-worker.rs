@@ -245,6 +245,57 @@ async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::
     Ok(())
 }
 
+/// One soak body: where it records, who it is, how many 5 ms steps it
+/// takes, and the last moment it acted.
+struct SoakBody<'a> {
+    history: &'a lock_tests::history::Recorder,
+    holder: &'a str,
+    steps: u32,
+    last: &'a std::sync::Mutex<u64>,
+}
+
+impl SoakBody<'_> {
+    /// Says it began (with its fencing token), then takes its steps, each
+    /// noted as the last moment it acted.
+    async fn run(&self, key: &str) {
+        use lock_tests::history::now_us;
+        let start = now_us();
+        *self.last.lock().expect("last") = start;
+        self.history.line(&format!(
+            "start key={key} holder={} fencing={} at_us={start}",
+            self.holder,
+            fencing_token().unwrap_or(0)
+        ));
+        for _ in 0..self.steps {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            *self.last.lock().expect("last") = now_us();
+        }
+    }
+}
+
+#[distributed_lock(key = "{key}", ttl = "500ms", wait_timeout = "3s")]
+async fn soak_wait(key: &str, body: &SoakBody<'_>) {
+    body.run(key).await;
+}
+
+#[distributed_lock(key = "{key}", mode = "skip", ttl = "500ms")]
+async fn soak_skip(key: &str, body: &SoakBody<'_>) {
+    body.run(key).await;
+}
+
+/// A small generator of pseudo-random numbers (xorshift), seeded per
+/// task, so a soak's choices follow from its seed.
+struct Draws(u64);
+
+impl Draws {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
 /// A connection of its own to the data server.
 async fn connection(data: &redis::Client) -> MultiplexedConnection {
     data.get_multiplexed_async_connection()
@@ -388,6 +439,76 @@ async fn main() -> Result<(), LockError> {
                 now_ms()
             );
             guard.release().await?;
+        }
+        "soak" => {
+            // Two tasks lock `KEY-0`..`KEY-2` at random, in wait or skip
+            // mode, for bodies of 0 to 800 ms (500 ms leases, renewed),
+            // and record every body in the history file.
+            let secs: u64 = arg(&args, 4, "seconds").parse().expect("seconds");
+            let path = arg(&args, 5, "history file");
+            let seed: u64 = arg(&args, 6, "seed").parse().expect("seed");
+            let history =
+                std::sync::Arc::new(lock_tests::history::Recorder::open(&path).expect("history"));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+            let mut handles = Vec::new();
+            for task in 0..2u64 {
+                let (history, key) = (history.clone(), key.clone());
+                // From the seed alone, so a run's choices can be replayed.
+                let mut draws =
+                    Draws((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (task + 1)).max(1));
+                handles.push(tokio::spawn(async move {
+                    use lock_tests::history::now_us;
+                    let pid = std::process::id();
+                    for n in 0.. {
+                        if tokio::time::Instant::now() >= deadline {
+                            break;
+                        }
+                        let key = format!("{key}-{}", draws.below(3));
+                        let holder = format!("{pid}.{task}.{n}");
+                        let steps = u32::try_from(draws.below(160)).unwrap_or(0);
+                        let last = std::sync::Mutex::new(0);
+                        let body = SoakBody {
+                            history: &history,
+                            holder: &holder,
+                            steps,
+                            last: &last,
+                        };
+                        let outcome = if draws.below(4) != 0 {
+                            soak_wait(&key, &body).await.map(Some)
+                        } else {
+                            soak_skip(&key, &body).await
+                        };
+                        let last = *last.lock().expect("last");
+                        let line = match outcome {
+                            Ok(Some(())) => {
+                                format!(
+                                    "end key={key} holder={holder} at_us={last} outcome=released"
+                                )
+                            }
+                            Ok(None) => format!("skipped key={key} at_us={}", now_us()),
+                            Err(LockError::Lost { .. }) if last > 0 => {
+                                format!("end key={key} holder={holder} at_us={last} outcome=lost")
+                            }
+                            Err(LockError::Timeout { .. }) => {
+                                format!("timeout key={key} at_us={}", now_us())
+                            }
+                            Err(err) if last > 0 => {
+                                eprintln!("soak worker {pid}: {err}");
+                                format!("end key={key} holder={holder} at_us={last} outcome=error")
+                            }
+                            Err(err) => {
+                                eprintln!("soak worker {pid}: {err}");
+                                format!("failed key={key} at_us={}", now_us())
+                            }
+                        };
+                        history.line(&line);
+                    }
+                }));
+            }
+            for handle in handles {
+                handle.await.expect("task");
+            }
+            println!("done");
         }
         "wait-12s" => {
             let options =

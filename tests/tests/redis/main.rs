@@ -9,5 +9,6 @@ mod partition;
 mod processes;
 mod redlock;
 mod redlock_processes;
+mod soak;
 mod store;
 mod tls;

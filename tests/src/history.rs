@@ -1,0 +1,304 @@
+//! Histories of locked bodies, written by soak workers, and the checker
+//! that reads them back.
+//!
+//! A worker appends one line per event to a file of its own, flushed at
+//! once, so a SIGKILL loses nothing already done:
+//!
+//! - `start key=K holder=H fencing=F at_us=T`: a body began, holding `K`;
+//! - `end key=K holder=H at_us=T outcome=O`: it ended; `T` is its last
+//!   step (for a body cancelled by a lost lease, the last step it took
+//!   before it was told), `O` is `released`, `lost` or `error`;
+//! - `skipped key=K at_us=T`, `timeout key=K at_us=T`, `failed key=K
+//!   at_us=T`: an attempt that got no lock.
+//!
+//! The runner appends `killed pid=P at_us=T` for each worker it SIGKILLs:
+//! a body of that worker with no `end` line may have acted until then.
+//! Times are microseconds of the wall clock, which every process on this
+//! machine shares.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The wall clock now, in microseconds.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Appends history lines to a file, each flushed as it is written.
+#[derive(Debug)]
+pub struct Recorder {
+    file: std::sync::Mutex<std::fs::File>,
+}
+
+impl Recorder {
+    /// Appends to `path`, creating it.
+    pub fn open(path: &str) -> std::io::Result<Recorder> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Recorder {
+            file: std::sync::Mutex::new(file),
+        })
+    }
+
+    /// Writes one line.
+    pub fn line(&self, line: &str) {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        // One write per line: lines of several tasks never interleave.
+        let _ = file.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// One body that held a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The key.
+    pub key: String,
+    /// Who held it (`pid.task.n`).
+    pub holder: String,
+    /// Its fencing token.
+    pub fencing: u64,
+    /// When the body began.
+    pub start_us: u64,
+    /// When it last acted; `None` if its process died first.
+    pub end_us: Option<u64>,
+    /// How it ended: `released`, `lost`, `error`; `died` with no end line.
+    pub outcome: String,
+}
+
+impl Grant {
+    /// The pid of its holder.
+    fn pid(&self) -> &str {
+        self.holder.split('.').next().unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} by {} fencing {} from {} to {} ({})",
+            self.key,
+            self.holder,
+            self.fencing,
+            self.start_us,
+            self.end_us
+                .map_or_else(|| "its death".to_owned(), |end| end.to_string()),
+            self.outcome
+        )
+    }
+}
+
+/// What a history says, read back.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Every body, in no particular order.
+    pub grants: Vec<Grant>,
+    /// Attempts that got no lock, by what came of them.
+    pub refused: HashMap<String, u64>,
+    /// SIGKILLed workers: pid and time.
+    pub killed: HashMap<String, u64>,
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split(' ')
+        .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+}
+
+impl History {
+    /// Reads the lines of one file (a worker's or the runner's).
+    pub fn read(&mut self, text: &str) -> Result<(), String> {
+        let mut open: HashMap<String, usize> = HashMap::new();
+        for line in text.lines().filter(|line| !line.is_empty()) {
+            let kind = line.split(' ').next().unwrap_or_default();
+            let get = |name: &str| {
+                field(line, name).ok_or_else(|| format!("no `{name}` in the history line `{line}`"))
+            };
+            let number = |name: &str| {
+                get(name)?
+                    .parse::<u64>()
+                    .map_err(|_| format!("`{name}` is not a number in `{line}`"))
+            };
+            match kind {
+                "start" => {
+                    open.insert(get("holder")?.to_owned(), self.grants.len());
+                    self.grants.push(Grant {
+                        key: get("key")?.to_owned(),
+                        holder: get("holder")?.to_owned(),
+                        fencing: number("fencing")?,
+                        start_us: number("at_us")?,
+                        end_us: None,
+                        outcome: "died".to_owned(),
+                    });
+                }
+                "end" => {
+                    let at = open
+                        .remove(get("holder")?)
+                        .ok_or_else(|| format!("an end with no start: `{line}`"))?;
+                    self.grants[at].end_us = Some(number("at_us")?);
+                    self.grants[at].outcome = get("outcome")?.to_owned();
+                }
+                "killed" => {
+                    self.killed.insert(get("pid")?.to_owned(), number("at_us")?);
+                }
+                "skipped" | "timeout" | "failed" => {
+                    *self.refused.entry(kind.to_owned()).or_default() += 1;
+                }
+                _ => return Err(format!("an unknown history line `{line}`")),
+            }
+        }
+        Ok(())
+    }
+
+    /// When a grant's body last may have acted: its end, or its process's
+    /// death (or `run_end`, if the process was not killed).
+    fn end_of(&self, grant: &Grant, run_end: u64) -> u64 {
+        grant
+            .end_us
+            .unwrap_or_else(|| self.killed.get(grant.pid()).copied().unwrap_or(run_end))
+    }
+
+    /// Checks mutual exclusion and fencing per key; every violation found,
+    /// with the records involved. `run_end` bounds bodies whose process
+    /// was neither killed nor finished.
+    pub fn violations(&self, run_end: u64) -> Vec<String> {
+        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+        for grant in &self.grants {
+            by_key.entry(&grant.key).or_default().push(grant);
+        }
+        let mut found = Vec::new();
+        for grants in by_key.values_mut() {
+            grants.sort_by_key(|grant| grant.start_us);
+            // The body seen so far that acted latest.
+            let mut latest: Option<(&Grant, u64)> = None;
+            for grant in grants.iter() {
+                if let Some((before, until)) = latest
+                    && grant.start_us < until
+                {
+                    found.push(format!(
+                        "overlap by {} µs: {before} / {grant}",
+                        until - grant.start_us
+                    ));
+                }
+                let end = self.end_of(grant, run_end);
+                if latest.is_none_or(|(_, until)| end > until) {
+                    latest = Some((grant, end));
+                }
+            }
+            for pair in grants.windows(2) {
+                if pair[1].fencing <= pair[0].fencing {
+                    found.push(format!(
+                        "fencing not increasing: {} then {}",
+                        pair[0], pair[1]
+                    ));
+                }
+            }
+        }
+        found
+    }
+
+    /// Per key: grants, and the longest time between one body's end and
+    /// the next one's start.
+    pub fn summary(&self, run_end: u64) -> String {
+        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+        for grant in &self.grants {
+            by_key.entry(&grant.key).or_default().push(grant);
+        }
+        let mut keys: Vec<_> = by_key.keys().copied().collect();
+        keys.sort_unstable();
+        let mut lines = Vec::new();
+        for key in keys {
+            let grants = by_key.get_mut(key).expect("a key listed");
+            grants.sort_by_key(|grant| grant.start_us);
+            let gap = grants
+                .windows(2)
+                .map(|pair| {
+                    pair[1]
+                        .start_us
+                        .saturating_sub(self.end_of(pair[0], run_end))
+                })
+                .max()
+                .unwrap_or(0);
+            let lost = grants.iter().filter(|g| g.outcome == "lost").count();
+            let died = grants.iter().filter(|g| g.outcome == "died").count();
+            lines.push(format!(
+                "{key}: {} grants, {lost} lost, {died} died holding, longest gap {:.0} ms",
+                grants.len(),
+                gap as f64 / 1000.0
+            ));
+        }
+        let mut refused: Vec<_> = self.refused.iter().collect();
+        refused.sort_unstable();
+        lines.push(format!(
+            "refused: {refused:?}; workers killed: {}",
+            self.killed.len()
+        ));
+        lines.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn history(text: &str) -> History {
+        let mut history = History::default();
+        history.read(text).unwrap();
+        history
+    }
+
+    #[test]
+    fn bodies_one_after_another_with_rising_tokens_pass() {
+        let h = history(
+            "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+             end key=a holder=1.0.0 at_us=200 outcome=released\n\
+             start key=a holder=2.0.0 fencing=7 at_us=210\n\
+             end key=a holder=2.0.0 at_us=300 outcome=lost\n\
+             start key=b holder=2.1.0 fencing=1 at_us=150\n",
+        );
+        assert_eq!(h.violations(1_000), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_overlap_and_a_token_going_back_are_found() {
+        let h = history(
+            "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+             start key=a holder=2.0.0 fencing=4 at_us=150\n\
+             end key=a holder=2.0.0 at_us=160 outcome=released\n\
+             end key=a holder=1.0.0 at_us=200 outcome=released\n",
+        );
+        let found = h.violations(1_000);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("overlap by 50 µs"), "{found:?}");
+        assert!(found[1].starts_with("fencing not increasing"), "{found:?}");
+    }
+
+    #[test]
+    fn a_killed_holder_counts_until_its_death() {
+        let text = "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+                    start key=a holder=2.0.0 fencing=6 at_us=400\n";
+        let mut h = history(text);
+        // Not killed: it may have acted until the run's end.
+        assert_eq!(h.violations(1_000).len(), 1);
+        h.read("killed pid=1 at_us=300\n").unwrap();
+        assert_eq!(h.violations(1_000), Vec::<String>::new());
+        h.killed.insert("1".to_owned(), 450);
+        assert_eq!(h.violations(1_000).len(), 1);
+    }
+
+    #[test]
+    fn bad_lines_are_errors_naming_them() {
+        let mut h = History::default();
+        let err = h.read("start key=a holder=1.0.0 at_us=1\n").unwrap_err();
+        assert!(err.contains("fencing") && err.contains("key=a"), "{err}");
+        let err = h
+            .read("end key=a holder=9 at_us=1 outcome=released\n")
+            .unwrap_err();
+        assert!(err.contains("no start"), "{err}");
+    }
+}
