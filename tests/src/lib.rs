@@ -14,6 +14,7 @@ pub mod processes;
 mod proxy;
 mod redis_server;
 mod server_process;
+pub mod soak;
 mod worker;
 mod zookeeper_server;
 

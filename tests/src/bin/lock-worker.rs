@@ -273,27 +273,21 @@ impl SoakBody<'_> {
     }
 }
 
-#[distributed_lock(key = "{key}", ttl = "500ms", wait_timeout = "3s")]
+/// The soak's lease length, from its arguments.
+static SOAK_TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+fn soak_ttl() -> Duration {
+    *SOAK_TTL.get().expect("the soak's ttl")
+}
+
+#[distributed_lock(key = "{key}", ttl = soak_ttl(), wait_timeout = soak_ttl() * 6)]
 async fn soak_wait(key: &str, body: &SoakBody<'_>) {
     body.run(key).await;
 }
 
-#[distributed_lock(key = "{key}", mode = "skip", ttl = "500ms")]
+#[distributed_lock(key = "{key}", mode = "skip", ttl = soak_ttl())]
 async fn soak_skip(key: &str, body: &SoakBody<'_>) {
     body.run(key).await;
-}
-
-/// A small generator of pseudo-random numbers (xorshift), seeded per
-/// task, so a soak's choices follow from its seed.
-struct Draws(u64);
-
-impl Draws {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// A connection of its own to the data server.
@@ -442,11 +436,15 @@ async fn main() -> Result<(), LockError> {
         }
         "soak" => {
             // Two tasks lock `KEY-0`..`KEY-2` at random, in wait or skip
-            // mode, for bodies of 0 to 800 ms (500 ms leases, renewed),
-            // and record every body in the history file.
+            // mode, for bodies of 0 to 1.6 ttls (renewed), and record
+            // every body in the history file.
             let secs: u64 = arg(&args, 4, "seconds").parse().expect("seconds");
             let path = arg(&args, 5, "history file");
             let seed: u64 = arg(&args, 6, "seed").parse().expect("seed");
+            let ttl_ms: u64 = arg(&args, 7, "ttl ms").parse().expect("ttl ms");
+            SOAK_TTL
+                .set(Duration::from_millis(ttl_ms))
+                .expect("one soak per process");
             let history =
                 std::sync::Arc::new(lock_tests::history::Recorder::open(&path).expect("history"));
             let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -454,8 +452,9 @@ async fn main() -> Result<(), LockError> {
             for task in 0..2u64 {
                 let (history, key) = (history.clone(), key.clone());
                 // From the seed alone, so a run's choices can be replayed.
-                let mut draws =
-                    Draws((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (task + 1)).max(1));
+                let mut draws = lock_tests::soak::Draws(
+                    (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (task + 1)).max(1),
+                );
                 handles.push(tokio::spawn(async move {
                     use lock_tests::history::now_us;
                     let pid = std::process::id();
@@ -465,7 +464,8 @@ async fn main() -> Result<(), LockError> {
                         }
                         let key = format!("{key}-{}", draws.below(3));
                         let holder = format!("{pid}.{task}.{n}");
-                        let steps = u32::try_from(draws.below(160)).unwrap_or(0);
+                        // 5 ms steps, up to 1.6 ttls.
+                        let steps = u32::try_from(draws.below(ttl_ms * 8 / 25 + 1)).unwrap_or(0);
                         let last = std::sync::Mutex::new(0);
                         let body = SoakBody {
                             history: &history,

@@ -4,4 +4,5 @@
 
 mod attribute;
 mod processes;
+mod soak;
 mod store;

@@ -5,4 +5,5 @@
 mod attribute;
 mod pooler;
 mod processes;
+mod soak;
 mod store;

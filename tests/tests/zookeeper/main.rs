@@ -5,4 +5,5 @@
 mod attribute;
 mod harness;
 mod processes;
+mod soak;
 mod store;

@@ -1,0 +1,18 @@
+//! A short soak on a three-member etcd cluster (see `lock_tests::soak`):
+//! worker processes killed and frozen at random, every body checked.
+//! etcd counts leases in whole seconds: 1 s leases.
+
+use std::time::Duration;
+
+use lock_tests::EtcdCluster;
+use lock_tests::soak::Soak;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
+
+#[test]
+fn workers_killed_and_frozen_at_random_never_overlap_and_fence_in_order() {
+    let cluster = EtcdCluster::spawn(3);
+    let soak = Soak::new(WORKER, &cluster.worker_url(), Duration::from_secs(1), 25);
+    let report = soak.run("etcd");
+    assert!(report.history.grants.len() > 30, "no progress");
+}
