@@ -202,8 +202,9 @@ impl History {
         found
     }
 
-    /// Per key: grants, and the longest time between one body's end and
-    /// the next one's start.
+    /// Per key: grants, losses, bodies whose process died, the longest
+    /// time between one body's end and the next one's start, and the
+    /// smallest between a lost body's last step and the next body's start.
     pub fn summary(&self, run_end: u64) -> String {
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
         for grant in &self.grants {
@@ -226,8 +227,23 @@ impl History {
                 .unwrap_or(0);
             let lost = grants.iter().filter(|g| g.outcome == "lost").count();
             let died = grants.iter().filter(|g| g.outcome == "died").count();
+            // From a lost body's last step to the next body's start.
+            let margin = grants
+                .windows(2)
+                .filter(|pair| pair[0].outcome == "lost")
+                .map(|pair| pair[1].start_us as i64 - self.end_of(pair[0], run_end) as i64)
+                .min()
+                .map_or_else(
+                    || "no lost body followed".to_owned(),
+                    |margin| {
+                        format!(
+                            "smallest margin after a loss {:.0} ms",
+                            margin as f64 / 1000.0
+                        )
+                    },
+                );
             lines.push(format!(
-                "{key}: {} grants, {lost} lost, {died} died holding, longest gap {:.0} ms",
+                "{key}: {} grants, {lost} lost, {died} died holding, longest gap {:.0} ms, {margin}",
                 grants.len(),
                 gap as f64 / 1000.0
             ));

@@ -6,6 +6,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod attribute;
+pub mod careless;
 mod certs;
 mod etcd_server;
 pub mod history;

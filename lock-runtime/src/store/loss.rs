@@ -65,8 +65,8 @@ impl LossSignal {
         self.shared.raised.load(Ordering::SeqCst)
     }
 
-    /// Completes once the signal is raised, or the lease's deadline (see
-    /// [`ends_at`](Self::ends_at)) has passed, which raises it. The
+    /// Completes once the signal is raised, or the lease's deadline (which
+    /// the runtime's renewal keeps) has passed, which raises it. The
     /// deadline is looked at each time this is polled, not only when the
     /// renewal's timer fires: a task that wakes late (its process frozen,
     /// its thread blocked) learns that its lease ended before it runs on,

@@ -313,9 +313,16 @@ async fn main() -> Result<(), LockError> {
     // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
     // `zookeeper://host:port,...?session_ms=N`: the ZooKeeper store (the
     // shared data then needs LOCK_WORKER_DATA_URL), `redis://…?fair_grant_ms=N`:
-    // the Redis store in fair mode (the same).
+    // the Redis store in fair mode (the same), `careless+redis://…`: see
+    // below.
     let registry = if url.starts_with("postgres://") {
         LockRegistry::postgres(&url).await?
+    } else if let Some(server) = url.strip_prefix("careless+") {
+        // `careless+redis://…`: the Redis store, its leases releasing
+        // without checking the owner (a bug for the soak to catch).
+        let store = lock_runtime::RedisStore::builder(server).connect().await?;
+        let careless = lock_tests::careless::Careless(std::sync::Arc::new(store));
+        LockRegistry::builder(careless).build()?
     } else if let Some(members) = url.strip_prefix("etcd://") {
         let endpoints: Vec<String> = members.split(',').map(|m| format!("http://{m}")).collect();
         let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();

@@ -14,3 +14,21 @@ fn workers_killed_and_frozen_at_random_never_overlap_and_fence_in_order() {
     let report = Soak::new(WORKER, &server.url(), Duration::from_millis(500), 20).run("redis");
     assert!(report.history.grants.len() > 50, "no progress");
 }
+
+/// The checker bites: the same soak with leases that release without
+/// checking the owner (a holder back from a freeze deletes its
+/// successor's lock) is caught with overlapping bodies.
+#[test]
+fn a_release_that_does_not_check_the_owner_is_caught() {
+    let server = RedisServer::new();
+    let url = format!("careless+{}", server.url());
+    let report = Soak::new(WORKER, &url, Duration::from_millis(500), 20).record("careless redis");
+    let violations = report.history.violations(report.ended_us);
+    eprintln!("the careless release, caught:\n{}", violations.join("\n"));
+    assert!(
+        violations.iter().any(|found| found.starts_with("overlap")),
+        "seed {}: no overlap found; frozen {} times",
+        report.seed,
+        report.freezes
+    );
+}

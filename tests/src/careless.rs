@@ -1,0 +1,75 @@
+//! A deliberately broken store for the soak's checker to catch: its leases
+//! release the key without checking that they still hold it (a forced
+//! release), the bug of a lock whose holder, back from a pause, deletes
+//! its successor's lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::store::{
+    Acquire, AcquireRequest, Capabilities, Lease, LeaseInfo, LockToken, ReleaseWatch, Reply, Store,
+};
+
+/// Wraps a store; every lease it grants releases by force.
+#[derive(Debug)]
+pub struct Careless(pub Arc<dyn Store>);
+
+/// A lease that releases its key whoever holds it.
+#[derive(Debug)]
+struct CarelessLease {
+    inner: Box<dyn Lease>,
+    store: Arc<dyn Store>,
+    key: String,
+}
+
+impl Lease for CarelessLease {
+    fn renew(&mut self) -> Reply<'_, bool> {
+        self.inner.renew()
+    }
+
+    fn release(&mut self, _linger: Duration) -> Reply<'_, bool> {
+        Box::pin(async move {
+            self.store.force_release(&self.key).await?;
+            Ok(true)
+        })
+    }
+}
+
+impl Store for Careless {
+    fn capabilities(&self) -> &Capabilities {
+        self.0.capabilities()
+    }
+
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
+        Box::pin(async move {
+            let key = request.key.to_owned();
+            Ok(match self.0.acquire(request).await? {
+                Acquire::Acquired { fencing, lease } => Acquire::Acquired {
+                    fencing,
+                    lease: Box::new(CarelessLease {
+                        inner: lease,
+                        store: self.0.clone(),
+                        key,
+                    }),
+                },
+                other => other,
+            })
+        })
+    }
+
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
+        self.0.abandon(key, token)
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
+        self.0.watch(key)
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
+        self.0.force_release(key)
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
+        self.0.inspect(key)
+    }
+}
