@@ -145,13 +145,6 @@ pub(super) async fn follow(
                 continue;
             }
         };
-        if matches!(
-            store.reap_overdue(&parent, Some(queue.clone())).await,
-            Ok(true)
-        ) {
-            continue;
-        }
-        let due = store.overdue.due(&parent);
         let mine = queue.iter().position(|name| ours.contains(name));
         let name = mine.map(|at| &queue[at]);
         let target = match mine {
@@ -187,11 +180,26 @@ pub(super) async fn follow(
             Ok((Some(_), watcher)) => {
                 place(&shared, name, Place::Behind);
                 placed.take().map(|placed| placed.send(()));
+                // With the watch in place (so a release meanwhile is not
+                // waited for behind these reads): holders found overdue
+                // are deleted, and the next look is planned.
+                let Some(store) = shared.upgrade() else {
+                    return;
+                };
+                if matches!(
+                    store.reap_overdue(&parent, Some(queue.clone())).await,
+                    Ok(true)
+                ) {
+                    continue;
+                }
+                let due = store.overdue.due(&parent);
+                drop(store);
                 let event = tokio::select! {
                     event = watcher.changed() => event.event_type,
                     // Look again: a holder may be overdue.
                     () = until(due) => continue,
                 };
+                let deleted = event == zookeeper_client::EventType::NodeDeleted;
                 match event {
                     zookeeper_client::EventType::NodeDeleted => place(&shared, name, after),
                     // The child ahead renewed: still behind it.
@@ -199,6 +207,12 @@ pub(super) async fn follow(
                     _ => place(&shared, name, Place::Unknown),
                 }
                 tx.send_replace(());
+                if deleted && after == Place::Head {
+                    // Ours heads the queue: the waiter's grant (one write)
+                    // goes out now, not behind a listing of ours on the
+                    // same session.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
             Err(_) => {
                 place(&shared, name, Place::Unknown);
