@@ -4,7 +4,9 @@
 //! A worker appends one line per event to a file of its own, flushed at
 //! once, so a SIGKILL loses nothing already done:
 //!
-//! - `start key=K holder=H fencing=F at_us=T`: a body began, holding `K`;
+//! - `start key=K holder=H claim=C fencing=F at_us=T`: a body began,
+//!   holding `K` alone (`C` = `x`), with a read share (`s`) or one of N
+//!   permits (`pN`);
 //! - `end key=K holder=H at_us=T outcome=O`: it ended; `T` is its last
 //!   step (for a body cancelled by a lost lease, the last step it took
 //!   before it was told), `O` is `released`, `lost` or `error`;
@@ -61,6 +63,9 @@ pub struct Grant {
     pub key: String,
     /// Who held it (`pid.task.n`).
     pub holder: String,
+    /// What it claimed: `x` (alone), `s` (a read share), `p<N>` (one of N
+    /// permits).
+    pub claim: String,
     /// Its fencing token.
     pub fencing: u64,
     /// When the body began.
@@ -82,9 +87,10 @@ impl fmt::Display for Grant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} by {} fencing {} from {} to {} ({})",
+            "{} by {} ({}) fencing {} from {} to {} ({})",
             self.key,
             self.holder,
+            self.claim,
             self.fencing,
             self.start_us,
             self.end_us
@@ -130,6 +136,7 @@ impl History {
                     self.grants.push(Grant {
                         key: get("key")?.to_owned(),
                         holder: get("holder")?.to_owned(),
+                        claim: field(line, "claim").unwrap_or("x").to_owned(),
                         fencing: number("fencing")?,
                         start_us: number("at_us")?,
                         end_us: None,
@@ -163,9 +170,12 @@ impl History {
             .unwrap_or_else(|| self.killed.get(grant.pid()).copied().unwrap_or(run_end))
     }
 
-    /// Checks mutual exclusion and fencing per key; every violation found,
-    /// with the records involved. `run_end` bounds bodies whose process
-    /// was neither killed nor finished.
+    /// Checks exclusion and fencing per key; every violation found, with
+    /// the records involved. A body claiming the key alone acts with no
+    /// other; read shares act together; at most N bodies hold permits of
+    /// N. Fencing tokens rise in the order bodies began across every pair
+    /// that excludes each other (one of them alone). `run_end` bounds
+    /// bodies whose process was neither killed nor finished.
     pub fn violations(&self, run_end: u64) -> Vec<String> {
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
         for grant in &self.grants {
@@ -174,28 +184,24 @@ impl History {
         let mut found = Vec::new();
         for grants in by_key.values_mut() {
             grants.sort_by_key(|grant| grant.start_us);
-            // The body seen so far that acted latest.
-            let mut latest: Option<(&Grant, u64)> = None;
-            for grant in grants.iter() {
-                if let Some((before, until)) = latest
-                    && grant.start_us < until
-                {
+            // The bodies still acting when the next one began.
+            let mut acting: Vec<(&Grant, u64)> = Vec::new();
+            for &grant in grants.iter() {
+                acting.retain(|&(_, until)| until > grant.start_us);
+                if let Some((other, until)) = refused_by(&acting, grant) {
                     found.push(format!(
-                        "overlap by {} µs: {before} / {grant}",
+                        "overlap by {} µs: {other} / {grant}",
                         until - grant.start_us
                     ));
                 }
-                let end = self.end_of(grant, run_end);
-                if latest.is_none_or(|(_, until)| end > until) {
-                    latest = Some((grant, end));
-                }
+                acting.push((grant, self.end_of(grant, run_end)));
             }
-            for pair in grants.windows(2) {
-                if pair[1].fencing <= pair[0].fencing {
-                    found.push(format!(
-                        "fencing not increasing: {} then {}",
-                        pair[0], pair[1]
-                    ));
+            for (i, before) in grants.iter().enumerate() {
+                for after in &grants[i + 1..] {
+                    let excludes = before.claim == "x" || after.claim == "x";
+                    if excludes && after.fencing <= before.fencing {
+                        found.push(format!("fencing not increasing: {before} then {after}"));
+                    }
                 }
             }
         }
@@ -204,7 +210,8 @@ impl History {
 
     /// Per key: grants, losses, bodies whose process died, the longest
     /// time between one body's end and the next one's start, and the
-    /// smallest between a lost body's last step and the next body's start.
+    /// smallest between a lost body's last step and the start of the next
+    /// body that excludes it.
     pub fn summary(&self, run_end: u64) -> String {
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
         for grant in &self.grants {
@@ -227,10 +234,12 @@ impl History {
                 .unwrap_or(0);
             let lost = grants.iter().filter(|g| g.outcome == "lost").count();
             let died = grants.iter().filter(|g| g.outcome == "died").count();
-            // From a lost body's last step to the next body's start.
+            // From a lost body's last step to the next body's start, when
+            // the two exclude each other.
             let margin = grants
                 .windows(2)
                 .filter(|pair| pair[0].outcome == "lost")
+                .filter(|pair| pair[0].claim == "x" || pair[1].claim == "x")
                 .map(|pair| pair[1].start_us as i64 - self.end_of(pair[0], run_end) as i64)
                 .min()
                 .map_or_else(
@@ -256,6 +265,21 @@ impl History {
         ));
         lines.join("\n")
     }
+}
+
+/// The body among `acting` that `grant` may not act beside, if any, and
+/// until when it acts: anything beside a body alone; a share beside
+/// anything but shares; a permit beside another claim, or beside as many
+/// permits as there are.
+fn refused_by<'a>(acting: &[(&'a Grant, u64)], grant: &Grant) -> Option<(&'a Grant, u64)> {
+    let other_kind = acting
+        .iter()
+        .find(|(other, _)| grant.claim == "x" || other.claim != grant.claim);
+    if let Some(&(other, until)) = other_kind {
+        return Some((other, until));
+    }
+    let limit: usize = grant.claim.strip_prefix('p')?.parse().ok()?;
+    (acting.len() >= limit).then(|| acting[acting.len() - limit])
 }
 
 #[cfg(test)]
@@ -316,5 +340,30 @@ mod tests {
             .read("end key=a holder=9 at_us=1 outcome=released\n")
             .unwrap_err();
         assert!(err.contains("no start"), "{err}");
+    }
+
+    #[test]
+    fn shares_act_together_and_permits_up_to_their_limit() {
+        let ok = history(
+            "start key=r holder=1.0.0 claim=s fencing=1 at_us=100\n\
+             start key=r holder=2.0.0 claim=s fencing=2 at_us=110\n\
+             end key=r holder=1.0.0 at_us=200 outcome=released\n\
+             end key=r holder=2.0.0 at_us=210 outcome=released\n\
+             start key=r holder=3.0.0 claim=x fencing=3 at_us=220\n\
+             end key=r holder=3.0.0 at_us=300 outcome=released\n\
+             start key=p holder=1.1.0 claim=p2 fencing=9 at_us=100\n\
+             start key=p holder=2.1.0 claim=p2 fencing=8 at_us=110\n",
+        );
+        assert_eq!(ok.violations(1_000), Vec::<String>::new());
+        let bad = history(
+            "start key=r holder=1.0.0 claim=s fencing=1 at_us=100\n\
+             start key=r holder=3.0.0 claim=x fencing=3 at_us=150\n\
+             start key=p holder=1.1.0 claim=p2 fencing=7 at_us=100\n\
+             start key=p holder=2.1.0 claim=p2 fencing=8 at_us=110\n\
+             start key=p holder=3.1.0 claim=p2 fencing=9 at_us=120\n",
+        );
+        let found = bad.violations(1_000);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|f| f.starts_with("overlap")), "{found:?}");
     }
 }

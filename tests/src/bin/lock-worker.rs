@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token};
+use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock, fencing_token};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
@@ -250,6 +250,8 @@ async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::
 struct SoakBody<'a> {
     history: &'a lock_tests::history::Recorder,
     holder: &'a str,
+    /// What it claims, as the history writes it: `x`, `s`, `p<N>`.
+    claim: &'a str,
     steps: u32,
     last: &'a std::sync::Mutex<u64>,
 }
@@ -262,8 +264,9 @@ impl SoakBody<'_> {
         let start = now_us();
         *self.last.lock().expect("last") = start;
         self.history.line(&format!(
-            "start key={key} holder={} fencing={} at_us={start}",
+            "start key={key} holder={} claim={} fencing={} at_us={start}",
             self.holder,
+            self.claim,
             fencing_token().unwrap_or(0)
         ));
         for _ in 0..self.steps {
@@ -469,7 +472,31 @@ async fn main() -> Result<(), LockError> {
                         if tokio::time::Instant::now() >= deadline {
                             break;
                         }
-                        let key = format!("{key}-{}", draws.below(3));
+                        // Mostly the attribute on three exclusive keys (wait
+                        // and skip mode); otherwise options made at run time:
+                        // the watchdog off, max_hold, hold_at_least, a
+                        // semaphore of 2, a read-write lock.
+                        let choice = draws.below(10);
+                        let ttl = soak_ttl();
+                        let mut options = LockOptions::default().ttl(ttl).wait_timeout(ttl * 6);
+                        let (key, claim) = match choice {
+                            8 => {
+                                options = options.permits(2);
+                                (format!("{key}-p"), "p2")
+                            }
+                            9 if draws.below(4) != 0 => {
+                                options = options.access(Access::Read);
+                                (format!("{key}-r"), "s")
+                            }
+                            9 => (format!("{key}-r"), "x"),
+                            _ => (format!("{key}-{}", draws.below(3)), "x"),
+                        };
+                        match (choice, draws.below(3)) {
+                            (7, 0) => options = options.watchdog(false),
+                            (7, 1) => options = options.max_hold(ttl),
+                            (7, _) => options = options.hold_at_least(ttl / 5),
+                            _ => {}
+                        }
                         let holder = format!("{pid}.{task}.{n}");
                         // 5 ms steps, up to 1.6 ttls.
                         let steps = u32::try_from(draws.below(ttl_ms * 8 / 25 + 1)).unwrap_or(0);
@@ -477,13 +504,20 @@ async fn main() -> Result<(), LockError> {
                         let body = SoakBody {
                             history: &history,
                             holder: &holder,
+                            claim,
                             steps,
                             last: &last,
                         };
-                        let outcome = if draws.below(4) != 0 {
-                            soak_wait(&key, &body).await.map(Some)
-                        } else {
-                            soak_skip(&key, &body).await
+                        let outcome = match choice {
+                            0 | 1 => soak_skip(&key, &body).await,
+                            2..=6 => soak_wait(&key, &body).await.map(Some),
+                            _ => match lock_runtime::registry() {
+                                Ok(registry) => registry
+                                    .with_lock(&key, options, body.run(&key))
+                                    .await
+                                    .map(Some),
+                                Err(err) => Err(err),
+                            },
                         };
                         let last = *last.lock().expect("last");
                         let line = match outcome {
