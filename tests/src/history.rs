@@ -10,24 +10,30 @@
 //! - `end key=K holder=H at_us=T outcome=O`: it ended; `T` is its last
 //!   step (for a body cancelled by a lost lease, the last step it took
 //!   before it was told), `O` is `released`, `lost` or `error`;
-//! - `skipped key=K at_us=T`, `timeout key=K at_us=T`, `failed key=K
-//!   at_us=T`: an attempt that got no lock.
+//! - `skipped key=K holder=H asked_us=A at_us=T`, `timeout ...` (the
+//!   same), `failed key=K at_us=T`: an attempt that got no lock.
 //!
-//! The runner appends `killed pid=P at_us=T` for each worker it SIGKILLs:
-//! a body of that worker with no `end` line may have acted until then.
+//! `start` lines also say when their attempt began (`asked_us`). The
+//! runner appends `killed pid=P at_us=T` for each worker it SIGKILLs (a
+//! body of that worker with no `end` line may have acted until then), and
+//! `frozen pid=P from_us=F to_us=T` for each it froze.
 //! Times are microseconds of the wall clock, which every process on this
 //! machine shares.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The wall clock now, in microseconds.
 pub fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Appends history lines to a file, each flushed as it is written.
@@ -109,6 +115,26 @@ pub struct History {
     pub refused: HashMap<String, u64>,
     /// SIGKILLed workers: pid and time.
     pub killed: HashMap<String, u64>,
+    /// Frozen workers: pid, from, to.
+    pub frozen: Vec<(String, u64, u64)>,
+    /// Every attempt that said when it began: key, who, when it began, when
+    /// it ended (its body's start, or its refusal).
+    pub attempts: Vec<Attempt>,
+}
+
+/// One attempt at a key, as far as the history tells.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// The key.
+    pub key: String,
+    /// Who asked (`pid.task.n`).
+    pub holder: String,
+    /// When it began.
+    pub asked_us: u64,
+    /// When it ended: its body began, or it was refused.
+    pub ended_us: u64,
+    /// `granted`, `skipped` or `timeout`.
+    pub outcome: String,
 }
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
@@ -132,6 +158,17 @@ impl History {
             };
             match kind {
                 "start" => {
+                    if let Some(asked) = field(line, "asked_us") {
+                        self.attempts.push(Attempt {
+                            key: get("key")?.to_owned(),
+                            holder: get("holder")?.to_owned(),
+                            asked_us: asked
+                                .parse()
+                                .map_err(|_| format!("a bad asked_us in `{line}`"))?,
+                            ended_us: number("at_us")?,
+                            outcome: "granted".to_owned(),
+                        });
+                    }
                     open.insert(get("holder")?.to_owned(), self.grants.len());
                     self.grants.push(Grant {
                         key: get("key")?.to_owned(),
@@ -153,8 +190,26 @@ impl History {
                 "killed" => {
                     self.killed.insert(get("pid")?.to_owned(), number("at_us")?);
                 }
+                "frozen" => {
+                    let pid = get("pid")?.to_owned();
+                    self.frozen
+                        .push((pid, number("from_us")?, number("to_us")?));
+                }
                 "skipped" | "timeout" | "failed" => {
                     *self.refused.entry(kind.to_owned()).or_default() += 1;
+                    if let (Some(asked), Some(holder)) =
+                        (field(line, "asked_us"), field(line, "holder"))
+                    {
+                        self.attempts.push(Attempt {
+                            key: get("key")?.to_owned(),
+                            holder: holder.to_owned(),
+                            asked_us: asked
+                                .parse()
+                                .map_err(|_| format!("a bad asked_us in `{line}`"))?,
+                            ended_us: number("at_us")?,
+                            outcome: kind.to_owned(),
+                        });
+                    }
                 }
                 _ => return Err(format!("an unknown history line `{line}`")),
             }
@@ -206,6 +261,77 @@ impl History {
             }
         }
         found
+    }
+
+    /// Keys left unobtainable too long: after a holder of a key (claimed
+    /// alone) died or froze, every attempt at the key until the next body
+    /// began must end (refused, or granted) by when it began or the key
+    /// was free again (`bound` after the death or freeze: the ttl and the
+    /// store's recovery), whichever is later, and `tolerance`. Attempts of
+    /// a process frozen meanwhile are not held to it.
+    pub fn unavailable(&self, bound: Duration, tolerance: Duration) -> Vec<String> {
+        let (bound, tolerance) = (micros(bound), micros(tolerance));
+        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+        for grant in &self.grants {
+            by_key.entry(&grant.key).or_default().push(grant);
+        }
+        let mut found = Vec::new();
+        for (key, grants) in &mut by_key {
+            if grants.iter().any(|grant| grant.claim != "x") {
+                continue;
+            }
+            grants.sort_by_key(|grant| grant.start_us);
+            for (i, grant) in grants.iter().enumerate() {
+                let next = grants.get(i + 1).map_or(u64::MAX, |next| next.start_us);
+                for blocked in self.blocked_at(grant, next) {
+                    let free_by = blocked + bound;
+                    for attempt in self.attempts.iter().filter(|a| a.key == *key) {
+                        let waited = attempt.ended_us > blocked && attempt.ended_us <= next;
+                        let late = attempt.ended_us > attempt.asked_us.max(free_by) + tolerance;
+                        if waited && late && !self.frozen_during(attempt) {
+                            found.push(format!(
+                                "{key} unobtainable: an attempt by {} asked at {} ended ({}) at {}, \
+                                 though {grant} stopped at {blocked} (free by {free_by})",
+                                attempt.holder, attempt.asked_us, attempt.outcome, attempt.ended_us
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// When `grant`'s holder stopped while holding, before `next` began:
+    /// killed with no end line, or frozen while its body was acting.
+    fn blocked_at(&self, grant: &Grant, next: u64) -> Vec<u64> {
+        let mut at = Vec::new();
+        if grant.end_us.is_none()
+            && let Some(&killed) = self.killed.get(grant.pid())
+            && killed >= grant.start_us
+            && killed < next
+        {
+            at.push(killed);
+        }
+        let acting_until = grant.end_us.unwrap_or(u64::MAX).saturating_add(50_000);
+        for (pid, from, _) in &self.frozen {
+            if pid == grant.pid()
+                && *from >= grant.start_us
+                && *from <= acting_until
+                && *from < next
+            {
+                at.push(*from);
+            }
+        }
+        at
+    }
+
+    /// Whether `attempt`'s process was frozen while it waited.
+    fn frozen_during(&self, attempt: &Attempt) -> bool {
+        let pid = attempt.holder.split('.').next().unwrap_or_default();
+        self.frozen.iter().any(|(frozen, from, to)| {
+            frozen == pid && *from < attempt.ended_us && *to > attempt.asked_us
+        })
     }
 
     /// Per key: grants, losses, bodies whose process died, the longest
@@ -260,8 +386,9 @@ impl History {
         let mut refused: Vec<_> = self.refused.iter().collect();
         refused.sort_unstable();
         lines.push(format!(
-            "refused: {refused:?}; workers killed: {}",
-            self.killed.len()
+            "refused: {refused:?}; workers killed: {}, frozen: {}",
+            self.killed.len(),
+            self.frozen.len()
         ));
         lines.join("\n")
     }
@@ -365,5 +492,24 @@ mod tests {
         let found = bad.violations(1_000);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found.iter().all(|f| f.starts_with("overlap")), "{found:?}");
+    }
+
+    #[test]
+    fn a_key_left_blocked_past_its_bound_after_a_death_is_found() {
+        let text = "start key=a holder=1.0.0 fencing=5 asked_us=0 at_us=100\n\
+                    killed pid=1 at_us=1000\n\
+                    skipped key=a holder=2.0.0 asked_us=1200 at_us=1210\n\
+                    start key=a holder=3.0.0 fencing=6 asked_us=1100 at_us=3000\n";
+        let h = history(text);
+        // Free 1 000 µs after the death, 500 µs to spare: the waiter that
+        // asked at 1 100 should have had it by 2 500.
+        let found = h.unavailable(Duration::from_micros(1_000), Duration::from_micros(500));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("3.0.0 asked at 1100 ended (granted) at 3000"),
+            "{found:?}"
+        );
+        let generous = h.unavailable(Duration::from_micros(2_000), Duration::from_micros(500));
+        assert_eq!(generous, Vec::<String>::new());
     }
 }

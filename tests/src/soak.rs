@@ -15,6 +15,7 @@ pub struct Soak {
     exe: String,
     lock_url: String,
     ttl: Duration,
+    recovery: Duration,
     seconds: u64,
     workers: usize,
 }
@@ -43,16 +44,31 @@ impl Soak {
             exe: exe.to_owned(),
             lock_url: lock_url.to_owned(),
             ttl,
+            recovery: Duration::from_millis(300),
             seconds,
             workers: 4,
         }
     }
 
+    /// How long past a dead or frozen holder's ttl the store may take to
+    /// give its key to a waiter (default 300 ms: a waiter's retry after
+    /// the lease's end).
+    pub fn recovery(mut self, recovery: Duration) -> Soak {
+        self.recovery = recovery;
+        self
+    }
+
     /// Runs the soak (see [`record`](Self::record)) and panics with every
-    /// violation found, and the seed.
+    /// violation found (see [`History::violations`] and
+    /// [`History::unavailable`]), and the seed.
     pub fn run(&self, store: &str) -> Report {
         let report = self.record(store);
-        let violations = report.history.violations(report.ended_us);
+        let mut violations = report.history.violations(report.ended_us);
+        violations.extend(
+            report
+                .history
+                .unavailable(self.ttl + self.recovery, TOLERANCE),
+        );
         assert!(
             violations.is_empty(),
             "{store} soak, seed {}:\n{}",
@@ -132,9 +148,14 @@ impl Soak {
             } else {
                 // Past its lease: 1.2 to 3 ttls.
                 let frozen = ttl_ms * 6 / 5 + draws.below(ttl_ms * 9 / 5 + 1);
+                let (pid, from) = (workers[at].pid(), now_us());
                 workers[at].pause();
                 std::thread::sleep(Duration::from_millis(frozen));
                 workers[at].resume();
+                runner.line(&format!(
+                    "frozen pid={pid} from_us={from} to_us={}",
+                    now_us()
+                ));
                 freezes += 1;
             }
         }
@@ -160,6 +181,10 @@ impl Soak {
         }
     }
 }
+
+/// How much later than the store's bound a waiter may get a freed key
+/// (its process scheduled late on a loaded machine).
+const TOLERANCE: Duration = Duration::from_millis(500);
 
 /// A small generator of pseudo-random numbers (xorshift): a soak's
 /// choices follow from its seed.

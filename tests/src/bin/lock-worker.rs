@@ -250,6 +250,8 @@ async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::
 struct SoakBody<'a> {
     history: &'a lock_tests::history::Recorder,
     holder: &'a str,
+    /// When the attempt that got the lock began.
+    asked: u64,
     /// What it claims, as the history writes it: `x`, `s`, `p<N>`.
     claim: &'a str,
     steps: u32,
@@ -264,10 +266,11 @@ impl SoakBody<'_> {
         let start = now_us();
         *self.last.lock().expect("last") = start;
         self.history.line(&format!(
-            "start key={key} holder={} claim={} fencing={} at_us={start}",
+            "start key={key} holder={} claim={} fencing={} asked_us={} at_us={start}",
             self.holder,
             self.claim,
-            fencing_token().unwrap_or(0)
+            fencing_token().unwrap_or(0),
+            self.asked,
         ));
         for _ in 0..self.steps {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -501,9 +504,11 @@ async fn main() -> Result<(), LockError> {
                         // 5 ms steps, up to 1.6 ttls.
                         let steps = u32::try_from(draws.below(ttl_ms * 8 / 25 + 1)).unwrap_or(0);
                         let last = std::sync::Mutex::new(0);
+                        let asked = now_us();
                         let body = SoakBody {
                             history: &history,
                             holder: &holder,
+                            asked,
                             claim,
                             steps,
                             last: &last,
@@ -526,12 +531,20 @@ async fn main() -> Result<(), LockError> {
                                     "end key={key} holder={holder} at_us={last} outcome=released"
                                 )
                             }
-                            Ok(None) => format!("skipped key={key} at_us={}", now_us()),
+                            Ok(None) => {
+                                format!(
+                                    "skipped key={key} holder={holder} asked_us={asked} at_us={}",
+                                    now_us()
+                                )
+                            }
                             Err(LockError::Lost { .. }) if last > 0 => {
                                 format!("end key={key} holder={holder} at_us={last} outcome=lost")
                             }
                             Err(LockError::Timeout { .. }) => {
-                                format!("timeout key={key} at_us={}", now_us())
+                                format!(
+                                    "timeout key={key} holder={holder} asked_us={asked} at_us={}",
+                                    now_us()
+                                )
                             }
                             Err(err) if last > 0 => {
                                 eprintln!("soak worker {pid}: {err}");
