@@ -16,7 +16,9 @@
 //! `start` lines also say when their attempt began (`asked_us`). The
 //! runner appends `killed pid=P at_us=T` for each worker it SIGKILLs (a
 //! body of that worker with no `end` line may have acted until then), and
-//! `frozen pid=P from_us=F to_us=T` for each it froze.
+//! `frozen pid=P from_us=F to_us=T` for each it froze, and `outage
+//! kind=K from_us=F to_us=T` for each fault of the store's own (a server
+//! restarted).
 //! Times are microseconds of the wall clock, which every process on this
 //! machine shares.
 
@@ -117,6 +119,8 @@ pub struct History {
     pub killed: HashMap<String, u64>,
     /// Frozen workers: pid, from, to.
     pub frozen: Vec<(String, u64, u64)>,
+    /// The store's own faults: kind, from, to.
+    pub outages: Vec<(String, u64, u64)>,
     /// Every attempt that said when it began: key, who, when it began, when
     /// it ended (its body's start, or its refusal).
     pub attempts: Vec<Attempt>,
@@ -189,6 +193,11 @@ impl History {
                 }
                 "killed" => {
                     self.killed.insert(get("pid")?.to_owned(), number("at_us")?);
+                }
+                "outage" => {
+                    let kind = get("kind")?.to_owned();
+                    self.outages
+                        .push((kind, number("from_us")?, number("to_us")?));
                 }
                 "frozen" => {
                     let pid = get("pid")?.to_owned();
@@ -268,7 +277,8 @@ impl History {
     /// began must end (refused, or granted) by when it began or the key
     /// was free again (`bound` after the death or freeze: the ttl and the
     /// store's recovery), whichever is later, and `tolerance`. Attempts of
-    /// a process frozen meanwhile are not held to it.
+    /// a process frozen meanwhile, and attempts during a fault of the
+    /// store's own or within `bound` after it, are not held to it.
     pub fn unavailable(&self, bound: Duration, tolerance: Duration) -> Vec<String> {
         let (bound, tolerance) = (micros(bound), micros(tolerance));
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
@@ -288,7 +298,10 @@ impl History {
                     for attempt in self.attempts.iter().filter(|a| a.key == *key) {
                         let waited = attempt.ended_us > blocked && attempt.ended_us <= next;
                         let late = attempt.ended_us > attempt.asked_us.max(free_by) + tolerance;
-                        if waited && late && !self.frozen_during(attempt) {
+                        let outage = self.outages.iter().any(|&(_, from, to)| {
+                            from < attempt.ended_us && to + bound > attempt.asked_us
+                        });
+                        if waited && late && !outage && !self.frozen_during(attempt) {
                             found.push(format!(
                                 "{key} unobtainable: an attempt by {} asked at {} ended ({}) at {}, \
                                  though {grant} stopped at {blocked} (free by {free_by})",
@@ -386,9 +399,13 @@ impl History {
         let mut refused: Vec<_> = self.refused.iter().collect();
         refused.sort_unstable();
         lines.push(format!(
-            "refused: {refused:?}; workers killed: {}, frozen: {}",
+            "refused: {refused:?}; workers killed: {}, frozen: {}; server faults: {:?}",
             self.killed.len(),
-            self.frozen.len()
+            self.frozen.len(),
+            self.outages
+                .iter()
+                .map(|(kind, _, _)| kind)
+                .collect::<Vec<_>>()
         ));
         lines.join("\n")
     }

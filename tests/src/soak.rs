@@ -31,6 +31,8 @@ pub struct Report {
     pub kills: usize,
     /// Workers frozen past their leases.
     pub freezes: usize,
+    /// The store's own faults made.
+    pub outages: usize,
     /// When the last worker finished.
     pub ended_us: u64,
 }
@@ -62,7 +64,18 @@ impl Soak {
     /// violation found (see [`History::violations`] and
     /// [`History::unavailable`]), and the seed.
     pub fn run(&self, store: &str) -> Report {
-        let report = self.record(store);
+        self.run_with(store, &mut || None)
+    }
+
+    /// [`run`](Self::run), where a fault may also be one of the store's
+    /// own: `server_fault` makes it (a server restarted, a member killed)
+    /// and names it, or `None` when it has none to make.
+    pub fn run_with(
+        &self,
+        store: &str,
+        server_fault: &mut dyn FnMut() -> Option<&'static str>,
+    ) -> Report {
+        let report = self.record_with(store, server_fault);
         let mut violations = report.history.violations(report.ended_us);
         violations.extend(
             report
@@ -82,6 +95,14 @@ impl Soak {
     /// `SOAK_SECONDS` if set (`scripts/soak.sh`), and prints the seed and
     /// the summary; the history is not checked.
     pub fn record(&self, store: &str) -> Report {
+        self.record_with(store, &mut || None)
+    }
+
+    fn record_with(
+        &self,
+        store: &str,
+        server_fault: &mut dyn FnMut() -> Option<&'static str>,
+    ) -> Report {
         let seed = std::env::var("SOAK_SEED")
             .ok()
             .and_then(|seed| seed.parse().ok())
@@ -91,18 +112,24 @@ impl Soak {
             .and_then(|seconds| seconds.parse().ok())
             .unwrap_or(self.seconds);
         eprintln!("{store} soak, seed {seed} (SOAK_SEED={seed} replays the choices)");
-        let report = self.run_seeded(seed, seconds);
+        let report = self.run_seeded(seed, seconds, server_fault);
         eprintln!(
-            "{store} soak {seconds}s, seed {seed}: {} bodies, {} workers killed, {} frozen\n{}",
+            "{store} soak {seconds}s, seed {seed}: {} bodies, {} workers killed, {} frozen, {} server faults\n{}",
             report.history.grants.len(),
             report.kills,
             report.freezes,
+            report.outages,
             report.history.summary(report.ended_us)
         );
         report
     }
 
-    fn run_seeded(&self, seed: u64, seconds: u64) -> Report {
+    fn run_seeded(
+        &self,
+        seed: u64,
+        seconds: u64,
+        server_fault: &mut dyn FnMut() -> Option<&'static str>,
+    ) -> Report {
         let dir: PathBuf = std::env::temp_dir().join(unique_key("soak").replace(':', "-"));
         std::fs::create_dir_all(&dir).expect("a soak directory");
         let runner = Recorder::open(dir.join("runner").to_str().expect("a path")).expect("log");
@@ -130,7 +157,7 @@ impl Soak {
         };
         let mut workers: Vec<Worker> = (0..self.workers).map(|_| spawn()).collect();
         let mut draws = Draws(seed.max(1));
-        let (mut kills, mut freezes) = (0, 0);
+        let (mut kills, mut freezes, mut outages) = (0, 0, 0);
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         // Faults stop a few leases before the end, so the last bodies
         // finish in the open.
@@ -139,7 +166,19 @@ impl Soak {
             // A quiet spell, then a fault.
             std::thread::sleep(Duration::from_millis(500 + draws.below(1500)));
             let at = usize::try_from(draws.below(workers.len() as u64)).unwrap_or(0);
-            if draws.below(2) == 0 {
+            let kind = draws.below(3);
+            if kind == 2 {
+                let from = now_us();
+                if let Some(fault) = server_fault() {
+                    runner.line(&format!(
+                        "outage kind={fault} from_us={from} to_us={}",
+                        now_us()
+                    ));
+                    outages += 1;
+                    continue;
+                }
+            }
+            if kind == 0 {
                 let pid = workers[at].pid();
                 workers[at].kill();
                 runner.line(&format!("killed pid={pid} at_us={}", now_us()));
@@ -177,6 +216,7 @@ impl Soak {
             seed,
             kills,
             freezes,
+            outages,
             ended_us,
         }
     }

@@ -552,6 +552,8 @@ async fn main() -> Result<(), LockError> {
                             }
                             Err(err) => {
                                 eprintln!("soak worker {pid}: {err}");
+                                // The store away: not a hot loop of errors.
+                                tokio::time::sleep(Duration::from_millis(20)).await;
                                 format!("failed key={key} at_us={}", now_us())
                             }
                         };

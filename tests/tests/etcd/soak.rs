@@ -1,5 +1,6 @@
 //! A short soak on a three-member etcd cluster (see `lock_tests::soak`):
-//! worker processes killed and frozen at random, every body checked.
+//! worker processes killed and frozen at random, the leader killed and
+//! restarted, every body checked.
 //! etcd counts leases in whole seconds: 1 s leases.
 
 use std::time::Duration;
@@ -10,11 +11,15 @@ use lock_tests::soak::Soak;
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
 #[test]
-fn workers_killed_and_frozen_at_random_never_overlap_and_fence_in_order() {
-    let cluster = EtcdCluster::spawn(3);
+fn workers_killed_and_frozen_and_the_leader_restarted_never_overlap_and_fence_in_order() {
+    let mut cluster = EtcdCluster::spawn(3);
     // Leases expire in whole seconds: up to 1 s past their ttl.
     let soak = Soak::new(WORKER, &cluster.worker_url(), Duration::from_secs(1), 25)
         .recovery(Duration::from_millis(1300));
-    let report = soak.run("etcd");
+    let report = soak.run_with("etcd", &mut || {
+        let leader = cluster.leader()?;
+        assert!(cluster.restart(leader), "the cluster did not recover");
+        Some("leader-restarted")
+    });
     assert!(report.history.grants.len() > 30, "no progress");
 }

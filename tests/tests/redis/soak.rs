@@ -1,5 +1,6 @@
 //! A short soak on one Redis server (see `lock_tests::soak`): worker
-//! processes killed and frozen at random, every body checked.
+//! processes killed and frozen at random, the server frozen, every body
+//! checked; and the proof that the checker catches a broken release.
 
 use std::time::Duration;
 
@@ -8,10 +9,18 @@ use lock_tests::soak::Soak;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
+/// Workers killed and frozen, and the server frozen past every lease (its
+/// keys expire by its own clock meanwhile).
 #[test]
-fn workers_killed_and_frozen_at_random_never_overlap_and_fence_in_order() {
+fn workers_killed_and_frozen_and_the_server_frozen_never_overlap_and_fence_in_order() {
     let server = RedisServer::new();
-    let report = Soak::new(WORKER, &server.url(), Duration::from_millis(500), 20).run("redis");
+    let ttl = Duration::from_millis(500);
+    let report = Soak::new(WORKER, &server.url(), ttl, 20).run_with("redis", &mut || {
+        server.pause();
+        std::thread::sleep(ttl * 2);
+        server.resume();
+        Some("server-frozen")
+    });
     assert!(report.history.grants.len() > 50, "no progress");
 }
 
