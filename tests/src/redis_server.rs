@@ -93,11 +93,11 @@ impl RedisServer {
         mut extra: Vec<String>,
         sentinel: Option<String>,
     ) -> RedisServer {
-        let tls_port = free_port();
         let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
         let auth = if client_certs { "yes" } else { "no" };
         for (name, value) in [
-            ("--tls-port", tls_port.to_string()),
+            // A free port for each attempt to start (see `start_as`).
+            ("--tls-port", String::new()),
             ("--tls-cert-file", path("server.crt")),
             ("--tls-key-file", path("server.key")),
             ("--tls-ca-cert-file", path("ca.crt")),
@@ -106,9 +106,7 @@ impl RedisServer {
         ] {
             extra.extend([name.to_owned(), value]);
         }
-        let mut server = RedisServer::start_as(None, false, extra, sentinel);
-        server.tls_port = Some(tls_port);
-        server
+        RedisServer::start_as(None, false, extra, sentinel)
     }
 
     fn start(password: Option<String>, persistent: bool) -> RedisServer {
@@ -128,14 +126,22 @@ impl RedisServer {
         let dir = temp_dir("redis");
         let mut last_log = String::new();
         for _ in 0..3 {
+            // A TLS port, if asked for, is chosen afresh with the plain
+            // one: either may have been taken since it was found free.
+            let mut extra = extra.clone();
+            let tls_port = extra.iter().position(|arg| arg == "--tls-port").map(|at| {
+                let port = free_port();
+                extra[at + 1] = port.to_string();
+                port
+            });
             let mut server = RedisServer {
                 port: free_port(),
                 dir: dir.clone(),
                 password: password.clone(),
                 persistent,
-                extra: extra.clone(),
+                extra,
                 sentinel: sentinel.clone(),
-                tls_port: None,
+                tls_port,
                 child: None,
             };
             match server.spawn() {
