@@ -51,7 +51,7 @@
 //! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] | no: refused at the first call (`InvalidOptions`); a permit kept on a majority of independent masters is not built |
 //! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` | yes, one round trip per grant (a function); a waiting writer holds new readers off |
 //! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | yes, one round trip per grant; served in arrival order, a queued writer ahead of later readers |
-//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper` | yes, one request per grant alone in the queue; served in arrival order, a queued writer ahead of later readers |
+//! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper`; a crashed holder's key is free within its ttl and 1 s, whatever the session timeout | yes, one request per grant alone in the queue; served in arrival order, a queued writer ahead of later readers |
 //!
 //! On every store a crashed holder blocks its key for its `ttl`, and on
 //! etcd (leases in whole seconds) and ZooKeeper (a margin for its servers'
