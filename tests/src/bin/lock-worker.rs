@@ -220,10 +220,10 @@ async fn chaos_section(
     Ok(())
 }
 
-/// A section held across several renewals (a 300 ms lease, renewed every
-/// 100 ms, for 700 ms), with an overlap detector: a holder whose lease the
+/// A section held across several renewals (a 1 s lease, renewed every
+/// 333 ms, for 2.1 s), with an overlap detector: a holder whose lease the
 /// store took from it while it renewed would get `Lost` or overlap.
-#[distributed_lock(key = "{key}", ttl = "300ms", wait_timeout = "20s")]
+#[distributed_lock(key = "{key}", ttl = "1s", wait_timeout = "20s")]
 async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
     let id = format!(
         "{}-{}",
@@ -240,7 +240,7 @@ async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::
     if inside != 1 {
         let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), &id).await?;
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let _: i64 = conn.srem(format!("renewed:{key}:inside"), &id).await?;
     Ok(())
 }

@@ -148,10 +148,12 @@ fn a_frozen_holder_is_taken_over_after_its_lease_and_told_it_lost() {
     );
 }
 
-/// Four processes x two keys, each holding its key for 700 ms on a 300 ms
-/// lease (renewed every 100 ms) for a minute, on a three-server ensemble:
+/// Four processes x two keys, each holding its key for 2.1 s on a 1 s
+/// lease (renewed every 333 ms) for a minute, on a three-server ensemble:
 /// waiters look at the holders' nodes all along, and never take a live,
-/// renewing holder for overdue (no `Lost`, no overlap).
+/// renewing holder for overdue (no `Lost`, no overlap). The leases are
+/// long enough that a worker starved for a few hundred milliseconds (the
+/// other tests' servers share the machine) still renews in time.
 #[test]
 fn holders_renewing_under_load_are_never_taken_for_overdue() {
     let servers = Servers::new(3);
@@ -182,7 +184,7 @@ fn holders_renewing_under_load_are_never_taken_for_overdue() {
     eprintln!("a minute of renewed holders: {entries} sections, {errors} errors");
     assert_eq!(errors, 0, "a live holder lost its lock");
     assert!(overlaps.is_empty(), "overlaps: {overlaps:?}");
-    assert!(entries > 100, "no progress: {entries} sections");
+    assert!(entries > 40, "no progress: {entries} sections");
 }
 
 /// The held node deleted by hand under a running body: the body is
