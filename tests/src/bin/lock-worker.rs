@@ -192,19 +192,9 @@ async fn chaos_section(
     entry: &std::sync::Mutex<Option<String>>,
 ) -> redis::RedisResult<()> {
     let token = fencing_token().unwrap_or(0);
-    let id = format!(
-        "{}-{}",
-        std::process::id(),
-        ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
+    let id = entry_id();
     *entry.lock().expect("entry") = Some(id.clone());
-    let active: i64 = redis::Script::new(
-        "redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])",
-    )
-    .key(format!("chaos:{key}:inside"))
-    .arg(&id)
-    .invoke_async(conn)
-    .await?;
+    let active = enter(conn, &format!("chaos:{key}:inside"), &id).await?;
     if active != 1 {
         let _: i64 = conn
             .rpush(
@@ -220,23 +210,33 @@ async fn chaos_section(
     Ok(())
 }
 
+/// A name for one entry into a section, unique across processes.
+fn entry_id() -> String {
+    let n = ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}", std::process::id())
+}
+
+/// Adds `id` to the set `inside` and says how many are in it now, in one
+/// step: more than 1 is an overlap.
+async fn enter(
+    conn: &mut MultiplexedConnection,
+    inside: &str,
+    id: &str,
+) -> redis::RedisResult<i64> {
+    redis::Script::new("redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])")
+        .key(inside)
+        .arg(id)
+        .invoke_async(conn)
+        .await
+}
+
 /// A section held across several renewals (a 1 s lease, renewed every
 /// 333 ms, for 2.1 s), with an overlap detector: a holder whose lease the
 /// store took from it while it renewed would get `Lost` or overlap.
 #[distributed_lock(key = "{key}", ttl = "1s", wait_timeout = "20s")]
 async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
-    let id = format!(
-        "{}-{}",
-        std::process::id(),
-        ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    let inside: i64 = redis::Script::new(
-        "redis.call('SADD', KEYS[1], ARGV[1]) return redis.call('SCARD', KEYS[1])",
-    )
-    .key(format!("renewed:{key}:inside"))
-    .arg(&id)
-    .invoke_async(conn)
-    .await?;
+    let id = entry_id();
+    let inside = enter(conn, &format!("renewed:{key}:inside"), &id).await?;
     if inside != 1 {
         let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), &id).await?;
     }
