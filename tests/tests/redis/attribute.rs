@@ -110,7 +110,7 @@ async fn skip_while_held(server: &RedisServer) {
     let (entered_tx, entered_rx) = oneshot::channel();
     let holder = tokio::spawn({
         let key = key.clone();
-        async move { enter_then(&key, entered_tx, None).await }
+        async move { enter_then(&key, entered_tx, None, None).await }
     });
     entered_rx.await.unwrap();
     assert_eq!(skip_job(&key).await.unwrap(), None);
