@@ -549,6 +549,26 @@ impl RedisCluster {
     pub fn node(&self, i: usize) -> &RedisServer {
         &self.servers[i]
     }
+
+    /// Kills node `i` and starts it again on its port, without its data
+    /// but with its cluster configuration (its identity and slots), and
+    /// waits until it says the cluster is ok.
+    pub fn restart(&mut self, i: usize) {
+        let server = &mut self.servers[i];
+        server.restart();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut server.connection())
+                .unwrap_or_default();
+            if info.contains("cluster_state:ok") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "restarted node not ok: {info}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// A master, one replica and three Sentinels watching them (quorum 2, the
@@ -652,6 +672,36 @@ impl RedisSentinels {
     /// The replica the group started with.
     pub fn replica(&mut self) -> &mut RedisServer {
         &mut self.replica
+    }
+
+    /// Kills the master the Sentinels name now, waits until they name the
+    /// other server, starts the killed one again (empty) and waits until it
+    /// replicates the new master.
+    pub fn fail_over(&mut self) {
+        let before = self.current_master_port();
+        let (dead, alive) = if before == Some(self.master.announced_port()) {
+            (&mut self.master, &self.replica)
+        } else {
+            (&mut self.replica, &self.master)
+        };
+        dead.kill();
+        let promoted = alive.announced_port();
+        let sentinels = &self.sentinels;
+        wait_for("the Sentinels to name the promoted replica", || {
+            sentinels.iter().all(|sentinel| {
+                let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(SENTINEL_MASTER)
+                    .query(&mut sentinel.connection())
+                    .ok()
+                    .flatten();
+                addr.is_some_and(|(_, port)| port == promoted.to_string())
+            })
+        });
+        dead.restart();
+        // The Sentinels turn the restarted server into a replica of the new
+        // master.
+        wait_acknowledged(alive);
     }
 
     /// The port of the master the Sentinels name now (its

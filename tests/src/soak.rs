@@ -1,16 +1,44 @@
 //! The soak runner: worker processes (`lock-worker soak`) lock a few keys
 //! at random while the runner SIGKILLs some of them (starting others in
-//! their place) and freezes others past their leases; then the histories
-//! they wrote are checked (see [`history`](crate::history)).
+//! their place), freezes others past their leases, black-holes others'
+//! connections to the store (when they reach it through proxies of their
+//! own) and makes the store's own faults; then the histories they wrote
+//! are checked (see [`history`](crate::history)).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::history::{History, Recorder, now_us};
-use crate::{Worker, unique_key};
+use crate::{Proxy, Worker, unique_key};
+
+/// A fault of the store's own that a soak made.
+#[derive(Clone, Copy, Debug)]
+pub struct Fault {
+    kind: &'static str,
+    lossy: bool,
+}
+
+impl Fault {
+    /// A fault after which the store still has every lease it granted (a
+    /// server frozen, a leader restarted with its data).
+    pub fn kept(kind: &'static str) -> Fault {
+        Fault { kind, lossy: false }
+    }
+
+    /// A fault in which the store may lose leases it granted, as its docs
+    /// say it may (a restart without persistence, a failover to a replica
+    /// that missed the last writes): their holders may overlap with the
+    /// next until told, as [`History::violations`] allows.
+    pub fn lossy(kind: &'static str) -> Fault {
+        Fault { kind, lossy: true }
+    }
+}
+
+/// How a worker reaches the store through proxies of its own: the ports
+/// they forward to, and the lock URL made of the proxies' ports.
+type Route = (Vec<u16>, Box<dyn Fn(&[u16]) -> String>);
 
 /// A soak of one store.
-#[derive(Debug)]
 pub struct Soak {
     exe: String,
     lock_url: String,
@@ -18,6 +46,22 @@ pub struct Soak {
     recovery: Duration,
     seconds: u64,
     workers: usize,
+    tasks: usize,
+    process_faults: bool,
+    route: Option<Route>,
+}
+
+impl std::fmt::Debug for Soak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Soak")
+            .field("lock_url", &self.lock_url)
+            .field("ttl", &self.ttl)
+            .field("seconds", &self.seconds)
+            .field("workers", &self.workers)
+            .field("tasks", &self.tasks)
+            .field("proxied", &self.route.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a soak did and found.
@@ -31,6 +75,8 @@ pub struct Report {
     pub kills: usize,
     /// Workers frozen past their leases.
     pub freezes: usize,
+    /// Workers cut off from the store past their leases.
+    pub cuts: usize,
     /// The store's own faults made.
     pub outages: usize,
     /// When the last worker finished.
@@ -49,7 +95,33 @@ impl Soak {
             recovery: Duration::from_millis(300),
             seconds,
             workers: 4,
+            tasks: 2,
+            process_faults: true,
+            route: None,
         }
+    }
+
+    /// `workers` processes of `tasks` tasks each (default 4 of 2). With
+    /// one process, no process is killed, frozen or cut off: the soak of a
+    /// store inside the process (memory) is of its tasks alone.
+    pub fn workers(mut self, workers: usize, tasks: usize) -> Soak {
+        self.workers = workers;
+        self.tasks = tasks;
+        self.process_faults = workers > 1;
+        self
+    }
+
+    /// Each worker reaches the store through proxies of its own, one to
+    /// each of `upstreams` (loopback ports), with the lock URL `url` makes
+    /// of the proxies' ports; a fault may then black-hole one worker's
+    /// proxies past its lease.
+    pub fn through_proxies(
+        mut self,
+        upstreams: Vec<u16>,
+        url: impl Fn(&[u16]) -> String + 'static,
+    ) -> Soak {
+        self.route = Some((upstreams, Box::new(url)));
+        self
     }
 
     /// How long past a dead or frozen holder's ttl the store may take to
@@ -61,8 +133,9 @@ impl Soak {
     }
 
     /// Runs the soak (see [`record`](Self::record)) and panics with every
-    /// violation found (see [`History::violations`] and
-    /// [`History::unavailable`]), and the seed.
+    /// violation found (see [`History::violations`],
+    /// [`History::unavailable`] and [`History::unlisted_errors`]), and the
+    /// seed.
     pub fn run(&self, store: &str) -> Report {
         self.run_with(store, &mut || None)
     }
@@ -70,18 +143,12 @@ impl Soak {
     /// [`run`](Self::run), where a fault may also be one of the store's
     /// own: `server_fault` makes it (a server restarted, a member killed)
     /// and names it, or `None` when it has none to make.
-    pub fn run_with(
-        &self,
-        store: &str,
-        server_fault: &mut dyn FnMut() -> Option<&'static str>,
-    ) -> Report {
+    pub fn run_with(&self, store: &str, server_fault: &mut dyn FnMut() -> Option<Fault>) -> Report {
         let report = self.record_with(store, server_fault);
-        let mut violations = report.history.violations(report.ended_us);
-        violations.extend(
-            report
-                .history
-                .unavailable(self.ttl + self.recovery, TOLERANCE),
-        );
+        let lease = self.ttl + self.recovery;
+        let mut violations = report.history.violations(report.ended_us, lease);
+        violations.extend(report.history.unavailable(lease, TOLERANCE));
+        violations.extend(report.history.unlisted_errors(lease + TOLERANCE));
         assert!(
             violations.is_empty(),
             "{store} soak, seed {}:\n{}",
@@ -98,11 +165,7 @@ impl Soak {
         self.record_with(store, &mut || None)
     }
 
-    fn record_with(
-        &self,
-        store: &str,
-        server_fault: &mut dyn FnMut() -> Option<&'static str>,
-    ) -> Report {
+    fn record_with(&self, store: &str, server_fault: &mut dyn FnMut() -> Option<Fault>) -> Report {
         let seed = std::env::var("SOAK_SEED")
             .ok()
             .and_then(|seed| seed.parse().ok())
@@ -114,12 +177,15 @@ impl Soak {
         eprintln!("{store} soak, seed {seed} (SOAK_SEED={seed} replays the choices)");
         let report = self.run_seeded(seed, seconds, server_fault);
         eprintln!(
-            "{store} soak {seconds}s, seed {seed}: {} bodies, {} workers killed, {} frozen, {} server faults\n{}",
+            "{store} soak {seconds}s, seed {seed}: {} bodies, {} workers killed, {} frozen, {} cut off, {} store faults\n{}",
             report.history.grants.len(),
             report.kills,
             report.freezes,
+            report.cuts,
             report.outages,
-            report.history.summary(report.ended_us)
+            report
+                .history
+                .summary(report.ended_us, self.ttl + self.recovery)
         );
         report
     }
@@ -128,7 +194,7 @@ impl Soak {
         &self,
         seed: u64,
         seconds: u64,
-        server_fault: &mut dyn FnMut() -> Option<&'static str>,
+        server_fault: &mut dyn FnMut() -> Option<Fault>,
     ) -> Report {
         let dir: PathBuf = std::env::temp_dir().join(unique_key("soak").replace(':', "-"));
         std::fs::create_dir_all(&dir).expect("a soak directory");
@@ -140,65 +206,98 @@ impl Soak {
             started += 1;
             let left = seconds.saturating_sub(begun.elapsed().as_secs()).max(1);
             let file = dir.join(format!("worker-{started}"));
+            let proxies: Vec<Proxy> = self
+                .route
+                .iter()
+                .flat_map(|(upstreams, _)| upstreams.iter().map(|&port| Proxy::start(port)))
+                .collect();
+            let url = match &self.route {
+                Some((_, url)) => url(&proxies.iter().map(Proxy::port).collect::<Vec<_>>()),
+                None => self.lock_url.clone(),
+            };
             let args = [
                 "soak",
-                &self.lock_url,
+                &url,
                 &key,
                 &left.to_string(),
                 file.to_str().expect("a path"),
                 &seed.wrapping_add(started).to_string(),
                 &self.ttl.as_millis().to_string(),
+                &self.tasks.to_string(),
             ];
             // The worker's data store is not used by this scenario.
             let env = [("LOCK_WORKER_DATA_URL", "redis://127.0.0.1:1")];
             let mut worker = Worker::spawn_with_env(&self.exe, &args, &env);
             worker.expect("ready", Duration::from_secs(20));
-            worker
+            (worker, proxies)
         };
-        let mut workers: Vec<Worker> = (0..self.workers).map(|_| spawn()).collect();
+        let mut workers: Vec<(Worker, Vec<Proxy>)> = (0..self.workers).map(|_| spawn()).collect();
         let mut draws = Draws(seed.max(1));
-        let (mut kills, mut freezes, mut outages) = (0, 0, 0);
+        let (mut kills, mut freezes, mut cuts, mut outages) = (0, 0, 0, 0);
+        // The kinds of fault come in rounds, each kind once a round in an
+        // order drawn from the seed, so a short soak makes every kind; the
+        // store's own faults twice a round.
+        let mut round: Vec<u64> = Vec::new();
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         // Faults stop a few leases before the end, so the last bodies
         // finish in the open.
         let faults_until = Duration::from_secs(seconds).saturating_sub(self.ttl * 8);
         while begun.elapsed() < faults_until {
-            // A quiet spell, then a fault.
+            // A quiet spell, then a fault: the store's own, or one of a
+            // worker's (killed, frozen, cut off), or (one process alone)
+            // none.
             std::thread::sleep(Duration::from_millis(500 + draws.below(1500)));
             let at = usize::try_from(draws.below(workers.len() as u64)).unwrap_or(0);
-            let kind = draws.below(3);
-            if kind == 2 {
+            // Past a lease: 1.2 to 3 ttls.
+            let stall = Duration::from_millis(ttl_ms * 6 / 5 + draws.below(ttl_ms * 9 / 5 + 1));
+            if round.is_empty() {
+                round = vec![0, 1, 2, 3, 3];
+                for i in (1..round.len()).rev() {
+                    let j = usize::try_from(draws.below(i as u64 + 1)).unwrap_or(0);
+                    round.swap(i, j);
+                }
+            }
+            let kind = round.pop().unwrap_or(3);
+            if kind == 3 || !self.process_faults {
                 let from = now_us();
                 if let Some(fault) = server_fault() {
                     runner.line(&format!(
-                        "outage kind={fault} from_us={from} to_us={}",
-                        now_us()
+                        "outage kind={} from_us={from} to_us={} lossy={}",
+                        fault.kind,
+                        now_us(),
+                        fault.lossy
                     ));
                     outages += 1;
-                    continue;
                 }
+                continue;
             }
+            let (worker, proxies) = &mut workers[at];
+            let pid = worker.pid();
             if kind == 0 {
-                let pid = workers[at].pid();
-                workers[at].kill();
+                worker.kill();
                 runner.line(&format!("killed pid={pid} at_us={}", now_us()));
                 kills += 1;
                 workers[at] = spawn();
-            } else {
-                // Past its lease: 1.2 to 3 ttls.
-                let frozen = ttl_ms * 6 / 5 + draws.below(ttl_ms * 9 / 5 + 1);
-                let (pid, from) = (workers[at].pid(), now_us());
-                workers[at].pause();
-                std::thread::sleep(Duration::from_millis(frozen));
-                workers[at].resume();
+            } else if kind == 1 || proxies.is_empty() {
+                let from = now_us();
+                worker.pause();
+                std::thread::sleep(stall);
+                worker.resume();
                 runner.line(&format!(
                     "frozen pid={pid} from_us={from} to_us={}",
                     now_us()
                 ));
                 freezes += 1;
+            } else {
+                let from = now_us();
+                proxies.iter().for_each(Proxy::black_hole);
+                std::thread::sleep(stall);
+                proxies.iter().for_each(Proxy::forward);
+                runner.line(&format!("cut pid={pid} from_us={from} to_us={}", now_us()));
+                cuts += 1;
             }
         }
-        for mut worker in workers {
+        for (mut worker, _proxies) in workers {
             worker.expect("done", Duration::from_secs(60));
         }
         let ended_us = now_us();
@@ -216,6 +315,7 @@ impl Soak {
             seed,
             kills,
             freezes,
+            cuts,
             outages,
             ended_us,
         }

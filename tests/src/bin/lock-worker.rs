@@ -7,7 +7,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock, fencing_token};
+use lock_runtime::{
+    Access, LockError, LockOptions, LockRegistry, distributed_lock, fencing_token,
+    fencing_token_for,
+};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
@@ -259,19 +262,27 @@ struct SoakBody<'a> {
 }
 
 impl SoakBody<'_> {
-    /// Says it began (with its fencing token), then takes its steps, each
-    /// noted as the last moment it acted.
-    async fn run(&self, key: &str) {
+    /// Says it began on each of `keys` (with each one's fencing token),
+    /// then takes its steps, each noted as the last moment it acted. A
+    /// body of several keys does not say when it asked: its wait on one
+    /// key includes the others'.
+    async fn run(&self, keys: &[String]) {
         use lock_tests::history::now_us;
         let start = now_us();
         *self.last.lock().expect("last") = start;
-        self.history.line(&format!(
-            "start key={key} holder={} claim={} fencing={} asked_us={} at_us={start}",
-            self.holder,
-            self.claim,
-            fencing_token().unwrap_or(0),
-            self.asked,
-        ));
+        for key in keys {
+            let asked = if keys.len() == 1 {
+                format!(" asked_us={}", self.asked)
+            } else {
+                String::new()
+            };
+            self.history.line(&format!(
+                "start key={key} holder={} claim={} fencing={}{asked} at_us={start}",
+                self.holder,
+                self.claim,
+                fencing_token_for(key).unwrap_or(0),
+            ));
+        }
         for _ in 0..self.steps {
             tokio::time::sleep(Duration::from_millis(5)).await;
             *self.last.lock().expect("last") = now_us();
@@ -288,12 +299,27 @@ fn soak_ttl() -> Duration {
 
 #[distributed_lock(key = "{key}", ttl = soak_ttl(), wait_timeout = soak_ttl() * 6)]
 async fn soak_wait(key: &str, body: &SoakBody<'_>) {
-    body.run(key).await;
+    body.run(&[key.to_owned()]).await;
 }
 
 #[distributed_lock(key = "{key}", mode = "skip", ttl = soak_ttl())]
 async fn soak_skip(key: &str, body: &SoakBody<'_>) {
-    body.run(key).await;
+    body.run(&[key.to_owned()]).await;
+}
+
+#[distributed_lock(keys = ["{a}", "{b}"], ttl = soak_ttl(), wait_timeout = soak_ttl() * 6)]
+async fn soak_pair(a: &str, b: &str, body: &SoakBody<'_>) {
+    body.run(&[a.to_owned(), b.to_owned()]).await;
+}
+
+/// The name of `err`'s variant, as the soak's history writes it.
+fn error_kind(err: &LockError) -> String {
+    let debug = format!("{err:?}");
+    debug
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// A connection of its own to the data server.
@@ -315,13 +341,16 @@ async fn main() -> Result<(), LockError> {
     let scenario = arg(&args, 1, "scenario");
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
-    // Several comma-separated URLs: Redlock over them; `postgres://`: the
+    // `memory`: this process's own store; several comma-separated URLs
+    // (not a Cluster's or Sentinels'): Redlock over them; `postgres://`: the
     // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
     // `zookeeper://host:port,...?session_ms=N`: the ZooKeeper store (the
     // shared data then needs LOCK_WORKER_DATA_URL), `redis://…?fair_grant_ms=N`:
     // the Redis store in fair mode (the same), `careless+redis://…`: see
     // below.
-    let registry = if url.starts_with("postgres://") {
+    let registry = if url == "memory" {
+        LockRegistry::memory()
+    } else if url.starts_with("postgres://") {
         LockRegistry::postgres(&url).await?
     } else if let Some(server) = url.strip_prefix("careless+") {
         // `careless+redis://…`: the Redis store, its leases releasing
@@ -344,7 +373,7 @@ async fn main() -> Result<(), LockError> {
             .connect()
             .await?;
         LockRegistry::builder(backend).build()?
-    } else if url.contains(',') {
+    } else if url.contains(',') && !url.contains("+cluster://") && !url.contains("+sentinel://") {
         let urls: Vec<&str> = url.split(',').collect();
         LockRegistry::redlock(&urls).await?
     } else if let Some((server, grant_ms)) = url.split_once("?fair_grant_ms=") {
@@ -448,21 +477,29 @@ async fn main() -> Result<(), LockError> {
             guard.release().await?;
         }
         "soak" => {
-            // Two tasks lock `KEY-0`..`KEY-2` at random, in wait or skip
-            // mode, for bodies of 0 to 1.6 ttls (renewed), and record
-            // every body in the history file.
+            // TASKS (default 2) tasks lock `KEY-0`..`KEY-2` at random, in wait or skip
+            // mode, and `KEY-p`, `KEY-r` and pairs of `KEY-m0`..`KEY-m2`,
+            // for bodies of 0 to 1.6 ttls (renewed), and record every body
+            // in the history file.
             let secs: u64 = arg(&args, 4, "seconds").parse().expect("seconds");
             let path = arg(&args, 5, "history file");
             let seed: u64 = arg(&args, 6, "seed").parse().expect("seed");
             let ttl_ms: u64 = arg(&args, 7, "ttl ms").parse().expect("ttl ms");
+            let tasks: u64 = args.get(8).map_or(2, |tasks| tasks.parse().expect("tasks"));
             SOAK_TTL
                 .set(Duration::from_millis(ttl_ms))
                 .expect("one soak per process");
             let history =
                 std::sync::Arc::new(lock_tests::history::Recorder::open(&path).expect("history"));
             let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+            // Semaphores and read-write locks where the store serves them
+            // (not Redlock): else those keys are locked alone.
+            let (permits, shares) = {
+                let capabilities = lock_runtime::registry()?.store().capabilities();
+                (capabilities.permits, capabilities.shares)
+            };
             let mut handles = Vec::new();
-            for task in 0..2u64 {
+            for task in 0..tasks {
                 let (history, key) = (history.clone(), key.clone());
                 // From the seed alone, so a run's choices can be replayed.
                 let mut draws = lock_tests::soak::Draws(
@@ -478,21 +515,29 @@ async fn main() -> Result<(), LockError> {
                         // Mostly the attribute on three exclusive keys (wait
                         // and skip mode); otherwise options made at run time:
                         // the watchdog off, max_hold, hold_at_least, a
-                        // semaphore of 2, a read-write lock.
-                        let choice = draws.below(10);
+                        // semaphore of 2, a read-write lock; two of three
+                        // other keys at once; or a call its caller gives up
+                        // on, maybe mid-body.
+                        let choice = draws.below(12);
                         let ttl = soak_ttl();
                         let mut options = LockOptions::default().ttl(ttl).wait_timeout(ttl * 6);
-                        let (key, claim) = match choice {
-                            8 => {
+                        let (keys, claim) = match choice {
+                            8 if permits => {
                                 options = options.permits(2);
-                                (format!("{key}-p"), "p2")
+                                (vec![format!("{key}-p")], "p2")
                             }
-                            9 if draws.below(4) != 0 => {
+                            9 if shares && draws.below(4) != 0 => {
                                 options = options.access(Access::Read);
-                                (format!("{key}-r"), "s")
+                                (vec![format!("{key}-r")], "s")
                             }
-                            9 => (format!("{key}-r"), "x"),
-                            _ => (format!("{key}-{}", draws.below(3)), "x"),
+                            8 | 9 => (vec![format!("{key}-r")], "x"),
+                            10 => {
+                                let first = draws.below(3);
+                                let second = (first + 1 + draws.below(2)) % 3;
+                                let pair = [first, second].map(|i| format!("{key}-m{i}"));
+                                (pair.to_vec(), "x")
+                            }
+                            _ => (vec![format!("{key}-{}", draws.below(3))], "x"),
                         };
                         match (choice, draws.below(3)) {
                             (7, 0) => options = options.watchdog(false),
@@ -503,6 +548,8 @@ async fn main() -> Result<(), LockError> {
                         let holder = format!("{pid}.{task}.{n}");
                         // 5 ms steps, up to 1.6 ttls.
                         let steps = u32::try_from(draws.below(ttl_ms * 8 / 25 + 1)).unwrap_or(0);
+                        // A caller that gives up within 2 ttls.
+                        let patience = Duration::from_millis(draws.below(ttl_ms * 2 + 1));
                         let last = std::sync::Mutex::new(0);
                         let asked = now_us();
                         let body = SoakBody {
@@ -513,51 +560,86 @@ async fn main() -> Result<(), LockError> {
                             steps,
                             last: &last,
                         };
-                        let outcome = match choice {
-                            0 | 1 => soak_skip(&key, &body).await,
-                            2..=6 => soak_wait(&key, &body).await.map(Some),
-                            _ => match lock_runtime::registry() {
-                                Ok(registry) => registry
-                                    .with_lock(&key, options, body.run(&key))
-                                    .await
-                                    .map(Some),
-                                Err(err) => Err(err),
-                            },
+                        let call = async {
+                            match choice {
+                                0 | 1 => soak_skip(&keys[0], &body).await,
+                                2..=6 => soak_wait(&keys[0], &body).await.map(Some),
+                                10 => soak_pair(&keys[0], &keys[1], &body).await.map(Some),
+                                _ => match lock_runtime::registry() {
+                                    Ok(registry) => registry
+                                        .with_lock(&keys[0], options, body.run(&keys))
+                                        .await
+                                        .map(Some),
+                                    Err(err) => Err(err),
+                                },
+                            }
+                        };
+                        let outcome = if choice == 11 {
+                            tokio::time::timeout(patience, call).await.ok()
+                        } else {
+                            Some(call.await)
                         };
                         let last = *last.lock().expect("last");
-                        let line = match outcome {
-                            Ok(Some(())) => {
-                                format!(
-                                    "end key={key} holder={holder} at_us={last} outcome=released"
-                                )
-                            }
-                            Ok(None) => {
-                                format!(
-                                    "skipped key={key} holder={holder} asked_us={asked} at_us={}",
-                                    now_us()
-                                )
-                            }
-                            Err(LockError::Lost { .. }) if last > 0 => {
-                                format!("end key={key} holder={holder} at_us={last} outcome=lost")
-                            }
-                            Err(LockError::Timeout { .. }) => {
-                                format!(
-                                    "timeout key={key} holder={holder} asked_us={asked} at_us={}",
-                                    now_us()
-                                )
-                            }
-                            Err(err) if last > 0 => {
+                        let refused = |kind: &str| {
+                            format!(
+                                "{kind} key={} holder={holder} asked_us={asked} at_us={}",
+                                keys[0],
+                                now_us()
+                            )
+                        };
+                        let lines: Vec<String> = match outcome {
+                            None if last > 0 => keys
+                                .iter()
+                                .map(|key| {
+                                    format!(
+                                        "end key={key} holder={holder} at_us={last} outcome=cancelled"
+                                    )
+                                })
+                                .collect(),
+                            None => vec![refused("cancelled")],
+                            Some(Ok(Some(()))) => keys
+                                .iter()
+                                .map(|key| {
+                                    format!(
+                                        "end key={key} holder={holder} at_us={last} outcome=released"
+                                    )
+                                })
+                                .collect(),
+                            Some(Ok(None)) => vec![refused("skipped")],
+                            Some(Err(LockError::Lost { .. })) if last > 0 => keys
+                                .iter()
+                                .map(|key| {
+                                    format!("end key={key} holder={holder} at_us={last} outcome=lost")
+                                })
+                                .collect(),
+                            Some(Err(LockError::Timeout { .. })) => vec![refused("timeout")],
+                            Some(Err(err)) if last > 0 => {
                                 eprintln!("soak worker {pid}: {err}");
-                                format!("end key={key} holder={holder} at_us={last} outcome=error")
+                                let kind = error_kind(&err);
+                                keys.iter()
+                                    .map(|key| {
+                                        format!(
+                                            "end key={key} holder={holder} at_us={last} \
+                                             outcome=error error={kind}"
+                                        )
+                                    })
+                                    .collect()
                             }
-                            Err(err) => {
+                            Some(Err(err)) => {
                                 eprintln!("soak worker {pid}: {err}");
                                 // The store away: not a hot loop of errors.
                                 tokio::time::sleep(Duration::from_millis(20)).await;
-                                format!("failed key={key} at_us={}", now_us())
+                                vec![format!(
+                                    "failed key={} holder={holder} error={} at_us={}",
+                                    keys[0],
+                                    error_kind(&err),
+                                    now_us()
+                                )]
                             }
                         };
-                        history.line(&line);
+                        for line in lines {
+                            history.line(&line);
+                        }
                     }
                 }));
             }

@@ -1,25 +1,31 @@
 //! A short soak on a three-member etcd cluster (see `lock_tests::soak`):
-//! worker processes killed and frozen at random, the leader killed and
-//! restarted, every body checked.
+//! worker processes killed, frozen and cut off (through proxies of their
+//! own to every member) at random, the leader killed and restarted, every
+//! body checked.
 //! etcd counts leases in whole seconds: 1 s leases.
 
 use std::time::Duration;
 
 use lock_tests::EtcdCluster;
-use lock_tests::soak::Soak;
+use lock_tests::soak::{Fault, Soak};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
 #[test]
-fn workers_killed_and_frozen_and_the_leader_restarted_never_overlap_and_fence_in_order() {
+fn workers_killed_frozen_and_cut_off_and_the_leader_restarted_never_overlap_and_fence_in_order() {
     let mut cluster = EtcdCluster::spawn(3);
+    let members = (0..cluster.len()).map(|i| cluster.client_port(i)).collect();
     // Leases expire in whole seconds: up to 1 s past their ttl.
     let soak = Soak::new(WORKER, &cluster.worker_url(), Duration::from_secs(1), 25)
-        .recovery(Duration::from_millis(1300));
+        .recovery(Duration::from_millis(1300))
+        .through_proxies(members, |ports| {
+            let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            format!("etcd://{}", members.join(","))
+        });
     let report = soak.run_with("etcd", &mut || {
         let leader = cluster.leader()?;
         assert!(cluster.restart(leader), "the cluster did not recover");
-        Some("leader-restarted")
+        Some(Fault::kept("leader-restarted"))
     });
     assert!(report.history.grants.len() > 30, "no progress");
 }

@@ -10,4 +10,5 @@ mod inspect;
 mod lost_lease;
 mod manual;
 mod registry;
+mod soak;
 mod spans;

@@ -1,25 +1,91 @@
-//! A short soak on one Redis server (see `lock_tests::soak`): worker
-//! processes killed and frozen at random, the server frozen, every body
-//! checked; and the proof that the checker catches a broken release.
+//! Short soaks on Redis (see `lock_tests::soak`): worker processes killed,
+//! frozen and cut off at random while the store has faults of its own,
+//! every body checked; and the proof that the checker catches a broken
+//! release.
 
 use std::time::Duration;
 
-use lock_tests::RedisServer;
-use lock_tests::soak::Soak;
+use lock_tests::soak::{Fault, Soak};
+use lock_tests::{RedisCluster, RedisServer, RedisServers};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
-/// Workers killed and frozen, and the server frozen past every lease (its
-/// keys expire by its own clock meanwhile).
+/// One server: workers killed, frozen and cut off through proxies of
+/// their own; the server frozen past every lease (its keys expire by its
+/// own clock meanwhile), or restarted without persistence (every lease
+/// dropped: their holders may overlap with the next until their next
+/// renewal tells them, and fencing tokens keep rising).
 #[test]
-fn workers_killed_and_frozen_and_the_server_frozen_never_overlap_and_fence_in_order() {
-    let server = RedisServer::new();
+fn one_server_frozen_and_restarted_empty_never_overlaps_but_as_documented() {
+    let mut server = RedisServer::new();
     let ttl = Duration::from_millis(500);
-    let report = Soak::new(WORKER, &server.url(), ttl, 20).run_with("redis", &mut || {
-        server.pause();
-        std::thread::sleep(ttl * 2);
-        server.resume();
-        Some("server-frozen")
+    let mut faults = 0;
+    let report = Soak::new(WORKER, &server.url(), ttl, 20)
+        .through_proxies(vec![server.port()], |ports| {
+            format!("redis://127.0.0.1:{}", ports[0])
+        })
+        .run_with("redis", &mut || {
+            faults += 1;
+            if faults % 2 == 1 {
+                server.pause();
+                std::thread::sleep(ttl * 2);
+                server.resume();
+                Some(Fault::kept("server-frozen"))
+            } else {
+                server.restart();
+                Some(Fault::lossy("restarted-empty"))
+            }
+        });
+    assert!(report.history.grants.len() > 50, "no progress");
+}
+
+/// A cluster of three primaries: a primary frozen past every lease (its
+/// slots unavailable meanwhile, the others serving), or restarted without
+/// persistence (its leases dropped, as on one server).
+#[test]
+fn a_cluster_with_a_primary_frozen_or_restarted_empty_never_overlaps_but_as_documented() {
+    let mut cluster = RedisCluster::spawn(3);
+    let ttl = Duration::from_millis(500);
+    let mut faults = 0usize;
+    let report = Soak::new(WORKER, &cluster.url(), ttl, 20).run_with("redis cluster", &mut || {
+        faults += 1;
+        let node = faults % 3;
+        if faults % 2 == 1 {
+            cluster.node(node).pause();
+            std::thread::sleep(ttl * 2);
+            cluster.node(node).resume();
+            Some(Fault::kept("primary-frozen"))
+        } else {
+            cluster.restart(node);
+            Some(Fault::lossy("primary-restarted-empty"))
+        }
+    });
+    assert!(report.history.grants.len() > 50, "no progress");
+}
+
+/// Redlock over five masters: one frozen past every lease, or killed and
+/// restarted empty after twice the ttl (the delayed restart Redlock
+/// needs), while a majority keeps every lease.
+#[test]
+fn redlock_with_a_master_frozen_or_restarted_late_never_overlaps() {
+    let mut servers = RedisServers::spawn(5);
+    let url = servers.urls().join(",");
+    let ttl = Duration::from_millis(500);
+    let mut faults = 0usize;
+    let report = Soak::new(WORKER, &url, ttl, 20).run_with("redlock", &mut || {
+        faults += 1;
+        let i = faults % servers.len();
+        if faults % 2 == 1 {
+            servers.get(i).pause();
+            std::thread::sleep(ttl * 2);
+            servers.get(i).resume();
+            Some(Fault::kept("master-frozen"))
+        } else {
+            servers.stop(i);
+            std::thread::sleep(ttl * 2);
+            servers.restart(i);
+            Some(Fault::kept("master-restarted-late"))
+        }
     });
     assert!(report.history.grants.len() > 50, "no progress");
 }
@@ -31,8 +97,9 @@ fn workers_killed_and_frozen_and_the_server_frozen_never_overlap_and_fence_in_or
 fn a_release_that_does_not_check_the_owner_is_caught() {
     let server = RedisServer::new();
     let url = format!("careless+{}", server.url());
-    let report = Soak::new(WORKER, &url, Duration::from_millis(500), 20).record("careless redis");
-    let violations = report.history.violations(report.ended_us);
+    let ttl = Duration::from_millis(500);
+    let report = Soak::new(WORKER, &url, ttl, 20).record("careless redis");
+    let violations = report.history.violations(report.ended_us, ttl);
     eprintln!("the careless release, caught:\n{}", violations.join("\n"));
     assert!(
         violations.iter().any(|found| found.starts_with("overlap")),
