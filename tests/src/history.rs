@@ -486,7 +486,8 @@ impl History {
         let mut keys: Vec<_> = by_key.keys().copied().collect();
         keys.sort_unstable();
         let mut lines = Vec::new();
-        let (mut longest_gap, mut smallest_margin, mut lost_with_the_store) = (0, None::<i64>, 0);
+        let (mut longest_gap, mut smallest_margin) = (0, None::<i64>);
+        let mut lost_with_the_store = Vec::new();
         for key in keys {
             let grants = by_key.get_mut(key).expect("a key listed");
             grants.sort_by_key(|grant| grant.start_us);
@@ -511,7 +512,12 @@ impl History {
                 pair[1].start_us < self.end_of(pair[0], run_end)
                     && self.lost_with_the_store(pair[0], pair[1], micros(lease))
             });
-            lost_with_the_store += allowed.len();
+            lost_with_the_store.extend(allowed.iter().map(|pair| {
+                format!(
+                    "allowed, the store lost the first's lease: {} / {}",
+                    pair[0], pair[1]
+                )
+            }));
             let margin = kept
                 .iter()
                 .map(|pair| pair[1].start_us as i64 - self.end_of(pair[0], run_end) as i64)
@@ -559,14 +565,16 @@ impl History {
         ));
         lines.push(format!(
             "in all: {} bodies, longest gap {:.0} ms, smallest margin after a loss {}, \
-             overlaps allowed after the store lost leases: {lost_with_the_store}",
+             overlaps allowed after the store lost leases: {}",
             self.grants.len(),
             longest_gap as f64 / 1000.0,
             smallest_margin.map_or_else(
                 || "none (no loss followed)".to_owned(),
                 |margin| format!("{:.0} ms", margin as f64 / 1000.0)
-            )
+            ),
+            lost_with_the_store.len()
         ));
+        lines.extend(lost_with_the_store);
         lines.join("\n")
     }
 }

@@ -581,6 +581,9 @@ pub struct RedisSentinels {
     sentinels: Vec<RedisServer>,
     /// The certificates, for a group over TLS.
     certs: Option<TestCerts>,
+    /// Which server `kill_master_until_replaced` killed: the first master
+    /// (`true`) or the first replica.
+    failed: Option<bool>,
 }
 
 /// The name the Sentinels know the master by.
@@ -640,6 +643,7 @@ impl RedisSentinels {
             replica,
             sentinels,
             certs,
+            failed: None,
         }
     }
 
@@ -678,8 +682,17 @@ impl RedisSentinels {
     /// other server, starts the killed one again (empty) and waits until it
     /// replicates the new master.
     pub fn fail_over(&mut self) {
-        let before = self.current_master_port();
-        let (dead, alive) = if before == Some(self.master.announced_port()) {
+        self.kill_master_until_replaced();
+        self.restart_failed_master();
+        wait_acknowledged(self.current_master());
+    }
+
+    /// Kills the master the Sentinels name now and waits until every one
+    /// of them names the other server.
+    pub fn kill_master_until_replaced(&mut self) {
+        let master_port = self.master.announced_port();
+        let killed_master = self.current_master_port() == Some(master_port);
+        let (dead, alive) = if killed_master {
             (&mut self.master, &self.replica)
         } else {
             (&mut self.replica, &self.master)
@@ -698,10 +711,36 @@ impl RedisSentinels {
                 addr.is_some_and(|(_, port)| port == promoted.to_string())
             })
         });
-        dead.restart();
-        // The Sentinels turn the restarted server into a replica of the new
-        // master.
-        wait_acknowledged(alive);
+        self.failed = Some(killed_master);
+    }
+
+    /// Starts the server [`kill_master_until_replaced`] killed again, on
+    /// its port and empty: it says it is a master until the Sentinels turn
+    /// it into a replica of the new one. Returns it.
+    ///
+    /// [`kill_master_until_replaced`]: Self::kill_master_until_replaced
+    pub fn restart_failed_master(&mut self) -> &RedisServer {
+        let failed = match self.failed.take() {
+            Some(true) => &mut self.master,
+            Some(false) => &mut self.replica,
+            None => panic!("no master was killed"),
+        };
+        failed.restart();
+        failed
+    }
+
+    /// The server the Sentinels name as master now.
+    fn current_master(&self) -> &RedisServer {
+        let mut port = None;
+        wait_for("a Sentinel to name the master", || {
+            port = self.current_master_port();
+            port.is_some()
+        });
+        if port == Some(self.master.announced_port()) {
+            &self.master
+        } else {
+            &self.replica
+        }
     }
 
     /// The port of the master the Sentinels name now (its
@@ -722,14 +761,11 @@ impl RedisSentinels {
 /// `WAIT 1` confirms).
 fn wait_acknowledged(master: &RedisServer) {
     wait_for("the replica to acknowledge writes", || {
-        let mut conn = master.connection();
-        let () = redis::cmd("SET")
-            .arg("probe")
-            .arg(1)
-            .query(&mut conn)
-            .unwrap();
-        let acked: u32 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
-        acked == 1
+        let acked = master.client().get_connection().and_then(|mut conn| {
+            redis::cmd("SET").arg("probe").arg(1).exec(&mut conn)?;
+            redis::cmd("WAIT").arg(1).arg(100).query::<u32>(&mut conn)
+        });
+        acked.is_ok_and(|acked| acked == 1)
     });
 }
 

@@ -314,6 +314,79 @@ async fn fencing_survives_a_failover_to_a_replica_that_missed_the_last_grants() 
     );
 }
 
+/// What `server` says it is (`ROLE`): `master`, `slave`.
+fn role(server: &RedisServer) -> String {
+    let reply: Vec<redis::Value> = redis::cmd("ROLE").query(&mut server.connection()).unwrap();
+    match reply.first() {
+        Some(redis::Value::BulkString(role)) => String::from_utf8_lossy(role).into_owned(),
+        other => panic!("an unexpected ROLE reply: {other:?}"),
+    }
+}
+
+/// A failed master restarted after the failover says it is a master until
+/// the Sentinels demote it. A registry whose connection was to it must not
+/// reconnect to the same address but ask the Sentinels: a lock it takes is
+/// on the new master, where everyone else sees it. (Found by the Sentinel
+/// soak: two holders of one key, neither told.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_master_restarted_after_the_failover_is_not_used() {
+    let mut group = RedisSentinels::spawn();
+    let old = LockRegistry::redis(&group.url()).await.unwrap();
+    let key = unique_key("restarted");
+    let opts = || LockOptions::default().wait_timeout(Duration::from_secs(1));
+    // Its connection is to the first master now, and busy through the
+    // failover (its commands failing while the master is away).
+    old.lock(&key, opts())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let busy = Arc::new(AtomicBool::new(true));
+    let attempts = tokio::spawn({
+        let (old, busy, other) = (old.clone(), busy.clone(), unique_key("busy"));
+        async move {
+            while busy.load(Ordering::SeqCst) {
+                if let Ok(Some(guard)) = old.try_lock(&other, LockOptions::default()).await {
+                    let _ = guard.release().await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    tokio::task::block_in_place(|| group.kill_master_until_replaced());
+    let restarted = tokio::task::block_in_place(|| group.restart_failed_master());
+    assert_eq!(
+        role(restarted),
+        "master",
+        "restarted, it says it is a master"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match old.lock(&key, opts()).await {
+            Ok(guard) => break guard,
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no lock after the failover: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let restarted_role = role(restarted);
+    let fresh = LockRegistry::redis(&group.url()).await.unwrap();
+    let other = fresh.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(
+        other.is_none(),
+        "a registry that asked the Sentinels got a key held through the old one: \
+         the old one locked on the restarted server (which said it was a {restarted_role})"
+    );
+    guard.release().await.unwrap();
+    busy.store(false, Ordering::SeqCst);
+    attempts.await.unwrap();
+}
+
 /// Semaphores and read locks work through a Sentinel group as on one
 /// server: a semaphore of 2 admits two and refuses a third, read locks
 /// overlap, and a writer waits for them.

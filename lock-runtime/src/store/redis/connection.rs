@@ -3,20 +3,28 @@
 //! again after a failover.
 //!
 //! The `redis` crate's own Sentinel client finds the master once; it does not
-//! follow a failover. This connection asks the Sentinels again whenever a
-//! command fails in a way a failover explains (the master refused or dropped
-//! the connection, answered `READONLY` because it was demoted, or did not
-//! answer), and moves to the new master when they name one.
+//! follow a failover. This connection follows the Sentinels' guidelines for
+//! clients: it asks them for the master, connects, checks the server says it
+//! is a master (`ROLE`) and that they still name it, and uses that
+//! connection until a command on it fails in a way a failover explains (the
+//! master refused or dropped the connection, answered `READONLY` because it
+//! was demoted, or did not answer); the next command then asks the Sentinels
+//! again. The connection is never reopened to the same address behind the
+//! Sentinels' back: a failed master restarted after the failover says it is
+//! a master until they demote it, and locks taken there would not be seen
+//! by anyone on the real one.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use ::redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
@@ -48,17 +56,20 @@ enum Direct {
 }
 
 struct Shared {
-    /// The connection to the server or to the current master, with its
-    /// client (for a cluster: the client of its first node, which the
-    /// subscriber uses: the cluster bus carries every node's publications).
-    current: Mutex<(Option<ConnectionManager>, Client)>,
+    /// A Sentinel group's connection to its current master (`None` until
+    /// it is found, and again once a command on it failed in a way a
+    /// failover explains), and the client of the server, of the current
+    /// master, or of a cluster's first node (which the subscriber uses: the
+    /// cluster bus carries every node's publications).
+    current: Mutex<(Option<MultiplexedConnection>, Client)>,
     /// Set for a Sentinel group.
     sentinel: Option<Sentinel>,
 }
 
 struct Sentinel {
+    /// Held while the master is looked for, so callers wait for one look.
     client: AsyncMutex<SentinelClient>,
-    config: ConnectionManagerConfig,
+    config: AsyncConnectionConfig,
     timeout: Duration,
     last_asked: Mutex<Option<Instant>>,
 }
@@ -199,22 +210,36 @@ impl RedisConnection {
                     .map_err(|_| "no Sentinel named the master in time")??;
                 let sentinel = Sentinel {
                     client: AsyncMutex::new(sentinel),
-                    config: config.clone(),
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(config.connection_timeout())
+                        .set_response_timeout(config.response_timeout()),
                     timeout,
-                    last_asked: Mutex::new(Some(Instant::now())),
+                    last_asked: Mutex::new(None),
                 };
                 (master, Some(sentinel))
             }
         };
+        if sentinel.is_some() {
+            let connection = RedisConnection {
+                direct: None,
+                shared: Arc::new(Shared {
+                    current: Mutex::new((None, client)),
+                    sentinel,
+                }),
+            };
+            // Surfaces a missing password or a wrong database now, not at
+            // the first lock.
+            connection.master().await?;
+            return Ok(connection);
+        }
         let mut conn = client.get_connection_manager_with_config(config).await?;
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        let direct = sentinel.is_none().then(|| Direct::Server(conn.clone()));
         Ok(RedisConnection {
-            direct,
+            direct: Some(Direct::Server(conn)),
             shared: Arc::new(Shared {
-                current: Mutex::new((Some(conn), client)),
-                sentinel,
+                current: Mutex::new((None, client)),
+                sentinel: None,
             }),
         })
     }
@@ -251,7 +276,7 @@ impl RedisConnection {
         })
     }
 
-    fn current(&self) -> (Option<ConnectionManager>, Client) {
+    fn current(&self) -> (Option<MultiplexedConnection>, Client) {
         lock(&self.shared.current).clone()
     }
 
@@ -261,53 +286,80 @@ impl RedisConnection {
         lock(&self.shared.current).1.clone()
     }
 
-    /// The current master's connection (a Sentinel group's).
-    fn master(&self) -> Result<ConnectionManager, RedisError> {
-        self.current().0.ok_or_else(|| {
-            RedisError::from((::redis::ErrorKind::Client, "no connection to the master"))
-        })
+    /// A Sentinel group's connection to its current master: the one in use,
+    /// or a new one to the master the Sentinels name, once it says it is a
+    /// master and they still name it. The Sentinels are asked at most once
+    /// per [`RESOLVE_EVERY`]; callers meanwhile wait for that answer.
+    async fn master(&self) -> Result<MultiplexedConnection, RedisError> {
+        if let Some(conn) = self.current().0 {
+            return Ok(conn);
+        }
+        let Some(sentinel) = &self.shared.sentinel else {
+            return Err(RedisError::from((
+                ::redis::ErrorKind::Client,
+                "no connection to the master",
+            )));
+        };
+        let mut client = sentinel.client.lock().await;
+        // Found by the caller that held the lock before.
+        if let Some(conn) = self.current().0 {
+            return Ok(conn);
+        }
+        let last = *lock(&sentinel.last_asked);
+        if let Some(next) = last.map(|at| at + RESOLVE_EVERY) {
+            tokio::time::sleep_until(next).await;
+        }
+        *lock(&sentinel.last_asked) = Some(Instant::now());
+        let timed_out = || {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the Sentinels or the master they name in time",
+            ))
+        };
+        let master = tokio::time::timeout(sentinel.timeout, client.async_get_client())
+            .await
+            .map_err(|_| timed_out())??;
+        let named = master.get_connection_info().addr().to_string();
+        let mut conn = tokio::time::timeout(
+            sentinel.timeout,
+            master.get_multiplexed_async_connection_with_config(&sentinel.config),
+        )
+        .await
+        .map_err(|_| timed_out())??;
+        let role: Vec<Value> = ::redis::cmd("ROLE").query_async(&mut conn).await?;
+        if !matches!(role.first(), Some(Value::BulkString(role)) if role == b"master") {
+            return Err(RedisError::from((
+                ::redis::ErrorKind::Client,
+                "the server the Sentinels name is not a master yet",
+                named,
+            )));
+        }
+        // Asked again after the server said it is a master: a failed master
+        // restarted after the Sentinels moved on says so too.
+        let again = tokio::time::timeout(sentinel.timeout, client.async_get_client())
+            .await
+            .map_err(|_| timed_out())??;
+        let now = again.get_connection_info().addr().to_string();
+        if now != named {
+            return Err(RedisError::from((
+                ::redis::ErrorKind::Client,
+                "the Sentinels named another master meanwhile",
+                format!("{named}, then {now}"),
+            )));
+        }
+        let was = self.client().get_connection_info().addr().to_string();
+        if now != was {
+            tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");
+        }
+        *lock(&self.shared.current) = (Some(conn.clone()), master);
+        Ok(conn)
     }
 
-    /// After an error a failover explains, asks the Sentinels for the master
-    /// and moves there if it changed.
-    async fn follow_failover(&self, error: &RedisError) {
-        let Some(sentinel) = &self.shared.sentinel else {
-            return;
-        };
-
-        if !suggests_failover(error) {
-            return;
-        }
-        let mut client = sentinel.client.lock().await;
-        {
-            let mut last = lock(&sentinel.last_asked);
-            if last.is_some_and(|at| at.elapsed() < RESOLVE_EVERY) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
-        let master = match tokio::time::timeout(sentinel.timeout, client.async_get_client()).await {
-            Ok(Ok(master)) => master,
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "no Sentinel named a master yet");
-                return;
-            }
-            Err(_) => return,
-        };
-        let now = master.get_connection_info().addr().to_string();
-        let was = self.client().get_connection_info().addr().to_string();
-        if now == was {
-            return;
-        }
-        match master
-            .get_connection_manager_with_config(sentinel.config.clone())
-            .await
-        {
-            Ok(conn) => {
-                tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");
-                *lock(&self.shared.current) = (Some(conn), master);
-            }
-            Err(error) => tracing::debug!(%error, master = %now, "cannot reach the new master yet"),
+    /// After an error a failover explains, drops the master's connection:
+    /// the next command asks the Sentinels again.
+    fn forget_master(&self, error: &RedisError) {
+        if self.shared.sentinel.is_some() && suggests_failover(error) {
+            lock(&self.shared.current).0 = None;
         }
     }
 }
@@ -339,12 +391,12 @@ impl ConnectionLike for RedisConnection {
             };
         }
         Box::pin(async move {
-            let result = match self.master() {
+            let result = match self.master().await {
                 Ok(mut conn) => conn.req_packed_command(cmd).await,
                 Err(error) => Err(error),
             };
             if let Err(error) = &result {
-                self.follow_failover(error).await;
+                self.forget_master(error);
             }
             result
         })
@@ -365,12 +417,12 @@ impl ConnectionLike for RedisConnection {
             };
         }
         Box::pin(async move {
-            let result = match self.master() {
+            let result = match self.master().await {
                 Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
                 Err(error) => Err(error),
             };
             if let Err(error) = &result {
-                self.follow_failover(error).await;
+                self.forget_master(error);
             }
             result
         })

@@ -144,9 +144,13 @@
 //! - `redis+sentinel://[:password@]h1:p1,h2:p2/master-name[/db]` finds the
 //!   master through the Sentinels and follows a failover: when a command
 //!   fails in a way a failover explains (a refused or dropped connection, a
-//!   timeout, `READONLY` from a demoted master) the Sentinels are asked
-//!   again and the connection moves to the master they name. Fencing
-//!   tokens keep increasing across the failover (see above).
+//!   timeout, `READONLY` from a demoted master) the connection is dropped,
+//!   and the next command asks the Sentinels again (at most ten times a
+//!   second) and uses the master they name once it says it is one (`ROLE`)
+//!   and they still name it. It never reconnects to the old address on its
+//!   own: a failed master restarted after the failover says it is a master
+//!   until the Sentinels demote it. Fencing tokens keep increasing across
+//!   the failover (see above).
 //! - With asynchronous replication a failover can lose a lease that was
 //!   just granted. [`RedisStoreBuilder::replica_acks`] makes every grant
 //!   wait (`WAIT`) until that many replicas have it, at one more round trip
