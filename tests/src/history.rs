@@ -141,6 +141,16 @@ impl fmt::Display for Grant {
     }
 }
 
+/// An attempt that waited on a key whose holder had stopped.
+struct StoppedWait<'a> {
+    attempt: &'a Attempt,
+    grant: &'a Grant,
+    /// When the holder died, froze or was cut off.
+    stopped_us: u64,
+    /// When the key should have been free: `stopped_us` and the bound.
+    free_by: u64,
+}
+
 /// What a history says, read back.
 #[derive(Debug, Default)]
 pub struct History {
@@ -310,9 +320,11 @@ impl History {
     ///
     /// The one overlap allowed is the documented one after a lossy outage
     /// (the store lost leases it had granted): a body granted before it
-    /// beside one granted after, as long as the first is told it lost its
-    /// lease within `lease` (the ttl and the store's recovery) of the
-    /// outage's end. Fencing tokens must rise across it all the same.
+    /// beside one granted after, as long as the first stops within `lease`
+    /// (the ttl and the store's recovery) of the outage's end: told at its
+    /// next renewal that reaches the store, or ending before it reaches
+    /// the store again, untold. Fencing tokens must rise across it all the
+    /// same.
     pub fn violations(&self, run_end: u64, lease: Duration) -> Vec<String> {
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
         for grant in &self.grants {
@@ -348,14 +360,13 @@ impl History {
     }
 
     /// Whether `before`'s lease may have been lost by the store in a lossy
-    /// outage begun before `after` was granted, and `before` was told (or
-    /// its process died) within `lease` of the outage's end.
+    /// outage begun before `after` was granted, and `before` stopped (told,
+    /// ended, or its process died) within `lease` of the outage's end.
     fn lost_with_the_store(&self, before: &Grant, after: &Grant, lease: u64) -> bool {
         self.outages.iter().any(|outage| {
             outage.lossy
                 && before.start_us < outage.to_us
                 && after.start_us > outage.from_us
-                && (before.outcome == "lost" || before.outcome == "died")
                 && self.end_of(before, u64::MAX) <= outage.to_us + lease
         })
     }
@@ -368,40 +379,70 @@ impl History {
     /// a process frozen meanwhile, and attempts during a fault of the
     /// store's own or within `bound` after it, are not held to it.
     pub fn unavailable(&self, bound: Duration, tolerance: Duration) -> Vec<String> {
-        let (bound, tolerance) = (micros(bound), micros(tolerance));
+        let tolerance = micros(tolerance);
+        self.waits_on_stopped_holders(bound)
+            .into_iter()
+            .filter(|wait| {
+                let attempt = wait.attempt;
+                attempt.ended_us > attempt.asked_us.max(wait.free_by) + tolerance
+            })
+            .map(|wait| {
+                let attempt = wait.attempt;
+                format!(
+                    "{} unobtainable: an attempt by {} asked at {} ended ({}) at {}, \
+                     though {} stopped at {} (free by {})",
+                    attempt.key,
+                    attempt.holder,
+                    attempt.asked_us,
+                    attempt.outcome,
+                    attempt.ended_us,
+                    wait.grant,
+                    wait.stopped_us,
+                    wait.free_by
+                )
+            })
+            .collect()
+    }
+
+    /// The attempts [`unavailable`](Self::unavailable) holds to its bound:
+    /// each attempt at a key claimed alone that ended after the key's
+    /// holder stopped (died, froze, was cut off) and no later than the
+    /// next body began, outside the store's faults and its own process's
+    /// stalls.
+    fn waits_on_stopped_holders(&self, bound: Duration) -> Vec<StoppedWait<'_>> {
+        let bound = micros(bound);
         let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
         for grant in &self.grants {
             by_key.entry(&grant.key).or_default().push(grant);
         }
-        let mut found = Vec::new();
+        let mut waits = Vec::new();
         for (key, grants) in &mut by_key {
             if grants.iter().any(|grant| grant.claim != "x") {
                 continue;
             }
             grants.sort_by_key(|grant| grant.start_us);
-            for (i, grant) in grants.iter().enumerate() {
+            for (i, &grant) in grants.iter().enumerate() {
                 let next = grants.get(i + 1).map_or(u64::MAX, |next| next.start_us);
-                for blocked in self.blocked_at(grant, next) {
-                    let free_by = blocked + bound;
+                for stopped_us in self.blocked_at(grant, next) {
                     for attempt in self.attempts.iter().filter(|a| a.key == *key) {
-                        let waited = attempt.ended_us > blocked && attempt.ended_us <= next;
-                        let late = attempt.ended_us > attempt.asked_us.max(free_by) + tolerance;
+                        let waited = attempt.ended_us > stopped_us && attempt.ended_us <= next;
                         let outage = self.outages.iter().any(|outage| {
                             outage.from_us < attempt.ended_us
                                 && outage.to_us + bound > attempt.asked_us
                         });
-                        if waited && late && !outage && !self.frozen_during(attempt) {
-                            found.push(format!(
-                                "{key} unobtainable: an attempt by {} asked at {} ended ({}) at {}, \
-                                 though {grant} stopped at {blocked} (free by {free_by})",
-                                attempt.holder, attempt.asked_us, attempt.outcome, attempt.ended_us
-                            ));
+                        if waited && !outage && !self.frozen_during(attempt) {
+                            waits.push(StoppedWait {
+                                attempt,
+                                grant,
+                                stopped_us,
+                                free_by: stopped_us + bound,
+                            });
                         }
                     }
                 }
             }
         }
-        found
+        waits
     }
 
     /// When `grant`'s holder stopped while holding, before `next` began:
@@ -506,12 +547,12 @@ impl History {
             // the two exclude each other.
             let excluding = grants
                 .windows(2)
-                .filter(|pair| pair[0].outcome == "lost")
                 .filter(|pair| pair[0].claim == "x" || pair[1].claim == "x");
             let (allowed, kept): (Vec<_>, Vec<_>) = excluding.partition(|pair| {
                 pair[1].start_us < self.end_of(pair[0], run_end)
                     && self.lost_with_the_store(pair[0], pair[1], micros(lease))
             });
+            let kept = kept.into_iter().filter(|pair| pair[0].outcome == "lost");
             lost_with_the_store.extend(allowed.iter().map(|pair| {
                 format!(
                     "allowed, the store lost the first's lease: {} / {}",
@@ -519,7 +560,6 @@ impl History {
                 )
             }));
             let margin = kept
-                .iter()
                 .map(|pair| pair[1].start_us as i64 - self.end_of(pair[0], run_end) as i64)
                 .min();
             longest_gap = longest_gap.max(gap);
@@ -562,6 +602,23 @@ impl History {
             self.killed.len(),
             self.frozen.len(),
             self.cut.len(),
+        ));
+        // The longest an attempt waited on a stopped holder's key, from the
+        // stop (or its asking, if later) to its end.
+        let longest_unavailable = self
+            .waits_on_stopped_holders(lease)
+            .iter()
+            .map(|wait| {
+                let attempt = wait.attempt;
+                attempt.ended_us - attempt.asked_us.max(wait.stopped_us).min(attempt.ended_us)
+            })
+            .max();
+        lines.push(format!(
+            "longest wait on a key whose holder died, froze or was cut off: {}",
+            longest_unavailable.map_or_else(
+                || "none (no attempt waited on one)".to_owned(),
+                |waited| format!("{:.0} ms", waited as f64 / 1000.0)
+            )
         ));
         lines.push(format!(
             "in all: {} bodies, longest gap {:.0} ms, smallest margin after a loss {}, \
@@ -720,18 +777,24 @@ mod tests {
     }
 
     #[test]
-    fn after_a_lossy_outage_only_a_holder_told_in_time_may_overlap() {
+    fn after_a_lossy_outage_only_a_holder_stopped_in_time_may_overlap() {
         let text = "start key=a holder=1.0.0 fencing=5 at_us=100\n\
                     outage kind=data-dropped from_us=200 to_us=210 lossy=true\n\
                     start key=a holder=2.0.0 fencing=6 at_us=250\n\
                     end key=a holder=1.0.0 at_us=300 outcome=lost\n";
         assert_eq!(history(text).violations(1_000, LEASE), Vec::<String>::new());
-        // Told 190 µs after the outage: later than the lease allows.
+        // Stopped 190 µs after the outage: later than the lease allows.
         let late = text.replace("at_us=300 outcome=lost", "at_us=400 outcome=lost");
         assert_eq!(history(&late).violations(1_000, LEASE).len(), 1);
-        // Released as if nothing happened: never told.
-        let silent = text.replace("outcome=lost", "outcome=released");
-        assert_eq!(history(&silent).violations(1_000, LEASE).len(), 1);
+        // Ended untold (it could not reach the store again), in time.
+        let untold = text.replace("outcome=lost", "outcome=released");
+        assert_eq!(
+            history(&untold).violations(1_000, LEASE),
+            Vec::<String>::new()
+        );
+        // A process that never ended the body, not killed: past the lease.
+        let on = text.replace("end key=a holder=1.0.0 at_us=300 outcome=lost\n", "");
+        assert_eq!(history(&on).violations(1_000, LEASE).len(), 1);
         // An outage that loses nothing excuses nothing.
         let kept = text.replace("lossy=true", "lossy=false");
         assert_eq!(history(&kept).violations(1_000, LEASE).len(), 1);

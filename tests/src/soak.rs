@@ -81,6 +81,8 @@ pub struct Report {
     pub outages: usize,
     /// When the last worker finished.
     pub ended_us: u64,
+    /// The directory of the history files (removed unless a check failed).
+    pub dir: PathBuf,
 }
 
 impl Soak {
@@ -151,10 +153,12 @@ impl Soak {
         violations.extend(report.history.unlisted_errors(lease + TOLERANCE));
         assert!(
             violations.is_empty(),
-            "{store} soak, seed {}:\n{}",
+            "{store} soak, seed {} (its histories are kept in {}):\n{}",
             report.seed,
+            report.dir.display(),
             violations.join("\n")
         );
+        let _ = std::fs::remove_dir_all(&report.dir);
         report
     }
 
@@ -162,7 +166,9 @@ impl Soak {
     /// `SOAK_SECONDS` if set (`scripts/soak.sh`), and prints the seed and
     /// the summary; the history is not checked.
     pub fn record(&self, store: &str) -> Report {
-        self.record_with(store, &mut || None)
+        let report = self.record_with(store, &mut || None);
+        let _ = std::fs::remove_dir_all(&report.dir);
+        report
     }
 
     fn record_with(&self, store: &str, server_fault: &mut dyn FnMut() -> Option<Fault>) -> Report {
@@ -309,7 +315,6 @@ impl Soak {
                 .read(&text)
                 .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
         }
-        let _ = std::fs::remove_dir_all(&dir);
         Report {
             history,
             seed,
@@ -318,6 +323,7 @@ impl Soak {
             cuts,
             outages,
             ended_us,
+            dir,
         }
     }
 }

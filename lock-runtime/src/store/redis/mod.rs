@@ -157,6 +157,10 @@
 //!   per grant; a grant too few replicas confirm in time is undone and the
 //!   acquire fails. It does not cover renewals, and a failover to a replica
 //!   that did not acknowledge can still lose a grant.
+//! - A server that restarts without persistence (or a failover that lost
+//!   writes) loses the leases in it: see the crate's guarantees on data
+//!   loss. Their holders learn at their next renewal, within a ttl; the
+//!   fencing tokens of the keys' next holders are still larger.
 //!
 //! # Failures
 //!
