@@ -684,7 +684,31 @@ impl RedisSentinels {
     pub fn fail_over(&mut self) {
         self.kill_master_until_replaced();
         self.restart_failed_master();
-        wait_acknowledged(self.current_master());
+        let begun = Instant::now();
+        let mut nudged = false;
+        wait_for("the new master's replica to acknowledge writes", || {
+            // Asked again each time: the Sentinels' answer is what counts.
+            let master = self.current_master();
+            let restarted = if master.announced_port() == self.master.announced_port() {
+                &self.replica
+            } else {
+                &self.master
+            };
+            // The Sentinels turn the restarted server into a replica; if
+            // they have not within 3 s, an operator's REPLICAOF does.
+            if !nudged && begun.elapsed() > Duration::from_secs(3) {
+                nudged = true;
+                eprintln!(
+                    "the Sentinels left port {} a master for 3 s; making it a replica",
+                    restarted.announced_port()
+                );
+                let _ = redis::cmd("REPLICAOF")
+                    .arg("127.0.0.1")
+                    .arg(master.announced_port())
+                    .exec(&mut restarted.connection());
+            }
+            acknowledged(master)
+        });
     }
 
     /// Kills the master the Sentinels name now and waits until every one
@@ -760,13 +784,17 @@ impl RedisSentinels {
 /// Waits until `master`'s replica acknowledges writes (a `SET` that
 /// `WAIT 1` confirms).
 fn wait_acknowledged(master: &RedisServer) {
-    wait_for("the replica to acknowledge writes", || {
-        let acked = master.client().get_connection().and_then(|mut conn| {
-            redis::cmd("SET").arg("probe").arg(1).exec(&mut conn)?;
-            redis::cmd("WAIT").arg(1).arg(100).query::<u32>(&mut conn)
-        });
-        acked.is_ok_and(|acked| acked == 1)
+    wait_for("the replica to acknowledge writes", || acknowledged(master));
+}
+
+/// Whether a replica of `master` acknowledges a write (a `SET` that
+/// `WAIT 1` confirms within 100 ms); `false` on any error.
+fn acknowledged(master: &RedisServer) -> bool {
+    let acked = master.client().get_connection().and_then(|mut conn| {
+        redis::cmd("SET").arg("probe").arg(1).exec(&mut conn)?;
+        redis::cmd("WAIT").arg(1).arg(100).query::<u32>(&mut conn)
     });
+    acked.is_ok_and(|acked| acked == 1)
 }
 
 fn sentinel_master(sentinel: &RedisServer) -> Vec<(String, String)> {

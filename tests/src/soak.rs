@@ -28,7 +28,8 @@ impl Fault {
     /// A fault in which the store may lose leases it granted, as its docs
     /// say it may (a restart without persistence, a failover to a replica
     /// that missed the last writes): their holders may overlap with the
-    /// next until told, as [`History::violations`] allows.
+    /// next until they stop, within a lease, as [`History::violations`]
+    /// allows.
     pub fn lossy(kind: &'static str) -> Fault {
         Fault { kind, lossy: true }
     }
