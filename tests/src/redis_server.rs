@@ -684,31 +684,14 @@ impl RedisSentinels {
     pub fn fail_over(&mut self) {
         self.kill_master_until_replaced();
         self.restart_failed_master();
-        let begun = Instant::now();
-        let mut nudged = false;
-        wait_for("the new master's replica to acknowledge writes", || {
-            // Asked again each time: the Sentinels' answer is what counts.
-            let master = self.current_master();
-            let restarted = if master.announced_port() == self.master.announced_port() {
-                &self.replica
-            } else {
-                &self.master
-            };
-            // The Sentinels turn the restarted server into a replica; if
-            // they have not within 3 s, an operator's REPLICAOF does.
-            if !nudged && begun.elapsed() > Duration::from_secs(3) {
-                nudged = true;
-                eprintln!(
-                    "the Sentinels left port {} a master for 3 s; making it a replica",
-                    restarted.announced_port()
-                );
-                let _ = redis::cmd("REPLICAOF")
-                    .arg("127.0.0.1")
-                    .arg(master.announced_port())
-                    .exec(&mut restarted.connection());
-            }
-            acknowledged(master)
-        });
+        // The Sentinels can leave the restarted server a master for tens of
+        // seconds before they turn it into a replica; the master they name
+        // is asked again each time.
+        wait_for_long(
+            "the new master's replica to acknowledge writes",
+            Duration::from_secs(90),
+            || acknowledged(self.current_master()),
+        );
     }
 
     /// Kills the master the Sentinels name now and waits until every one
@@ -806,8 +789,13 @@ fn sentinel_master(sentinel: &RedisServer) -> Vec<(String, String)> {
 }
 
 /// Polls `ready` every 20 ms, up to 20 s; panics naming `what`.
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+fn wait_for(what: &str, ready: impl FnMut() -> bool) {
+    wait_for_long(what, Duration::from_secs(20), ready);
+}
+
+/// Polls `ready` every 20 ms, up to `limit`; panics naming `what`.
+fn wait_for_long(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !ready() {
         assert!(Instant::now() < deadline, "gave up waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
