@@ -49,6 +49,7 @@ pub struct Soak {
     workers: usize,
     tasks: usize,
     process_faults: bool,
+    freezes_only: bool,
     route: Option<Route>,
 }
 
@@ -100,8 +101,16 @@ impl Soak {
             workers: 4,
             tasks: 2,
             process_faults: true,
+            freezes_only: false,
             route: None,
         }
+    }
+
+    /// Every fault a worker frozen past its lease (the fault a careless
+    /// release needs to show).
+    pub fn freezes_only(mut self) -> Soak {
+        self.freezes_only = true;
+        self
     }
 
     /// `workers` processes of `tasks` tasks each (default 4 of 2). With
@@ -265,6 +274,7 @@ impl Soak {
                 }
             }
             let kind = round.pop().unwrap_or(3);
+            let kind = if self.freezes_only { 1 } else { kind };
             if kind == 3 || !self.process_faults {
                 let from = now_us();
                 if let Some(fault) = server_fault() {
