@@ -63,16 +63,26 @@ fn a_cluster_with_a_primary_frozen_or_restarted_empty_never_overlaps_but_as_docu
     assert!(report.history.grants.len() > 50, "no progress");
 }
 
-/// Redlock over five masters: one frozen past every lease, or killed and
-/// restarted empty after twice the ttl (the delayed restart Redlock
-/// needs), while a majority keeps every lease.
+/// Redlock over five masters, each worker reaching them through proxies
+/// of its own (cut off from all five at once as a fault): one master
+/// frozen past every lease, or killed and restarted empty after twice the
+/// ttl (the delayed restart Redlock needs), while a majority keeps every
+/// lease.
 #[test]
 fn redlock_with_a_master_frozen_or_restarted_late_never_overlaps() {
     let mut servers = RedisServers::spawn(5);
     let url = servers.urls().join(",");
+    let masters = (0..servers.len()).map(|i| servers.get(i).port()).collect();
     let ttl = Duration::from_millis(500);
     let mut faults = 0usize;
-    let report = Soak::new(WORKER, &url, ttl, 20).run_with("redlock", &mut || {
+    let soak = Soak::new(WORKER, &url, ttl, 20).through_proxies(masters, |ports| {
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect();
+        urls.join(",")
+    });
+    let report = soak.run_with("redlock", &mut || {
         faults += 1;
         let i = faults % servers.len();
         if faults % 2 == 1 {
