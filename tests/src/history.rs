@@ -27,7 +27,7 @@
 //! Times are microseconds of the wall clock, which every process on this
 //! machine shares.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -326,13 +326,8 @@ impl History {
     /// the store again, untold. Fencing tokens must rise across it all the
     /// same.
     pub fn violations(&self, run_end: u64, lease: Duration) -> Vec<String> {
-        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
-        for grant in &self.grants {
-            by_key.entry(&grant.key).or_default().push(grant);
-        }
         let mut found = Vec::new();
-        for grants in by_key.values_mut() {
-            grants.sort_by_key(|grant| grant.start_us);
+        for grants in self.by_key().values() {
             // The bodies still acting when the next one began.
             let mut acting: Vec<(&Grant, u64)> = Vec::new();
             for &grant in grants.iter() {
@@ -357,6 +352,18 @@ impl History {
             }
         }
         found
+    }
+
+    /// The grants of each key, in the order their bodies began.
+    fn by_key(&self) -> BTreeMap<&str, Vec<&Grant>> {
+        let mut by_key: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for grant in &self.grants {
+            by_key.entry(&grant.key).or_default().push(grant);
+        }
+        for grants in by_key.values_mut() {
+            grants.sort_by_key(|grant| grant.start_us);
+        }
+        by_key
     }
 
     /// Whether `before`'s lease may have been lost by the store in a lossy
@@ -411,16 +418,11 @@ impl History {
     /// stalls.
     fn waits_on_stopped_holders(&self, bound: Duration) -> Vec<StoppedWait<'_>> {
         let bound = micros(bound);
-        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
-        for grant in &self.grants {
-            by_key.entry(&grant.key).or_default().push(grant);
-        }
         let mut waits = Vec::new();
-        for (key, grants) in &mut by_key {
+        for (key, grants) in self.by_key() {
             if grants.iter().any(|grant| grant.claim != "x") {
                 continue;
             }
-            grants.sort_by_key(|grant| grant.start_us);
             for (i, &grant) in grants.iter().enumerate() {
                 let next = grants.get(i + 1).map_or(u64::MAX, |next| next.start_us);
                 for stopped_us in self.blocked_at(grant, next) {
@@ -520,18 +522,10 @@ impl History {
     /// [`violations`](Self::violations), with the same `lease`) are
     /// counted apart, not as margins.
     pub fn summary(&self, run_end: u64, lease: Duration) -> String {
-        let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
-        for grant in &self.grants {
-            by_key.entry(&grant.key).or_default().push(grant);
-        }
-        let mut keys: Vec<_> = by_key.keys().copied().collect();
-        keys.sort_unstable();
         let mut lines = Vec::new();
         let (mut longest_gap, mut smallest_margin) = (0, None::<i64>);
         let mut lost_with_the_store = Vec::new();
-        for key in keys {
-            let grants = by_key.get_mut(key).expect("a key listed");
-            grants.sort_by_key(|grant| grant.start_us);
+        for (key, grants) in self.by_key() {
             let gap = grants
                 .windows(2)
                 .map(|pair| {
@@ -584,18 +578,8 @@ impl History {
         }
         let mut refused: Vec<_> = self.refused.iter().collect();
         refused.sort_unstable();
-        let mut outages: HashMap<&str, usize> = HashMap::new();
-        for outage in &self.outages {
-            *outages.entry(&outage.kind).or_default() += 1;
-        }
-        let mut outages: Vec<_> = outages.into_iter().collect();
-        outages.sort_unstable();
-        let mut errors: HashMap<&str, usize> = HashMap::new();
-        for failure in &self.failures {
-            *errors.entry(&failure.error).or_default() += 1;
-        }
-        let mut errors: Vec<_> = errors.into_iter().collect();
-        errors.sort_unstable();
+        let outages = tally(self.outages.iter().map(|outage| outage.kind.as_str()));
+        let errors = tally(self.failures.iter().map(|failure| failure.error.as_str()));
         lines.push(format!(
             "refused: {refused:?}; workers killed: {}, frozen: {}, cut off: {}; \
              store faults: {outages:?}; errors: {errors:?}",
@@ -634,6 +618,15 @@ impl History {
         lines.extend(lost_with_the_store);
         lines.join("\n")
     }
+}
+
+/// How many times each name occurs, by name.
+fn tally<'a>(names: impl Iterator<Item = &'a str>) -> Vec<(&'a str, usize)> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for name in names {
+        *counts.entry(name).or_default() += 1;
+    }
+    counts.into_iter().collect()
 }
 
 /// The body among `acting` that `grant` may not act beside, if any, and

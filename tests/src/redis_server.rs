@@ -510,17 +510,7 @@ impl RedisCluster {
         );
         let deadline = Instant::now() + Duration::from_secs(20);
         for server in &servers {
-            loop {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut server.connection())
-                    .unwrap_or_default();
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster not ok: {info}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_cluster_ok(server, deadline);
         }
         if replicas > 0 {
             for server in &servers {
@@ -554,20 +544,23 @@ impl RedisCluster {
     /// but with its cluster configuration (its identity and slots), and
     /// waits until it says the cluster is ok.
     pub fn restart(&mut self, i: usize) {
-        let server = &mut self.servers[i];
-        server.restart();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let info: String = redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query(&mut server.connection())
-                .unwrap_or_default();
-            if info.contains("cluster_state:ok") {
-                return;
-            }
-            assert!(Instant::now() < deadline, "restarted node not ok: {info}");
-            std::thread::sleep(Duration::from_millis(50));
+        self.servers[i].restart();
+        wait_cluster_ok(&self.servers[i], Instant::now() + Duration::from_secs(20));
+    }
+}
+
+/// Waits until `server` says `cluster_state:ok`; panics at `deadline`.
+fn wait_cluster_ok(server: &RedisServer, deadline: Instant) {
+    loop {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut server.connection())
+            .unwrap_or_default();
+        if info.contains("cluster_state:ok") {
+            return;
         }
+        assert!(Instant::now() < deadline, "cluster not ok: {info}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
