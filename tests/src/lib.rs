@@ -16,6 +16,7 @@ mod proxy;
 mod redis_server;
 mod server_process;
 pub mod soak;
+mod warnings;
 mod worker;
 mod zookeeper_server;
 
@@ -26,6 +27,7 @@ pub use proxy::Proxy;
 pub use redis_server::{
     RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
 };
+pub use warnings::Warnings;
 pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;
 

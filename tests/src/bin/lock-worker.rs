@@ -341,6 +341,8 @@ async fn main() -> Result<(), LockError> {
     let scenario = arg(&args, 1, "scenario");
     let url = arg(&args, 2, "redis url");
     let key = arg(&args, 3, "key");
+    // Why a renewed holder lost its lock, not only that it did.
+    let warnings = (scenario == "renewed").then(lock_tests::Warnings::install);
     // `memory`: this process's own store; several comma-separated URLs
     // (not a Cluster's or Sentinels'): Redlock over them; `postgres://`: the
     // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
@@ -690,7 +692,18 @@ async fn main() -> Result<(), LockError> {
                 entries += e;
                 errors += x;
             }
-            println!("done entries={entries} errors={errors}");
+            // The runtime's reasons: its store refused a renewal (the node
+            // was gone), or no renewal got through in time.
+            let lost = warnings.expect("installed").lost();
+            let count = |prefix: &str| -> u64 {
+                lost.iter()
+                    .filter(|(reason, _)| reason.starts_with(prefix))
+                    .map(|(_, n)| n)
+                    .sum()
+            };
+            let refused = count("the store no longer has it");
+            let late = count("no renewal got through");
+            println!("done entries={entries} errors={errors} refused={refused} late={late}");
         }
         "semaphore" => {
             let tasks: usize = arg(&args, 4, "tasks").parse().expect("tasks");

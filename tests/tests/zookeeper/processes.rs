@@ -151,9 +151,12 @@ fn a_frozen_holder_is_taken_over_after_its_lease_and_told_it_lost() {
 /// Four processes x two keys, each holding its key for 2.1 s on a 1 s
 /// lease (renewed every 333 ms) for a minute, on a three-server ensemble:
 /// waiters look at the holders' nodes all along, and never take a live,
-/// renewing holder for overdue (no `Lost`, no overlap). The leases are
-/// long enough that a worker starved for a few hundred milliseconds (the
-/// other tests' servers share the machine) still renews in time.
+/// renewing holder for overdue: no renewal is refused because its node
+/// was deleted, and no two bodies overlap. A holder may still lose its
+/// lease by its own clock, when no renewal got through in time (a write
+/// slower than two thirds of the lease on a machine the other tests'
+/// servers share); those losses are counted and shown, and every loss
+/// must be one of the two.
 #[test]
 fn holders_renewing_under_load_are_never_taken_for_overdue() {
     let servers = Servers::new(3);
@@ -162,12 +165,14 @@ fn holders_renewing_under_load_are_never_taken_for_overdue() {
     let workers: Vec<Worker> = (0..4)
         .map(|_| processes.worker("renewed", &key, &["60"]))
         .collect();
-    let mut errors = 0;
-    let mut entries = 0;
+    let (mut entries, mut errors, mut refused, mut late) = (0, 0, 0, 0);
     for mut worker in workers {
         let done = worker.expect("done", Duration::from_secs(90));
-        entries += field(&done, "entries").parse::<u64>().unwrap();
-        errors += field(&done, "errors").parse::<u64>().unwrap();
+        let count = |name| field(&done, name).parse::<u64>().unwrap();
+        entries += count("entries");
+        errors += count("errors");
+        refused += count("refused");
+        late += count("late");
     }
     let mut data = servers.data.connection();
     let overlaps: Vec<String> = (0..2)
@@ -181,8 +186,12 @@ fn holders_renewing_under_load_are_never_taken_for_overdue() {
             .unwrap()
         })
         .collect();
-    eprintln!("a minute of renewed holders: {entries} sections, {errors} errors");
-    assert_eq!(errors, 0, "a live holder lost its lock");
+    eprintln!(
+        "a minute of renewed holders: {entries} sections, {errors} errors \
+         ({refused} leases refused, {late} late)"
+    );
+    assert_eq!(refused, 0, "a live holder's node was deleted under it");
+    assert_eq!(errors, late, "a loss neither refused nor late");
     assert!(overlaps.is_empty(), "overlaps: {overlaps:?}");
     assert!(entries > 40, "no progress: {entries} sections");
 }

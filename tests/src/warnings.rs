@@ -1,0 +1,111 @@
+//! A worker's view of the runtime's warnings: a minimal `tracing`
+//! subscriber that prints each warning on stderr (with the process and
+//! the time) and counts the leases lost, by reason, so a worker can say
+//! why it lost a lock, not only that it did.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata};
+
+/// Prints the runtime's warnings and counts its lost leases by reason.
+/// Install it with [`Warnings::install`] before the registry is built.
+#[derive(Debug, Default)]
+pub struct Warnings {
+    lost: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Warnings {
+    /// Makes a new one this process's global subscriber, for good.
+    pub fn install() -> &'static Warnings {
+        let warnings: &'static Warnings = Box::leak(Box::default());
+        tracing::subscriber::set_global_default(Printer(warnings))
+            .expect("no other subscriber is installed");
+        warnings
+    }
+
+    /// How many leases were lost, by the reason the runtime gave: the
+    /// `reason` field of its `lease lost` warnings.
+    pub fn lost(&self) -> BTreeMap<String, u64> {
+        self.lost.lock().expect("lost").clone()
+    }
+}
+
+/// The subscriber itself; [`Warnings`] is static and shared with it.
+struct Printer(&'static Warnings);
+
+/// Collects an event's message and its other fields as `name=value`.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    reason: Option<String>,
+    rest: String,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.message = value.to_owned(),
+            "reason" => self.reason = Some(value.to_owned()),
+            name => {
+                let _ = write!(self.rest, " {name}={value:?}");
+            }
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "reason" => self.reason = Some(format!("{value:?}")),
+            name => {
+                let _ = write!(self.rest, " {name}={value:?}");
+            }
+        }
+    }
+}
+
+impl tracing::Subscriber for Printer {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.is_event() && *metadata.level() <= Level::WARN
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        // Spans are never enabled; an id is still owed.
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let Fields {
+            message,
+            reason,
+            rest,
+        } = fields;
+        let at_ms = crate::history::now_us() / 1000;
+        let reason_shown = reason
+            .as_deref()
+            .map(|reason| format!(" reason={reason:?}"))
+            .unwrap_or_default();
+        eprintln!(
+            "worker {} at_ms={at_ms} {}: {message}{reason_shown}{rest}",
+            std::process::id(),
+            event.metadata().level()
+        );
+        if message == "lease lost" {
+            let reason = reason.unwrap_or_default();
+            *self.0.lost.lock().expect("lost").entry(reason).or_default() += 1;
+        }
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
