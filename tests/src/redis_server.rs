@@ -699,19 +699,44 @@ impl RedisSentinels {
         };
         dead.kill();
         let promoted = alive.announced_port();
-        let sentinels = &self.sentinels;
+        self.wait_named(promoted);
+        self.failed = Some(killed_master);
+    }
+
+    /// Has the Sentinels fail over with the master up (`SENTINEL
+    /// FAILOVER`), and waits until every one names the replica. The old
+    /// master goes on as a master, taking writes, until they demote it
+    /// (seconds later); returns it.
+    pub fn fail_over_leaving_the_master_up(&mut self) -> &RedisServer {
+        let master_port = self.master.announced_port();
+        let (old, replica) = if self.current_master_port() == Some(master_port) {
+            (&self.master, &self.replica)
+        } else {
+            (&self.replica, &self.master)
+        };
+        let promoted = replica.announced_port();
+        redis::cmd("SENTINEL")
+            .arg("failover")
+            .arg(SENTINEL_MASTER)
+            .exec(&mut self.sentinels[0].connection())
+            .expect("SENTINEL FAILOVER");
+        self.wait_named(promoted);
+        old
+    }
+
+    /// Waits until every Sentinel names the server on `port` the master.
+    fn wait_named(&self, port: u16) {
         wait_for("the Sentinels to name the promoted replica", || {
-            sentinels.iter().all(|sentinel| {
+            self.sentinels.iter().all(|sentinel| {
                 let addr: Option<(String, String)> = redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
                     .arg(SENTINEL_MASTER)
                     .query(&mut sentinel.connection())
                     .ok()
                     .flatten();
-                addr.is_some_and(|(_, port)| port == promoted.to_string())
+                addr.is_some_and(|(_, named)| named == port.to_string())
             })
         });
-        self.failed = Some(killed_master);
     }
 
     /// Starts the server [`kill_master_until_replaced`] killed again, on

@@ -387,6 +387,48 @@ async fn a_failed_master_restarted_after_the_failover_is_not_used() {
     attempts.await.unwrap();
 }
 
+/// The Sentinels fail over with the master up (`SENTINEL FAILOVER`): the
+/// old master goes on taking writes until they demote it, seconds later,
+/// and a connection to it sees no error meanwhile. A holder connected to
+/// it must follow the Sentinels on its own: its renewals then reach the
+/// new master, and a registry that asks the Sentinels does not get the key
+/// once the copy replicated before the failover would have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_follows_the_sentinels_away_from_a_master_left_up() {
+    let mut group = RedisSentinels::spawn();
+    let holder = LockRegistry::redis(&group.url()).await.unwrap();
+    let key = unique_key("left-up");
+    // Renewed every 1.7 s: once the Sentinels moved on, the holder leaves
+    // the old master within the scan's second and renews on the new one
+    // well before the copy it has (renewed at most 1.7 s before) expires.
+    let ttl = Duration::from_secs(5);
+    let guard = holder
+        .lock(&key, LockOptions::default().ttl(ttl))
+        .await
+        .unwrap();
+    let old = tokio::task::block_in_place(|| group.fail_over_leaving_the_master_up());
+    let switched = Instant::now();
+    // Past the lease the new master was given by replication (the old
+    // master is demoted 8 s after the Sentinels first see it, at the
+    // earliest).
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert_eq!(
+        role(old),
+        "master",
+        "the old master was demoted already: the test shows nothing"
+    );
+    let fresh = LockRegistry::redis(&group.url()).await.unwrap();
+    let other = fresh.try_lock(&key, LockOptions::default()).await.unwrap();
+    assert!(
+        other.is_none(),
+        "{} ms after the Sentinels moved on, a registry that asked them got a key \
+         the holder still held through the old master",
+        switched.elapsed().as_millis()
+    );
+    assert!(guard.is_held(), "the holder was told it lost the lock");
+    guard.release().await.unwrap();
+}
+
 /// Semaphores and read locks work through a Sentinel group as on one
 /// server: a semaphore of 2 admits two and refuses a third, read locks
 /// overlap, and a writer waits for them.

@@ -616,7 +616,7 @@ async fn main() -> Result<(), LockError> {
                                 .collect(),
                             Some(Err(LockError::Timeout { .. })) => vec![refused("timeout")],
                             Some(Err(err)) if last > 0 => {
-                                eprintln!("soak worker {pid}: {err}");
+                                eprintln!("soak worker {pid}: {}", lock_tests::error_chain(&err));
                                 let kind = error_kind(&err);
                                 keys.iter()
                                     .map(|key| {
@@ -628,7 +628,7 @@ async fn main() -> Result<(), LockError> {
                                     .collect()
                             }
                             Some(Err(err)) => {
-                                eprintln!("soak worker {pid}: {err}");
+                                eprintln!("soak worker {pid}: {}", lock_tests::error_chain(&err));
                                 // The store away: not a hot loop of errors.
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                                 vec![format!(

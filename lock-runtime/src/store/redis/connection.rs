@@ -12,10 +12,16 @@
 //! again. The connection is never reopened to the same address behind the
 //! Sentinels' back: a failed master restarted after the failover says it is
 //! a master until they demote it, and locks taken there would not be seen
-//! by anyone on the real one.
+//! by anyone on the real one. Nor is it kept once they name another: a
+//! master they moved away from while it was up (a failover they were asked
+//! for, or one they started on a false alarm) takes writes without an
+//! error until they demote it, seconds later, so every [`SCAN_EVERY`] a
+//! task asks a Sentinel which master it names and drops a connection to
+//! any other; holders' next renewals then reach the master everyone else
+//! uses.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use ::redis::aio::{
@@ -24,7 +30,9 @@ use ::redis::aio::{
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use ::redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value,
+};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
@@ -33,6 +41,11 @@ use crate::error::BackendError;
 
 /// The shortest pause between two questions to the Sentinels.
 const RESOLVE_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a Sentinel group's connection asks which master the
+/// Sentinels name, to leave one they moved away from (as Redisson's
+/// Sentinel scan does, every second by default).
+pub(super) const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// The connection a [`RedisStore`](super::RedisStore) sends its commands
 /// on: to one server (`redis://`), to a Redis Cluster
@@ -69,6 +82,8 @@ struct Shared {
 struct Sentinel {
     /// Held while the master is looked for, so callers wait for one look.
     client: AsyncMutex<SentinelClient>,
+    /// The master's name, as the Sentinels know it.
+    master: String,
     config: AsyncConnectionConfig,
     timeout: Duration,
     last_asked: Mutex<Option<Instant>>,
@@ -210,6 +225,7 @@ impl RedisConnection {
                     .map_err(|_| "no Sentinel named the master in time")??;
                 let sentinel = Sentinel {
                     client: AsyncMutex::new(sentinel),
+                    master: spec.master.clone(),
                     config: AsyncConnectionConfig::new()
                         .set_connection_timeout(config.connection_timeout())
                         .set_response_timeout(config.response_timeout()),
@@ -230,6 +246,7 @@ impl RedisConnection {
             // Surfaces a missing password or a wrong database now, not at
             // the first lock.
             connection.master().await?;
+            tokio::spawn(scan(Arc::downgrade(&connection.shared)));
             return Ok(connection);
         }
         let mut conn = client.get_connection_manager_with_config(config).await?;
@@ -361,6 +378,83 @@ impl RedisConnection {
         if self.shared.sentinel.is_some() && suggests_failover(error) {
             lock(&self.shared.current).0 = None;
         }
+    }
+}
+
+/// A Sentinel group's scan: every [`SCAN_EVERY`], while the store lives,
+/// asks a Sentinel which master it names, and drops the connection in use
+/// if it is to another server (the next command asks them all again, and
+/// checks). A Sentinel that does not answer is left for the next one.
+async fn scan(shared: Weak<Shared>) {
+    let mut asking: Option<MultiplexedConnection> = None;
+    loop {
+        tokio::time::sleep(SCAN_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Some(sentinel) = &shared.sentinel else {
+            return;
+        };
+        // Nothing to leave while no connection is in use: the next
+        // command asks the Sentinels anyway.
+        let used = {
+            let current = lock(&shared.current);
+            current.0.as_ref().and_then(|_| address(&current.1))
+        };
+        let Some(used) = used else {
+            continue;
+        };
+        let named = tokio::time::timeout(sentinel.timeout, sentinel.named(&mut asking)).await;
+        let Ok(Ok(Some(named))) = named else {
+            asking = None;
+            continue;
+        };
+        if used != named {
+            let mut current = lock(&shared.current);
+            // Unless a command already moved it meanwhile.
+            if address(&current.1).is_some_and(|now| now != named) {
+                tracing::warn!(master = %format!("{}:{}", named.0, named.1),
+                    "the Sentinels name another Redis master; leaving the one in use");
+                current.0 = None;
+            }
+        }
+    }
+}
+
+impl Sentinel {
+    /// The address of the master a Sentinel names, on `asking` (opened to
+    /// the first Sentinel that answers, when `None`).
+    async fn named(
+        &self,
+        asking: &mut Option<MultiplexedConnection>,
+    ) -> Result<Option<(String, u16)>, RedisError> {
+        let conn = match asking {
+            Some(conn) => conn,
+            None => {
+                let client = self.client.lock().await.async_get_sentinel_client().await?;
+                asking.insert(
+                    client
+                        .get_multiplexed_async_connection_with_config(&self.config)
+                        .await?,
+                )
+            }
+        };
+        let named: Option<(String, u16)> = ::redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .query_async(conn)
+            .await?;
+        Ok(named)
+    }
+}
+
+/// The host and port of a server's client.
+fn address(client: &Client) -> Option<(String, u16)> {
+    match client.get_connection_info().addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some((host.clone(), *port))
+        }
+        _ => None,
     }
 }
 

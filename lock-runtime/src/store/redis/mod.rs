@@ -149,8 +149,14 @@
 //!   second) and uses the master they name once it says it is one (`ROLE`)
 //!   and they still name it. It never reconnects to the old address on its
 //!   own: a failed master restarted after the failover says it is a master
-//!   until the Sentinels demote it. Fencing tokens keep increasing across
-//!   the failover (see above).
+//!   until the Sentinels demote it. Nor does it stay on a master the
+//!   Sentinels moved away from while it was up (a failover they were asked
+//!   for, or one they started because they briefly lost sight of it): such
+//!   a master takes writes without an error until they demote it, seconds
+//!   later, so every second the store asks a Sentinel which master it names
+//!   and leaves any other; holders' next renewals then reach the master
+//!   everyone else uses. Fencing tokens keep increasing across the
+//!   failover (see above).
 //! - With asynchronous replication a failover can lose a lease that was
 //!   just granted. [`RedisStoreBuilder::replica_acks`] makes every grant
 //!   wait (`WAIT`) until that many replicas have it, at one more round trip
