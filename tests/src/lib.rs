@@ -14,6 +14,7 @@ mod postgres_server;
 pub mod processes;
 mod proxy;
 mod redis_server;
+mod sentinel_watch;
 mod server_process;
 pub mod soak;
 mod warnings;
@@ -27,6 +28,7 @@ pub use proxy::Proxy;
 pub use redis_server::{
     RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
 };
+pub use sentinel_watch::SentinelWatch;
 pub use warnings::Warnings;
 pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;

@@ -661,6 +661,11 @@ impl RedisSentinels {
         format!("{scheme}://{}/{SENTINEL_MASTER}", hosts.join(","))
     }
 
+    /// The Sentinels.
+    pub(crate) fn sentinels(&self) -> &[RedisServer] {
+        &self.sentinels
+    }
+
     /// The master the group started with.
     pub fn master(&mut self) -> &mut RedisServer {
         &mut self.master

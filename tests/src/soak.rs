@@ -35,6 +35,26 @@ impl Fault {
     }
 }
 
+/// A fault the store made by itself, seen by a [`StoreWatch`] (a failover
+/// a Sentinel group started on its own): what it was, from when to when.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// The fault, lossy if the store may have lost leases in it.
+    pub fault: Fault,
+    /// When it began, in µs since the epoch.
+    pub from_us: u64,
+    /// When it ended, in µs since the epoch.
+    pub to_us: u64,
+}
+
+/// A watch on the store for the faults it makes by itself, which the
+/// runner did not make and so cannot write down as it makes them.
+pub trait StoreWatch {
+    /// Every fault seen since the soak began; asked once, when the last
+    /// worker finished.
+    fn seen(&self) -> Vec<Seen>;
+}
+
 /// How a worker reaches the store through proxies of its own: the ports
 /// they forward to, and the lock URL made of the proxies' ports.
 type Route = (Vec<u16>, Box<dyn Fn(&[u16]) -> String>);
@@ -51,6 +71,7 @@ pub struct Soak {
     process_faults: bool,
     freezes_only: bool,
     route: Option<Route>,
+    watch: Option<Box<dyn StoreWatch>>,
 }
 
 impl std::fmt::Debug for Soak {
@@ -103,6 +124,7 @@ impl Soak {
             process_faults: true,
             freezes_only: false,
             route: None,
+            watch: None,
         }
     }
 
@@ -133,6 +155,13 @@ impl Soak {
         url: impl Fn(&[u16]) -> String + 'static,
     ) -> Soak {
         self.route = Some((upstreams, Box::new(url)));
+        self
+    }
+
+    /// Writes the faults `watch` saw the store make by itself into the
+    /// history, beside the runner's own, before it is checked.
+    pub fn watched(mut self, watch: impl StoreWatch + 'static) -> Soak {
+        self.watch = Some(Box::new(watch));
         self
     }
 
@@ -316,6 +345,13 @@ impl Soak {
         }
         for (mut worker, _proxies) in workers {
             worker.expect("done", Duration::from_secs(60));
+        }
+        for seen in self.watch.iter().flat_map(|watch| watch.seen()) {
+            runner.line(&format!(
+                "outage kind={} from_us={} to_us={} lossy={}",
+                seen.fault.kind, seen.from_us, seen.to_us, seen.fault.lossy
+            ));
+            outages += 1;
         }
         let ended_us = now_us();
         let mut history = History::default();
