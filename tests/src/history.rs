@@ -85,6 +85,10 @@ pub struct Grant {
     pub start_us: u64,
     /// When it last acted; `None` if its process died first.
     pub end_us: Option<u64>,
+    /// When it took its last step, if it said so before it was released
+    /// (a process killed between the two died holding a lease but no
+    /// longer acting).
+    pub done_us: Option<u64>,
     /// How it ended: `released`, `lost`, `cancelled`, `error`; `died` with
     /// no end line.
     pub outcome: String,
@@ -134,8 +138,11 @@ impl fmt::Display for Grant {
             self.claim,
             self.fencing,
             self.start_us,
-            self.end_us
-                .map_or_else(|| "its death".to_owned(), |end| end.to_string()),
+            match (self.end_us, self.done_us) {
+                (Some(end), _) => end.to_string(),
+                (None, Some(done)) => format!("{done} (its last step; then it died)"),
+                (None, None) => "its death".to_owned(),
+            },
             self.outcome
         )
     }
@@ -232,8 +239,15 @@ impl History {
                         fencing: number("fencing")?,
                         start_us: number("at_us")?,
                         end_us: None,
+                        done_us: None,
                         outcome: "died".to_owned(),
                     });
+                }
+                "done" => {
+                    let at = *open
+                        .get(&(get("key")?.to_owned(), get("holder")?.to_owned()))
+                        .ok_or_else(|| format!("a done with no start: `{line}`"))?;
+                    self.grants[at].done_us = Some(number("at_us")?);
                 }
                 "end" => {
                     let at = open
@@ -303,11 +317,13 @@ impl History {
         Ok(())
     }
 
-    /// When a grant's body last may have acted: its end, or its process's
-    /// death (or `run_end`, if the process was not killed).
+    /// When a grant's body last may have acted: its end, its last step,
+    /// or its process's death (or `run_end`, if the process was not
+    /// killed).
     fn end_of(&self, grant: &Grant, run_end: u64) -> u64 {
         grant
             .end_us
+            .or(grant.done_us)
             .unwrap_or_else(|| self.killed.get(grant.pid()).copied().unwrap_or(run_end))
     }
 
@@ -694,6 +710,22 @@ mod tests {
         assert_eq!(h.violations(1_000, LEASE), Vec::<String>::new());
         h.killed.insert("1".to_owned(), 450);
         assert_eq!(h.violations(1_000, LEASE).len(), 1);
+    }
+
+    #[test]
+    fn a_holder_killed_after_its_last_step_counts_until_that_step() {
+        let text = "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+                    start key=a holder=2.0.0 fencing=6 at_us=250\n\
+                    killed pid=1 at_us=300\n";
+        // Killed after the next body began: it may have acted until then.
+        assert_eq!(history(text).violations(1_000, LEASE).len(), 1);
+        // Its body had taken its last step before (its release was under
+        // way): no overlap.
+        let done = format!("{text}done key=a holder=1.0.0 at_us=200\n");
+        assert_eq!(
+            history(&done).violations(1_000, LEASE),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -287,6 +287,15 @@ impl SoakBody<'_> {
             tokio::time::sleep(Duration::from_millis(5)).await;
             *self.last.lock().expect("last") = now_us();
         }
+        // Said before the release: a process killed during it dies
+        // holding the lease, but no longer acting.
+        let last = *self.last.lock().expect("last");
+        for key in keys {
+            self.history.line(&format!(
+                "done key={key} holder={} at_us={last}",
+                self.holder
+            ));
+        }
     }
 }
 
