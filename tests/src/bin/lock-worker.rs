@@ -701,8 +701,9 @@ async fn main() -> Result<(), LockError> {
                 entries += e;
                 errors += x;
             }
-            // The runtime's reasons: its store refused a renewal (the node
-            // was gone), or no renewal got through in time.
+            // The reasons: the store refused a renewal (the node was gone)
+            // or saw the held node deleted, or no renewal got through in
+            // time.
             let lost = warnings.expect("installed").lost();
             let count = |prefix: &str| -> u64 {
                 lost.iter()
@@ -710,7 +711,8 @@ async fn main() -> Result<(), LockError> {
                     .map(|(_, n)| n)
                     .sum()
             };
-            let refused = count("the store no longer has it");
+            let refused =
+                count("the store no longer has it") + count("its ZooKeeper node was deleted");
             let late = count("no renewal got through");
             println!("done entries={entries} errors={errors} refused={refused} late={late}");
         }

@@ -151,8 +151,8 @@ fn a_frozen_holder_is_taken_over_after_its_lease_and_told_it_lost() {
 /// Four processes x two keys, each holding its key for 2.1 s on a 1 s
 /// lease (renewed every 333 ms) for a minute, on a three-server ensemble:
 /// waiters look at the holders' nodes all along, and never take a live,
-/// renewing holder for overdue: no renewal is refused because its node
-/// was deleted, and no two bodies overlap. A holder may still lose its
+/// renewing holder for overdue: no holder's node is deleted under it (a
+/// renewal refused, or the deletion seen), and no two bodies overlap. A holder may still lose its
 /// lease by its own clock, when no renewal got through in time (a write
 /// slower than two thirds of the lease on a machine the other tests'
 /// servers share); those losses are counted and shown, and every failed
