@@ -45,7 +45,7 @@ const RESOLVE_EVERY: Duration = Duration::from_millis(100);
 /// How often a Sentinel group's connection asks which master the
 /// Sentinels name, to leave one they moved away from (as Redisson's
 /// Sentinel scan does, every second by default).
-pub(super) const SCAN_EVERY: Duration = Duration::from_secs(1);
+const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// The connection a [`RedisStore`](super::RedisStore) sends its commands
 /// on: to one server (`redis://`), to a Redis Cluster
