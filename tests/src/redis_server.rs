@@ -732,15 +732,9 @@ impl RedisSentinels {
     /// Waits until every Sentinel names the server on `port` the master.
     fn wait_named(&self, port: u16) {
         wait_for("the Sentinels to name the promoted replica", || {
-            self.sentinels.iter().all(|sentinel| {
-                let addr: Option<(String, String)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(SENTINEL_MASTER)
-                    .query(&mut sentinel.connection())
-                    .ok()
-                    .flatten();
-                addr.is_some_and(|(_, named)| named == port.to_string())
-            })
+            self.sentinels
+                .iter()
+                .all(|sentinel| named_port(sentinel) == Some(port))
         });
     }
 
@@ -776,15 +770,19 @@ impl RedisSentinels {
     /// The port of the master the Sentinels name now (its
     /// [`announced_port`](RedisServer::announced_port)).
     pub fn current_master_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|sentinel| {
-            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(SENTINEL_MASTER)
-                .query(&mut sentinel.connection())
-                .ok()?;
-            addr?.1.parse().ok()
-        })
+        self.sentinels.iter().find_map(named_port)
     }
+}
+
+/// The port of the master `sentinel` names; `None` if it names none or
+/// does not answer.
+fn named_port(sentinel: &RedisServer) -> Option<u16> {
+    let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(SENTINEL_MASTER)
+        .query(&mut sentinel.connection())
+        .ok()?;
+    addr?.1.parse().ok()
 }
 
 /// Waits until `master`'s replica acknowledges writes (a `SET` that

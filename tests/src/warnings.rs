@@ -45,25 +45,25 @@ struct Fields {
     rest: String,
 }
 
-impl Visit for Fields {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "message" => self.message = value.to_owned(),
-            "reason" => self.reason = Some(value.to_owned()),
+impl Fields {
+    fn put(&mut self, name: &str, value: String) {
+        match name {
+            "message" => self.message = value,
+            "reason" => self.reason = Some(value),
             name => {
-                let _ = write!(self.rest, " {name}={value:?}");
+                let _ = write!(self.rest, " {name}={value}");
             }
         }
     }
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field.name(), value.to_owned());
+    }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "message" => self.message = format!("{value:?}"),
-            "reason" => self.reason = Some(format!("{value:?}")),
-            name => {
-                let _ = write!(self.rest, " {name}={value:?}");
-            }
-        }
+        self.put(field.name(), format!("{value:?}"));
     }
 }
 
