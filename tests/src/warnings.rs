@@ -109,3 +109,29 @@ impl tracing::Subscriber for Printer {
 
     fn exit(&self, _: &Id) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one test of this binary that installs a subscriber (it is
+    /// global, for good).
+    #[test]
+    fn lost_leases_are_counted_by_reason_and_other_warnings_are_not() {
+        let warnings = Warnings::install();
+        let reason: &str = "no renewal got through before the lease ran out";
+        tracing::warn!(key = "k", reason, "lease lost");
+        tracing::warn!(key = "k", reason, "lease lost");
+        tracing::warn!(
+            key = "k",
+            reason = "the store no longer has it",
+            "lease lost"
+        );
+        tracing::warn!(key = "k", "lease renewal failed; retrying");
+        tracing::info!(key = "k", reason, "lease lost");
+        let lost = warnings.lost();
+        assert_eq!(lost.get(reason), Some(&2), "{lost:?}");
+        assert_eq!(lost.get("the store no longer has it"), Some(&1), "{lost:?}");
+        assert_eq!(lost.len(), 2, "{lost:?}");
+    }
+}
