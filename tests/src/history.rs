@@ -427,6 +427,57 @@ impl History {
             .collect()
     }
 
+    /// Keys left unobtainable though free: a wait at a key claimed alone
+    /// (granted in the end, or timed out) that went on more than
+    /// `tolerance` past the moment the key was free, that is past its
+    /// start, `bound` (the ttl and the store's recovery) past the end of
+    /// every body of the key begun before it ended (its death, for a
+    /// process killed), and `bound` past the healing of every fault of the
+    /// store's own begun before it ended. Attempts of a process frozen or
+    /// cut off meanwhile are not held to it.
+    pub fn unobtainable_when_free(&self, bound: Duration, tolerance: Duration) -> Vec<String> {
+        let (bound, tolerance) = (micros(bound), micros(tolerance));
+        let by_key = self.by_key();
+        let mut found = Vec::new();
+        for attempt in &self.attempts {
+            if !matches!(attempt.outcome.as_str(), "granted" | "timeout")
+                || self.frozen_during(attempt)
+            {
+                continue;
+            }
+            let Some(grants) = by_key.get(attempt.key.as_str()) else {
+                continue;
+            };
+            if grants.iter().any(|grant| grant.claim != "x") {
+                continue;
+            }
+            // Its own body begins when it ends: not among them.
+            let held = grants
+                .iter()
+                .filter(|grant| grant.start_us < attempt.ended_us)
+                .map(|grant| self.end_of(grant, u64::MAX).saturating_add(bound));
+            let healed = self
+                .outages
+                .iter()
+                .filter(|outage| outage.from_us < attempt.ended_us)
+                .map(|outage| outage.to_us.saturating_add(bound));
+            let free_from = held.chain(healed).fold(attempt.asked_us, u64::max);
+            if attempt.ended_us > free_from.saturating_add(tolerance) {
+                found.push(format!(
+                    "{} unobtainable though free: an attempt by {} asked at {} ended ({}) at {}, \
+                     the key free from {}",
+                    attempt.key,
+                    attempt.holder,
+                    attempt.asked_us,
+                    attempt.outcome,
+                    attempt.ended_us,
+                    free_from
+                ));
+            }
+        }
+        found
+    }
+
     /// The attempts [`unavailable`](Self::unavailable) holds to its bound:
     /// each attempt at a key claimed alone that ended after the key's
     /// holder stopped (died, froze, was cut off) and no later than the
@@ -724,6 +775,44 @@ mod tests {
         let done = format!("{text}done key=a holder=1.0.0 at_us=200\n");
         assert_eq!(
             history(&done).violations(1_000, LEASE),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_wait_on_a_free_key_is_found_once_the_store_healed() {
+        let bound = Duration::from_micros(100);
+        let tolerance = Duration::from_micros(50);
+        // Released at 200, a fault from 300 to 400: the key is free from
+        // 500; a wait granted by 550 passes.
+        let text = "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+                    end key=a holder=1.0.0 at_us=200 outcome=released\n\
+                    outage kind=restarted from_us=300 to_us=400 lossy=false\n\
+                    start key=a holder=2.0.0 fencing=6 asked_us=150 at_us=550\n";
+        let h = history(text);
+        assert_eq!(
+            h.unobtainable_when_free(bound, tolerance),
+            Vec::<String>::new()
+        );
+        // Granted at 900: 400 µs after the key was free.
+        let late = history(&text.replace("at_us=550", "at_us=900"));
+        let found = late.unobtainable_when_free(bound, tolerance);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("free from 500"), "{found:?}");
+        // A wait that timed out on a key another body held all along.
+        let held = "start key=b holder=1.0.0 fencing=5 at_us=100\n\
+                    timeout key=b holder=2.0.0 asked_us=150 at_us=900\n";
+        assert_eq!(
+            history(held).unobtainable_when_free(bound, tolerance),
+            Vec::<String>::new()
+        );
+        // Its process frozen while it waited: not held to it.
+        let frozen = format!(
+            "{}frozen pid=2 from_us=600 to_us=800\n",
+            text.replace("at_us=550", "at_us=900")
+        );
+        assert_eq!(
+            history(&frozen).unobtainable_when_free(bound, tolerance),
             Vec::<String>::new()
         );
     }

@@ -175,8 +175,8 @@ impl Soak {
 
     /// Runs the soak (see [`record`](Self::record)) and panics with every
     /// violation found (see [`History::violations`],
-    /// [`History::unavailable`] and [`History::unlisted_errors`]), and the
-    /// seed.
+    /// [`History::unavailable`], [`History::unobtainable_when_free`] and
+    /// [`History::unlisted_errors`]), and the seed.
     pub fn run(&self, store: &str) -> Report {
         self.run_with(store, &mut || None)
     }
@@ -189,6 +189,7 @@ impl Soak {
         let lease = self.ttl + self.recovery;
         let mut violations = report.history.violations(report.ended_us, lease);
         violations.extend(report.history.unavailable(lease, TOLERANCE));
+        violations.extend(report.history.unobtainable_when_free(lease, TOLERANCE));
         violations.extend(report.history.unlisted_errors(lease + TOLERANCE));
         assert!(
             violations.is_empty(),
