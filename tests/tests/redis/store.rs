@@ -922,12 +922,12 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
     let guard = holder.lock(&key, LockOptions::default()).await.unwrap();
     let waiting = tokio::spawn({
         let key = key.clone();
-        async move {
-            let guard = waiter.lock(&key, LockOptions::default()).await.unwrap();
-            guard.release().await.unwrap();
-        }
+        // The waiter keeps the key until the end, so the skipper can never
+        // find it free after the waiter's turn either.
+        async move { waiter.lock(&key, LockOptions::default()).await.unwrap() }
     });
     wait_until("the waiter queued", || fair_queue(&server, &key).len() == 1).await;
+    let queued = fair_queue(&server, &key);
     // The lease vanishes as if it had expired: no release, no grant.
     let () = server.connection().del(format!("lock:{{{key}}}")).unwrap();
     let skipped = skipper
@@ -938,11 +938,18 @@ async fn fair_mode_a_skip_attempt_does_not_jump_the_queue() {
         skipped.is_none(),
         "the skip attempt took a queued waiter's turn"
     );
-    assert_eq!(fair_queue(&server, &key).len(), 1, "only the waiter queued");
-    tokio::time::timeout(Duration::from_secs(3), waiting)
+    // The waiter may have taken the key by its own next attempt meanwhile
+    // and left the queue; the skipper must never be in it.
+    let now_queued = fair_queue(&server, &key);
+    assert!(
+        now_queued.iter().all(|entry| queued.contains(entry)),
+        "only the waiter queued: {queued:?} then {now_queued:?}"
+    );
+    let taken = tokio::time::timeout(Duration::from_secs(3), waiting)
         .await
         .expect("the waiter took the key at its next attempt")
         .unwrap();
+    taken.release().await.unwrap();
     drop(guard);
 }
 
