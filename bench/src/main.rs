@@ -9,6 +9,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --store etcd   # one store's rows, printed
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
+//! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
 //! ```
 //!
 //! Contenders:
@@ -101,8 +102,8 @@ fn work() {
 /// on one server, after one unmeasured round each at the same scale (so a
 /// callgrind total counts every lock twice), each round printing its
 /// throughput and this process's
-/// CPU per lock (the client's: the server is a process of its own), then
-/// the server's time per command. Redis: floor, lock-runtime, raw (the
+/// CPU per lock (the client's: the server is a process of its own) and,
+/// on Redis, the server's time inside commands per lock. Redis: floor, lock-runtime, raw (the
 /// store through the `Store` trait alone), rslock; memory (scenario
 /// 6a or 6b): memory, tokio-mutex; PostgreSQL:
 /// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
@@ -138,6 +139,11 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     }
     for _ in 0..rounds {
         for (name, lib) in &libs {
+            if let Some(server) = &redis {
+                let () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query(&mut server.connection())?;
+            }
             let (cpu, servers) = (cpu_time(), servers_cpu_time());
             let m = run_tasks(lib, "profile", name, tasks, ops, hot).await?;
             let locks = (ops * tasks as u64) as u32;
@@ -150,17 +156,12 @@ async fn profile(args: &[String]) -> Result<(), Error> {
                 servers.as_secs_f64() * 1e6,
                 fmt_d(m.pct(50.0))
             );
+            if let Some(server) = &redis {
+                println!("  {}", server_time_per_lock(server, locks)?);
+            }
         }
     }
     drop((etcd, zookeeper));
-    if let Some(server) = redis {
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut server.connection())?;
-        for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
-            println!("  {line}");
-        }
-    }
     if let Some(postgres) = postgres {
         postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
         println!(
@@ -171,6 +172,64 @@ async fn profile(args: &[String]) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// `--user-shape LIBS [PAIRS]`: row 1b alone, on a server of its own, the
+/// floor first and then the contenders (comma-separated), printed.
+async fn user_shape(args: &[String]) -> Result<(), Error> {
+    let [names, rest @ ..] = args else {
+        return Err("--user-shape LIBS [PAIRS]".into());
+    };
+    let pairs: usize = rest.first().map_or(Ok(30), |p| p.parse())?;
+    let server = RedisServer::new();
+    let url = server.url();
+    let mut libs = Vec::new();
+    for name in std::iter::once("floor").chain(names.split(',')) {
+        libs.push((name, make_lib(name, &url).await?));
+    }
+    for (_, lib) in &libs {
+        run_tasks(lib, "warm-up", "", 1, 200, false).await?;
+    }
+    let contenders: Vec<(&str, &Lib)> = libs.iter().map(|(n, l)| (*n, l)).collect();
+    let scenario = "1b. 1 task, one key reused";
+    for m in run_user_shape(&contenders, scenario, pairs, Duration::from_millis(150)).await? {
+        println!("{}", row_line(&m));
+    }
+    Ok(())
+}
+
+/// The server's time inside each command (`INFO commandstats`) since the
+/// last `CONFIG RESETSTAT`, per lock: what the network and event loop cost
+/// is not in it, and a script's time (`evalsha`) includes the commands it
+/// ran, which are listed too.
+fn server_time_per_lock(server: &RedisServer, locks: u32) -> Result<String, Error> {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())?;
+    let mut line = String::from("in commands, per lock:");
+    for stat in stats.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
+        let Some((name, fields)) = stat.split_once(':') else {
+            continue;
+        };
+        let field = |key: &str| -> f64 {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        if name == "info" || name.starts_with("config") {
+            continue;
+        }
+        let (calls, usec) = (field("calls"), field("usec"));
+        let _ = write!(
+            line,
+            " {name} {:.2}x {:.2} µs;",
+            calls / f64::from(locks),
+            usec / f64::from(locks)
+        );
+    }
+    Ok(line)
 }
 
 #[tokio::main]
@@ -184,6 +243,9 @@ async fn main() -> Result<(), Error> {
     }
     if args.first().map(String::as_str) == Some("--probe-wake") {
         return probe_wake(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("--user-shape") {
+        return user_shape(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {
