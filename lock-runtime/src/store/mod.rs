@@ -134,7 +134,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// also takes `token` out of the queue.
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool>;
 
-    /// Subscribes to release notifications for `key`.
+    /// Subscribes to release notifications for `key`. A store may announce
+    /// only the releases of holders a [waiting](AcquireRequest::waiting)
+    /// attempt was refused by (Redis does): a waiter subscribes, then
+    /// attempts again before it waits.
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch>;
 
     /// Deletes the lease on `key` whoever holds it, and wakes waiters: an

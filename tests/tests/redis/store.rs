@@ -30,7 +30,6 @@ async fn registry(server: &RedisServer) -> LockRegistry {
     LockRegistry::redis(&server.url()).await.unwrap()
 }
 
-/// Calls of each command since the last `CONFIG RESETSTAT`.
 /// Checks the commands the server ran since [`reset_stats`] (sorted by
 /// name, with their counts): `expected`.
 fn assert_commands(server: &RedisServer, expected: &[(&str, u64)]) {
@@ -44,6 +43,7 @@ fn assert_commands(server: &RedisServer, expected: &[(&str, u64)]) {
     assert_eq!(calls, expected);
 }
 
+/// Calls of each command since the last `CONFIG RESETSTAT`.
 fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -101,15 +101,10 @@ store_contract!(
 
 /// Without fencing, an uncontended lock is the one command a plain lock
 /// sends (`SET NX PX`, with `GET` to recognise a retried attempt), no
-/// What one unfenced lock and release send: `SET NX PX GET`, and the
-/// release script (its `GET`, `DEL` and `PUBLISH`).
-const PLAIN_LOCK: &[(&str, u64)] = &[
-    ("del", 1),
-    ("evalsha", 1),
-    ("get", 1),
-    ("publish", 1),
-    ("set", 1),
-];
+/// What one unfenced lock and release send when nobody waits: `SET NX PX
+/// GET`, and the release script (its `GET` and `DEL`), as the plain lock
+/// of the benchmark's floor.
+const PLAIN_LOCK: &[(&str, u64)] = &[("del", 1), ("evalsha", 1), ("get", 1), ("set", 1)];
 
 /// script; the release is one script call, as the floor's.
 #[tokio::test]
@@ -182,18 +177,80 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
     guard.release().await.unwrap();
     // Two top-level commands; the rest ran inside the acquire script (SET NX,
     // then TIME and a SET .. GET of the fencing counter) and the release
-    // script (GET, DEL, PUBLISH).
+    // script (GET, DEL; no PUBLISH, as nobody waits).
     assert_commands(
         &server,
         &[
             ("del", 1),
             ("evalsha", 2),
             ("get", 1),
-            ("publish", 1),
             ("set", 2),
             ("time", 1),
         ],
     );
+}
+
+/// A release is published only when a waiter marked the key: not when
+/// nobody waits, and when a waiter in another process was refused, also
+/// after the holder's process handed the lease to a task of its own, whose
+/// release then wakes that waiter long before the lease could expire.
+#[tokio::test]
+async fn a_release_is_published_only_when_someone_waits() {
+    let server = RedisServer::new();
+    let (here, there) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("published");
+    let value =
+        || -> Option<String> { server.connection().get(format!("lock:{{{key}}}")).unwrap() };
+    lock_and_release(&here, &key).await;
+    reset_stats(&server);
+    lock_and_release(&here, &key).await;
+    assert_eq!(
+        calls_of(&command_calls(&server), "publish"),
+        0,
+        "nobody waits"
+    );
+
+    let first = here.lock(&key, LockOptions::default()).await.unwrap();
+    let next_here = tokio::spawn({
+        let (here, key) = (here.clone(), key.clone());
+        async move { here.lock(&key, LockOptions::default()).await.unwrap() }
+    });
+    wait_until("the next task queued locally", || {
+        here.local_queue_len(&key) == 2
+    })
+    .await;
+    let waiting = tokio::spawn({
+        let (there, key) = (there.clone(), key.clone());
+        async move { there.lock(&key, LockOptions::default()).await.unwrap() }
+    });
+    wait_for_waiter(&server, &key).await;
+    wait_until("the waiter marked the key", || {
+        value().is_some_and(|v| v.ends_with('~'))
+    })
+    .await;
+    reset_stats(&server);
+    // Handed over within this process: the mark goes with the lease.
+    first.release().await.unwrap();
+    let next_here = next_here.await.unwrap();
+    assert!(
+        value().is_some_and(|v| v.ends_with('~')),
+        "the mark was lost: {:?}",
+        value()
+    );
+    assert_eq!(
+        calls_of(&command_calls(&server), "publish"),
+        0,
+        "handed over, not released"
+    );
+    next_here.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the release woke the waiter (the lease had 30 s left)")
+        .unwrap();
+    assert_eq!(calls_of(&command_calls(&server), "publish"), 1);
+    // The next holder's key is its own token again, unmarked.
+    assert!(value().is_some_and(|v| !v.ends_with('~')), "{:?}", value());
+    guard.release().await.unwrap();
 }
 
 #[tokio::test]

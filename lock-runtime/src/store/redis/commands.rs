@@ -124,7 +124,7 @@ where
         if self.fair.is_none()
             && unfenced
             && !marked
-            && let Some(answer) = self.acquire_plain(lock, token, ttl).await?
+            && let Some(answer) = self.acquire_plain(lock, token, ttl, waits).await?
         {
             return Ok(answer);
         }
@@ -166,13 +166,16 @@ where
     /// An exclusive attempt without a fencing token, in the one command a
     /// plain lock sends: `SET lock token NX PX ttl GET` (its old value
     /// tells a retried attempt that it holds the key already). Refused, a
-    /// `PTTL` says for how long. `None` when shares or permits hold the key
-    /// (not a string): the script decides then.
+    /// `PTTL` says for how long; a caller that `waits` marks the key in
+    /// the same call, so that the release wakes it (`waited.lua`). `None`
+    /// when shares or permits hold the key (not a string): the script
+    /// decides then.
     async fn acquire_plain(
         &self,
         lock: &[u8],
         token: LockToken,
         ttl: Duration,
+        waits: bool,
     ) -> Result<Option<Result<u64, (Option<Duration>, bool)>>, BackendError> {
         let hex = token.hex();
         let mut set = ::redis::Cmd::with_capacity(7, 64 + lock.len());
@@ -203,7 +206,7 @@ where
         };
         match held_by {
             None => {}
-            Some(held) if held == hex.as_slice() => {
+            Some(held) if held.strip_suffix(b"~").unwrap_or(held) == hex.as_slice() => {
                 // A retry of an attempt whose reply was lost: ours, for a
                 // full ttl from now.
                 let _: i64 = ::redis::cmd("PEXPIRE")
@@ -213,10 +216,19 @@ where
                     .await?;
             }
             Some(_) => {
-                let pttl: i64 = ::redis::cmd("PTTL")
-                    .arg(lock)
-                    .query_async(&mut conn)
-                    .await?;
+                let pttl: i64 = if waits {
+                    invoke(
+                        &conn,
+                        Call::new(&scripts::MARK, &[lock]),
+                        Retry::IfConnectionFailed,
+                    )
+                    .await?
+                } else {
+                    ::redis::cmd("PTTL")
+                        .arg(lock)
+                        .query_async(&mut conn)
+                        .await?
+                };
                 let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
                 return Ok(Some(Err((remaining, false))));
             }

@@ -2,16 +2,20 @@
 //!
 //! # Protocol
 //!
-//! - Acquire is one script, one round trip: `SET key token NX PX ttl`, and on
-//!   success `INCR` of the key's fencing counter; when the key is held, the
-//!   holder's `PTTL`; on success it also issues the fencing token (below).
-//!   It returns a handle that keeps the lock's Redis name and token.
+//! - Acquire is one round trip: a script that runs `SET key token NX PX
+//!   ttl` and on success issues the fencing token (below); without a
+//!   fencing token, the plain `SET key token NX PX ttl GET` alone. When the
+//!   key is held it answers the holder's `PTTL`. It returns a handle that
+//!   keeps the lock's Redis name and token.
 //! - Renew and release are owner-checked scripts (`GET` = token, then
-//!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. Release publishes a
-//!   wake-up on the key's channel; a release that must linger
-//!   (`hold_at_least`) shortens the lease instead. A hand-over within the
-//!   process moves the lease to a new token and issues a new fencing token,
-//!   in one script.
+//!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. A waiter refused
+//!   by a lease marks its key (a `~` after the holder's token), and the
+//!   release of a marked key publishes a wake-up on the key's channel; a
+//!   release nobody waits for is a `GET` and a `DEL`, as a plain lock's. A
+//!   release that must linger (`hold_at_least`) shortens the lease
+//!   instead. A hand-over within the process moves the lease, and a
+//!   waiter's mark, to a new token and issues a new fencing token, in one
+//!   script.
 //! - The holder gives up 10 ms plus 0.2 % of the ttl before Redis can expire
 //!   the lease: the margin covers clock-rate drift between this host and the
 //!   server, the timer's granularity and the time to cancel the body.
@@ -318,16 +322,18 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// One acquire attempt by `token`: the fencing token when granted, the
-    /// holder's remaining time otherwise.
+    /// holder's remaining time otherwise. A caller that `waits` marks a
+    /// held key so that its release is published.
     pub(crate) async fn try_acquire(
         &self,
         key: &str,
         token: LockToken,
         ttl: Duration,
+        waits: bool,
     ) -> Result<Result<u64, Option<Duration>>, BackendError> {
         let answer = self
             .commands
-            .acquire(&lock_name(key), token, ttl, false, false, true)
+            .acquire(&lock_name(key), token, ttl, waits, false, true)
             .await?;
         Ok(answer.map_err(|(remaining, _)| remaining))
     }

@@ -13,13 +13,14 @@ macro_rules! script {
     };
 }
 
-pub(super) static ACQUIRE: Lazy<Script> = script!("fence.lua", "acquire.lua");
+pub(super) static ACQUIRE: Lazy<Script> = script!("fence.lua", "waited.lua", "acquire.lua");
 pub(super) static SHARE_ACQUIRE: Lazy<Script> =
-    script!("fence.lua", "shares.lua", "share_acquire.lua");
-pub(super) static RENEW: Lazy<Script> = script!("renew.lua");
-pub(super) static RELEASE: Lazy<Script> = script!("release.lua");
+    script!("fence.lua", "waited.lua", "shares.lua", "share_acquire.lua");
+pub(super) static RENEW: Lazy<Script> = script!("waited.lua", "renew.lua");
+pub(super) static RELEASE: Lazy<Script> = script!("waited.lua", "release.lua");
+pub(super) static MARK: Lazy<Script> = script!("waited.lua", "mark.lua");
 pub(super) static RELEASE_EXCLUSIVE: Lazy<Script> = script!("release_exclusive.lua");
-pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "hand_over.lua");
+pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "waited.lua", "hand_over.lua");
 pub(super) static FORCE_RELEASE: Lazy<Script> = script!("force_release.lua");
 pub(super) static INSPECT: Lazy<Script> = script!("inspect.lua");
 pub(super) static RAISE: Lazy<Script> = script!("raise.lua");

@@ -70,7 +70,7 @@ impl Lease for RedlockLease {
                     .zip(results.iter_mut())
                     .filter(|(_, r)| matches!(r, Ok(false)));
                 join_all(retake.map(|(node, result)| async move {
-                    let acquire = |node| RedisStore::try_acquire(node, key, token, ttl);
+                    let acquire = |node| RedisStore::try_acquire(node, key, token, ttl, false);
                     if let Ok(Ok(_)) = on_node(node, limit, &acquire).await {
                         *result = Ok(true);
                     }

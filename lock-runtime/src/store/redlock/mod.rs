@@ -268,13 +268,17 @@ impl Store for RedlockStore {
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         let AcquireRequest {
-            key, token, ttl, ..
+            key,
+            token,
+            ttl,
+            waits,
+            ..
         } = request;
         Box::pin(async move {
             let started = Instant::now();
             let limit = self.node_timeout(ttl);
             let results = self
-                .on_all(limit, |node| node.try_acquire(key, token, ttl))
+                .on_all(limit, |node| node.try_acquire(key, token, ttl, waits))
                 .await;
             let mut fencing = Vec::new();
             let mut held = Vec::new();

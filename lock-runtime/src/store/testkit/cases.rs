@@ -124,7 +124,8 @@ pub async fn a_watch_fires_on_release_and_only_then(store: &Clients) {
     let key = unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let mut watch = store.b.watch(&key).await.unwrap();
-    refused(attempt(&store.b, &key, LockToken::random(), TTL).await);
+    // As a waiter does: subscribed, it asks again (`Store::watch`).
+    refused(waiting_attempt(&store.b, &key, LockToken::random(), TTL).await);
     assert!(lease.renew().await.unwrap());
     // Nothing is released: the watch must stay quiet for this whole window.
     let quiet = tokio::time::timeout(Duration::from_millis(300), watch.released()).await;

@@ -246,6 +246,18 @@ async fn attempt(backend: &Arc<dyn Store>, key: &str, token: LockToken, ttl: Dur
     attempt_with(backend, key, token, ttl, &LossSignal::new()).await
 }
 
+/// One attempt by a caller that waits if refused.
+async fn waiting_attempt(
+    backend: &Arc<dyn Store>,
+    key: &str,
+    token: LockToken,
+    ttl: Duration,
+) -> Acquire {
+    let loss = LossSignal::new();
+    let request = AcquireRequest::new(key, token, ttl, &loss).waiting(true);
+    backend.acquire(request).await.expect("acquire")
+}
+
 async fn attempt_with(
     backend: &Arc<dyn Store>,
     key: &str,

@@ -6,14 +6,15 @@
 -- shares (a sorted set), a caller that waits marks the key so that no new
 -- share joins while it waits, and says so ({0, pttl, 1}); granted, a caller
 -- that marked clears its mark. The share script shortens a mark it finds
--- on a free key (see there).
+-- on a free key (see there). Held by a lease, a caller that waits marks
+-- the key, so that the release wakes it (`waited.lua`).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) end
   if ARGV[3] == '0' then return {1, 0} end
   return {1, fence(KEYS[2], ARGV[3])}
 end
 local held = redis.pcall('GET', KEYS[1])
-if held == ARGV[1] then
+if holds(held, ARGV[1]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}
 end
@@ -23,4 +24,5 @@ if type(held) == 'table' and ARGV[4] ~= '0' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', 6000)
   return {0, pttl, 1}
 end
+if ARGV[4] ~= '0' then mark_waited(KEYS[1], held) end
 return {0, pttl}

@@ -1,7 +1,8 @@
 -- KEYS: lock, tokens, writer. ARGV: token, linger ms, channel. Returns 1
 -- when released (or shortened to the linger): the lock's token, or one
 -- member of its sorted set of shares or permits. A caller that gives up
--- waiting takes its mark off the key.
+-- waiting takes its mark off the key. A lock's release is published when
+-- a waiter marked it; a share's or permit's always.
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' then
   local t = redis.call('TIME')
@@ -19,7 +20,7 @@ if type(held) == 'table' then
   redis.call('PUBLISH', ARGV[3], '')
   return 1
 end
-if held ~= ARGV[1] then
+if not holds(held, ARGV[1]) then
   if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
   return 0
 end
@@ -28,5 +29,5 @@ if tonumber(ARGV[2]) > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '')
+if held ~= ARGV[1] then redis.call('PUBLISH', ARGV[3], '') end
 return 1

@@ -2,7 +2,7 @@
 -- the lock's token, or one member of its sorted set of shares or permits
 -- (whose kind and fencing tokens then live as long as the set).
 local held = redis.pcall('GET', KEYS[1])
-if held == ARGV[1] then
+if holds(held, ARGV[1]) then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 if type(held) ~= 'table' then return 0 end

@@ -11,7 +11,11 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local ttl = tonumber(ARGV[2])
 local held = redis.pcall('GET', KEYS[1])
 if held then
-  if type(held) ~= 'table' then return {0, redis.call('PTTL', KEYS[1])} end
+  if type(held) ~= 'table' then
+    -- Held by a lock: its release must wake this claim's waiter.
+    mark_waited(KEYS[1], held)
+    return {0, redis.call('PTTL', KEYS[1])}
+  end
   local answer = held_already(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now, ttl, ARGV[4])
   if answer then return answer end
 end
