@@ -84,6 +84,10 @@ const TTL: Duration = Duration::from_secs(30);
 /// rows run.
 const ROUNDS: usize = 6;
 
+/// The heading of `BENCHMARKS.md`'s hand-written part, which a full run
+/// keeps (everything from it to the end) below the table it writes.
+const KEPT_SECTION: &str = "## Where the time goes";
+
 /// The grant timeout of the Redis store's fair mode in the bench.
 const FAIR_GRANT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -550,6 +554,14 @@ async fn main() -> Result<(), Error> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         (root.join("BENCHMARKS.md"), root.join("BENCHMARKS.svg"))
     };
+    // The hand-written account below the table (profiles, what was tried)
+    // outlives the run that regenerates the table.
+    if let Ok(previous) = std::fs::read_to_string(&md)
+        && let Some(at) = previous.find(KEPT_SECTION)
+    {
+        report.push('\n');
+        report.push_str(&previous[at..]);
+    }
     std::fs::write(&md, report)?;
     let panel = |prefix: &str| {
         results
