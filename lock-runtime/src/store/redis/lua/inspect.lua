@@ -6,7 +6,7 @@ local held = redis.pcall('GET', KEYS[1])
 if not held then return {'', -2, '0', '', 0} end
 if type(held) ~= 'table' then
   -- A waiter's mark (see `waited.lua`) is not part of the token.
-  if string.byte(held, -1) == 126 then held = string.sub(held, 1, -2) end
+  if string.byte(held, -1) == 126 then held = string.sub(held, 1, -2) end -- '~'
   return {held, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', '', 1}
 end
 local t = redis.call('TIME')

@@ -5,8 +5,11 @@
 -- clear (a writer clears its mark when granted). The release is published
 -- only when a waiter marked the key (see `waited.lua`).
 local held = redis.pcall('GET', KEYS[1])
-local waited = held == ARGV[1] .. '~'
-if held ~= ARGV[1] and not waited then return 0 end
+local waited = false
+if held ~= ARGV[1] then
+  if held ~= ARGV[1] .. '~' then return 0 end
+  waited = true
+end
 if ARGV[2] ~= '0' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1

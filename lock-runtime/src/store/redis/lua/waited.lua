@@ -5,7 +5,7 @@
 -- `holds` says whether `held` (a `GET`'s answer) is `token`'s, marked or
 -- not.
 local function mark_waited(lock, held)
-  if type(held) == 'string' and string.byte(held, -1) ~= 126 then
+  if type(held) == 'string' and string.byte(held, -1) ~= 126 then -- '~'
     redis.call('APPEND', lock, '~')
   end
 end
