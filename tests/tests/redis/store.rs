@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::store::redis::Fencing;
 use lock_runtime::store::testkit::Clients;
 use lock_runtime::store_contract;
-use lock_runtime::{LockError, LockOptions, LockRegistry, RedisStore};
+use lock_runtime::{LockError, LockGuard, LockOptions, LockRegistry, RedisStore};
 use lock_tests::{
     RedisServer, is_held, lock_and_release, measure_handoff, time_to_lock, unique_key,
     wait_for_waiter, wait_until,
@@ -41,6 +41,13 @@ fn assert_commands(server: &RedisServer, expected: &[(&str, u64)]) {
         .map(|&(name, n)| (name.to_owned(), n))
         .collect();
     assert_eq!(calls, expected);
+}
+
+/// A task of its own that takes `key`'s lock (default options) and
+/// returns the guard.
+fn lock_in_task(registry: &LockRegistry, key: &str) -> tokio::task::JoinHandle<LockGuard> {
+    let (registry, key) = (registry.clone(), key.to_owned());
+    tokio::spawn(async move { registry.lock(&key, LockOptions::default()).await.unwrap() })
 }
 
 /// Calls of each command since the last `CONFIG RESETSTAT`.
@@ -211,18 +218,12 @@ async fn a_release_is_published_only_when_someone_waits() {
     );
 
     let first = here.lock(&key, LockOptions::default()).await.unwrap();
-    let next_here = tokio::spawn({
-        let (here, key) = (here.clone(), key.clone());
-        async move { here.lock(&key, LockOptions::default()).await.unwrap() }
-    });
+    let next_here = lock_in_task(&here, &key);
     wait_until("the next task queued locally", || {
         here.local_queue_len(&key) == 2
     })
     .await;
-    let waiting = tokio::spawn({
-        let (there, key) = (there.clone(), key.clone());
-        async move { there.lock(&key, LockOptions::default()).await.unwrap() }
-    });
+    let waiting = lock_in_task(&there, &key);
     wait_for_waiter(&server, &key).await;
     wait_until("the waiter marked the key", || {
         value().is_some_and(|v| v.ends_with('~'))
@@ -1018,10 +1019,7 @@ async fn fair_mode_hands_over_within_a_process_while_nobody_else_waits() {
     let key = unique_key("fair-hand-over");
     let registry = fair_registry(&server, 2000).await;
     let first = registry.lock(&key, LockOptions::default()).await.unwrap();
-    let next = tokio::spawn({
-        let (registry, key) = (registry.clone(), key.clone());
-        async move { registry.lock(&key, LockOptions::default()).await.unwrap() }
-    });
+    let next = lock_in_task(&registry, &key);
     wait_until("the next task queued locally", || {
         registry.local_queue_len(&key) == 2
     })
