@@ -24,7 +24,7 @@ mod zookeeper_server;
 pub use certs::TestCerts;
 pub use etcd_server::{EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range};
 pub use postgres_server::{PgBouncer, PoolMode, PostgresServer};
-pub use proxy::Proxy;
+pub use proxy::{Proxy, ProxySwitch};
 pub use redis_server::{
     RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
 };

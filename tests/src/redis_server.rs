@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::certs::TestCerts;
+use crate::proxy::{Proxy, ProxySwitch};
 use crate::server_process::{free_port, ready_or_exited, temp_dir};
 
 /// How long a server may take to answer its first PING.
@@ -29,6 +30,9 @@ pub struct RedisServer {
     /// The port it serves TLS on, if it does (beside `port`, which the
     /// harness uses).
     tls_port: Option<u16>,
+    /// A proxy in front of it that clients reach it through, if it has one
+    /// (`{proxy}` in an extra argument stands for the proxy's port).
+    proxy: Option<Proxy>,
     child: Option<Child>,
 }
 
@@ -79,7 +83,7 @@ impl RedisServer {
     /// Starts a Sentinel (`redis-server <conf> --sentinel`) whose
     /// configuration file holds `conf`.
     pub fn sentinel(conf: &str) -> RedisServer {
-        RedisServer::start_as(None, false, Vec::new(), Some(conf.to_owned()))
+        RedisServer::start_as(None, false, Vec::new(), Some(conf.to_owned()), false)
     }
 
     /// Starts a server (a Sentinel if `sentinel` holds its configuration)
@@ -106,7 +110,7 @@ impl RedisServer {
         ] {
             extra.extend([name.to_owned(), value]);
         }
-        RedisServer::start_as(None, false, extra, sentinel)
+        RedisServer::start_as(None, false, extra, sentinel, false)
     }
 
     fn start(password: Option<String>, persistent: bool) -> RedisServer {
@@ -114,14 +118,17 @@ impl RedisServer {
     }
 
     fn start_with(password: Option<String>, persistent: bool, extra: Vec<String>) -> RedisServer {
-        RedisServer::start_as(password, persistent, extra, None)
+        RedisServer::start_as(password, persistent, extra, None, false)
     }
 
+    /// Starts a server; with `proxied`, behind a [`Proxy`] of its own that
+    /// it is known by (see [`announced_port`](Self::announced_port)).
     fn start_as(
         password: Option<String>,
         persistent: bool,
         extra: Vec<String>,
         sentinel: Option<String>,
+        proxied: bool,
     ) -> RedisServer {
         let dir = temp_dir("redis");
         let mut last_log = String::new();
@@ -134,14 +141,16 @@ impl RedisServer {
                 extra[at + 1] = port.to_string();
                 port
             });
+            let port = free_port();
             let mut server = RedisServer {
-                port: free_port(),
+                port,
                 dir: dir.clone(),
                 password: password.clone(),
                 persistent,
                 extra,
                 sentinel: sentinel.clone(),
                 tls_port,
+                proxy: proxied.then(|| Proxy::start(port)),
                 child: None,
             };
             match server.spawn() {
@@ -190,7 +199,12 @@ impl RedisServer {
             command.args(["--requirepass", password]);
         }
         let dir = self.dir.to_string_lossy().into_owned();
-        command.args(self.extra.iter().map(|arg| arg.replace("{dir}", &dir)));
+        let proxy = self.proxy.as_ref().map_or(0, Proxy::port).to_string();
+        command.args(
+            self.extra
+                .iter()
+                .map(|arg| arg.replace("{dir}", &dir).replace("{proxy}", &proxy)),
+        );
         let child = command.spawn().unwrap_or_else(|err| {
             panic!(
                 "cannot run `{}`: {err}; install redis-server (apt-get install -y redis-server) \
@@ -246,9 +260,18 @@ impl RedisServer {
     }
 
     /// The port other servers and clients know it by: its TLS port if it
-    /// serves TLS (as a TLS replica or Sentinel announces), else its port.
+    /// serves TLS (as a TLS replica or Sentinel announces), its proxy's if
+    /// it has one, else its port.
     pub fn announced_port(&self) -> u16 {
-        self.tls_port.unwrap_or(self.port)
+        self.tls_port
+            .or(self.proxy.as_ref().map(Proxy::port))
+            .unwrap_or(self.port)
+    }
+
+    /// The switch of the proxy in front of it, if it has one: it cuts one
+    /// client process off from the server.
+    pub fn proxy_switch(&self) -> Option<ProxySwitch> {
+        self.proxy.as_ref().map(Proxy::switch)
     }
 
     /// `redis://127.0.0.1:PORT`, with the password if there is one.
@@ -478,19 +501,34 @@ impl RedisCluster {
     /// `replicas` replicas per primary, and waits for `cluster_state:ok`
     /// and for every primary to see its replicas online.
     pub fn spawn_with_replicas(primaries: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::build(primaries, replicas, false)
+    }
+
+    /// As [`spawn`](Self::spawn), each node behind a [`Proxy`] of its own
+    /// that it announces to the others and to clients (`cluster-announce-port`),
+    /// so that [`proxy_switches`](Self::proxy_switches) can cut a client
+    /// process off from every node.
+    pub fn spawn_proxied(n: usize) -> RedisCluster {
+        RedisCluster::build(n, 0, true)
+    }
+
+    fn build(primaries: usize, replicas: usize, proxied: bool) -> RedisCluster {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "{dir}/nodes.conf",
+            "--cluster-node-timeout",
+            "5000",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        if proxied {
+            args.extend(["--cluster-announce-port", "{proxy}"]);
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
         let servers: Vec<RedisServer> = (0..primaries * (1 + replicas))
-            .map(|_| {
-                RedisServer::with_args(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "{dir}/nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-            })
+            .map(|_| RedisServer::start_as(None, false, args.clone(), None, proxied))
             .collect();
         let nodes: Vec<String> = servers
             .iter()
@@ -520,14 +558,24 @@ impl RedisCluster {
         RedisCluster { servers }
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`: every node.
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`: every node (by
+    /// its proxy, if it has one).
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self
             .servers
             .iter()
-            .map(|server| format!("127.0.0.1:{}", server.port()))
+            .map(|server| format!("127.0.0.1:{}", server.announced_port()))
             .collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The switches of the nodes' proxies (none unless
+    /// [`spawn_proxied`](Self::spawn_proxied)).
+    pub fn proxy_switches(&self) -> Vec<ProxySwitch> {
+        self.servers
+            .iter()
+            .filter_map(RedisServer::proxy_switch)
+            .collect()
     }
 
     /// Every node's URL.
@@ -586,7 +634,18 @@ impl RedisSentinels {
     /// Starts the group and waits until the replica is in sync and every
     /// Sentinel knows the replica and the other Sentinels.
     pub fn spawn() -> RedisSentinels {
-        RedisSentinels::start(None)
+        RedisSentinels::start(None, false)
+    }
+
+    /// As [`spawn`](Self::spawn), each server and Sentinel behind a
+    /// [`Proxy`] of its own: the servers announce their proxies
+    /// (`replica-announce-port`), the Sentinels watch the master through
+    /// its proxy and name the proxies to clients, and [`url`](Self::url)
+    /// lists the Sentinels' proxies, so that
+    /// [`proxy_switches`](Self::proxy_switches) can cut a client process
+    /// off from the whole group.
+    pub fn spawn_proxied() -> RedisSentinels {
+        RedisSentinels::start(None, true)
     }
 
     /// As [`spawn`](Self::spawn), every server and Sentinel serving TLS
@@ -594,18 +653,32 @@ impl RedisSentinels {
     /// talking to the others over TLS: replication, monitoring, the
     /// Sentinels' gossip and the addresses they give clients.
     pub fn spawn_tls() -> RedisSentinels {
-        RedisSentinels::start(Some(TestCerts::make(temp_dir("redis").join("certs"))))
+        RedisSentinels::start(
+            Some(TestCerts::make(temp_dir("redis").join("certs"))),
+            false,
+        )
     }
 
-    fn start(certs: Option<TestCerts>) -> RedisSentinels {
-        let server = |extra: Vec<String>, sentinel: Option<String>| match &certs {
+    fn start(certs: Option<TestCerts>, proxied: bool) -> RedisSentinels {
+        let server = |mut extra: Vec<String>, sentinel: Option<String>| match &certs {
             Some(certs) => RedisServer::start_tls(certs, false, extra, sentinel),
-            None => RedisServer::start_as(None, false, extra, sentinel),
+            None => {
+                if proxied && sentinel.is_none() {
+                    extra.extend(["--replica-announce-port".into(), "{proxy}".into()]);
+                }
+                RedisServer::start_as(None, false, extra, sentinel, proxied)
+            }
         };
         let master = server(vec!["--repl-diskless-sync-delay".into(), "0".into()], None);
         let port = master.announced_port();
         let replica = server(
-            vec!["--replicaof".into(), "127.0.0.1".into(), port.to_string()],
+            vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                port.to_string(),
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+            ],
             None,
         );
         wait_acknowledged(&master);
@@ -659,6 +732,16 @@ impl RedisSentinels {
             None => "redis+sentinel",
         };
         format!("{scheme}://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// The switches of the proxies in front of every server and Sentinel
+    /// (none unless [`spawn_proxied`](Self::spawn_proxied)).
+    pub fn proxy_switches(&self) -> Vec<ProxySwitch> {
+        [&self.master, &self.replica]
+            .into_iter()
+            .chain(&self.sentinels)
+            .filter_map(RedisServer::proxy_switch)
+            .collect()
     }
 
     /// The Sentinels.

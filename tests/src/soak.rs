@@ -1,15 +1,15 @@
 //! The soak runner: worker processes (`lock-worker soak`) lock a few keys
 //! at random while the runner SIGKILLs some of them (starting others in
 //! their place), freezes others past their leases, black-holes others'
-//! connections to the store (when they reach it through proxies of their
-//! own) and makes the store's own faults; then the histories they wrote
+//! connections to the store (when they reach it through proxies) and makes
+//! the store's own faults; then the histories they wrote
 //! are checked (see [`history`](crate::history)).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::history::{History, Recorder, now_us};
-use crate::{Proxy, Worker, unique_key};
+use crate::{Proxy, ProxySwitch, Worker, unique_key};
 
 /// A fault of the store's own that a soak made.
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +71,7 @@ pub struct Soak {
     process_faults: bool,
     freezes_only: bool,
     route: Option<Route>,
+    switches: Vec<ProxySwitch>,
     watch: Option<Box<dyn StoreWatch>>,
 }
 
@@ -83,6 +84,7 @@ impl std::fmt::Debug for Soak {
             .field("workers", &self.workers)
             .field("tasks", &self.tasks)
             .field("proxied", &self.route.is_some())
+            .field("switches", &self.switches.len())
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +126,7 @@ impl Soak {
             process_faults: true,
             freezes_only: false,
             route: None,
+            switches: Vec::new(),
             watch: None,
         }
     }
@@ -155,6 +158,16 @@ impl Soak {
         url: impl Fn(&[u16]) -> String + 'static,
     ) -> Soak {
         self.route = Some((upstreams, Box::new(url)));
+        self
+    }
+
+    /// Every worker reaches the store through the proxies `switches` turn
+    /// (shared with the other workers and the servers, as a Cluster's or a
+    /// Sentinel group's proxies are, whose addresses the servers announce);
+    /// a fault may then black-hole one worker's connections through all of
+    /// them past its lease.
+    pub fn cut_through(mut self, switches: Vec<ProxySwitch>) -> Soak {
+        self.switches = switches;
         self
     }
 
@@ -325,7 +338,7 @@ impl Soak {
                 runner.line(&format!("killed pid={pid} at_us={}", now_us()));
                 kills += 1;
                 workers[at] = spawn();
-            } else if kind == 1 || proxies.is_empty() {
+            } else if kind == 1 || (proxies.is_empty() && self.switches.is_empty()) {
                 let from = now_us();
                 worker.pause();
                 std::thread::sleep(stall);
@@ -338,8 +351,14 @@ impl Soak {
             } else {
                 let from = now_us();
                 proxies.iter().for_each(Proxy::black_hole);
+                for switch in &self.switches {
+                    switch.black_hole_process(pid);
+                }
                 std::thread::sleep(stall);
                 proxies.iter().for_each(Proxy::forward);
+                for switch in &self.switches {
+                    switch.forward_process(pid);
+                }
                 runner.line(&format!("cut pid={pid} from_us={from} to_us={}", now_us()));
                 cuts += 1;
             }

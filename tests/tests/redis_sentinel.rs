@@ -469,23 +469,26 @@ async fn semaphores_and_read_locks_work_through_sentinel() {
 }
 
 /// A short soak through Sentinel (see `lock_tests::soak`): worker
-/// processes killed and frozen at random, the master killed (the replica
-/// promoted, the old master back as its replica). Replication is
+/// processes killed, frozen and cut off (every server and Sentinel is
+/// behind a proxy) at random, the master killed (the replica promoted, the
+/// old master back as its replica). Replication is
 /// asynchronous, so a failover may lose the last grants: their holders may
 /// overlap with the next until told, and fencing tokens keep rising. The
 /// Sentinels' own doings are watched and written into the history too:
 /// on a loaded machine they can lose sight of a master for a second and
 /// fail over again, a lossy fault the runner did not make.
 #[test]
-fn workers_killed_and_frozen_and_the_master_failed_over_never_overlap_but_as_documented() {
+fn workers_killed_frozen_and_cut_off_and_the_master_failed_over_never_overlap_but_as_documented() {
     const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
-    let mut group = RedisSentinels::spawn();
+    let mut group = RedisSentinels::spawn_proxied();
     let watch = group.watch();
     let report = Soak::new(WORKER, &group.url(), Duration::from_millis(500), 20)
+        .cut_through(group.proxy_switches())
         .watched(watch)
         .run_with("redis sentinel", &mut || {
             group.fail_over();
             Some(Fault::lossy("master-failed-over"))
         });
     assert!(report.history.grants.len() > 50, "no progress");
+    assert!(report.cuts > 0, "no worker was cut off");
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lock_tests::soak::{Fault, Soak};
-use lock_tests::{RedisCluster, RedisServer, RedisServers};
+use lock_tests::{Proxy, RedisCluster, RedisServer, RedisServers};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
@@ -39,28 +39,80 @@ fn one_server_frozen_and_restarted_empty_never_overlaps_but_as_documented() {
     assert!(report.history.grants.len() > 50, "no progress");
 }
 
-/// A cluster of three primaries: a primary frozen past every lease (its
-/// slots unavailable meanwhile, the others serving), or restarted without
-/// persistence (its leases dropped, as on one server).
+/// A cluster of three primaries, each behind a proxy it announces, so a
+/// worker can be cut off from every node at once: a primary frozen past
+/// every lease (its slots unavailable meanwhile, the others serving), or
+/// restarted without persistence (its leases dropped, as on one server).
 #[test]
 fn a_cluster_with_a_primary_frozen_or_restarted_empty_never_overlaps_but_as_documented() {
-    let mut cluster = RedisCluster::spawn(3);
+    let mut cluster = RedisCluster::spawn_proxied(3);
     let ttl = Duration::from_millis(500);
     let mut faults = 0usize;
-    let report = Soak::new(WORKER, &cluster.url(), ttl, 20).run_with("redis cluster", &mut || {
-        faults += 1;
-        let node = faults % 3;
-        if faults % 2 == 1 {
-            cluster.node(node).pause();
-            std::thread::sleep(ttl * 2);
-            cluster.node(node).resume();
-            Some(Fault::kept("primary-frozen"))
-        } else {
-            cluster.restart(node);
-            Some(Fault::lossy("primary-restarted-empty"))
-        }
-    });
+    let report = Soak::new(WORKER, &cluster.url(), ttl, 20)
+        .cut_through(cluster.proxy_switches())
+        .run_with("redis cluster", &mut || {
+            faults += 1;
+            let node = faults % 3;
+            if faults % 2 == 1 {
+                cluster.node(node).pause();
+                std::thread::sleep(ttl * 2);
+                cluster.node(node).resume();
+                Some(Fault::kept("primary-frozen"))
+            } else {
+                cluster.restart(node);
+                Some(Fault::lossy("primary-restarted-empty"))
+            }
+        });
     assert!(report.history.grants.len() > 50, "no progress");
+    assert!(report.cuts > 0, "no worker was cut off");
+}
+
+/// The cut a soak makes through shared proxies holds back one process's
+/// connections, those it had and those it makes meanwhile, and no other
+/// process's; forwarding again lets them through.
+#[test]
+fn a_proxy_switch_cuts_off_one_process_alone() {
+    let server = RedisServer::new();
+    let proxy = Proxy::start(server.port());
+    let switch = proxy.switch();
+    let ping = |conn: &mut redis::Connection| redis::cmd("PING").query::<String>(conn);
+    let connect = || {
+        let client = redis::Client::open(proxy.redis_url()).unwrap();
+        let conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        conn
+    };
+    // Another process's PING through the proxy.
+    let other_process = || {
+        let output = std::process::Command::new("timeout")
+            .args(["5", "redis-cli", "-p", &proxy.port().to_string(), "PING"])
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    let mut before = connect();
+    assert_eq!(ping(&mut before).unwrap(), "PONG");
+
+    switch.black_hole_process(std::process::id());
+    assert!(
+        ping(&mut before).is_err(),
+        "a connection it had still passes"
+    );
+    let client = redis::Client::open(proxy.redis_url()).unwrap();
+    let meanwhile = client
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .and_then(|mut conn| {
+            conn.set_read_timeout(Some(Duration::from_millis(300)))?;
+            ping(&mut conn)
+        });
+    assert!(meanwhile.is_err(), "a connection it made meanwhile passes");
+    assert_eq!(other_process(), "PONG", "another process was cut off too");
+
+    switch.forward_process(std::process::id());
+    assert_eq!(ping(&mut connect()).unwrap(), "PONG");
 }
 
 /// Redlock over five masters, each worker reaching them through proxies
