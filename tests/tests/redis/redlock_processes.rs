@@ -1,11 +1,12 @@
-//! Redlock across real OS processes: the oversell test, and a chaos run
-//! in which nodes are killed and restarted while processes contend.
+//! Redlock across real OS processes: the scenarios every store passes, and
+//! a chaos run in which nodes are killed and restarted while processes
+//! contend.
 
 use std::time::{Duration, Instant};
 
 use lock_runtime::LockRegistry;
 use lock_tests::processes::Processes;
-use lock_tests::{RedisServer, RedisServers, Worker, unique_key};
+use lock_tests::{RedisServer, RedisServers, Worker, process_scenarios, unique_key};
 use rand::seq::SliceRandom;
 use redis::Commands;
 
@@ -37,31 +38,16 @@ fn spawn_worker(
     Worker::spawn_with_env(WORKER, &args, &[("LOCK_WORKER_DATA_URL", &data.url())])
 }
 
-#[test]
-fn four_processes_sell_exactly_the_stock_over_redlock() {
+/// Three nodes and the data server, and the processes of the scenarios
+/// every store passes, locking through Redlock.
+fn shared() -> ((RedisServers, RedisServer), Processes) {
     let nodes = RedisServers::spawn(3);
     let data = RedisServer::new();
-    let urls = nodes.urls().join(",");
-    let item = unique_key("item");
-    let mut conn = data.connection();
-    let () = conn.set(format!("oversell:{item}:level"), 40).unwrap();
-    let workers: Vec<_> = (0..4)
-        .map(|_| spawn_worker("oversell", &urls, &item, &["4"], &data))
-        .collect();
-    for worker in workers {
-        let (status, lines) = worker.finish(Duration::from_secs(60));
-        assert!(status.success(), "worker failed: {lines:?}");
-    }
-    let level: i64 = conn.get(format!("oversell:{item}:level")).unwrap();
-    let mut sold: Vec<i64> = conn.lrange(format!("oversell:{item}:sold"), 0, -1).unwrap();
-    sold.sort_unstable();
-    assert_eq!(level, 0);
-    assert_eq!(
-        sold,
-        (1..=40).collect::<Vec<_>>(),
-        "each stock level sold exactly once"
-    );
+    let processes = Processes::new(WORKER, &nodes.urls().join(","), &data.url());
+    ((nodes, data), processes)
 }
+
+process_scenarios!(shared);
 
 /// Several processes contend on one key while a controller kills and
 /// restarts random minorities of five persistent nodes (`appendfsync
