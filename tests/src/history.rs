@@ -39,6 +39,10 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// How long after its process resumed a body may finish the step a
+/// freeze interrupted (the resumed thread's wait for a core included).
+pub const INTERRUPTED_STEP: Duration = Duration::from_millis(25);
+
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
@@ -334,13 +338,15 @@ impl History {
     /// that excludes each other (one of them alone). `run_end` bounds
     /// bodies whose process was neither killed nor finished.
     ///
-    /// The one overlap allowed is the documented one after a lossy outage
+    /// Two overlaps are allowed, both documented. After a lossy outage
     /// (the store lost leases it had granted): a body granted before it
     /// beside one granted after, as long as the first stops within `lease`
     /// (the ttl and the store's recovery) of the outage's end: told at its
     /// next renewal that reaches the store, or ending before it reaches
-    /// the store again, untold. Fencing tokens must rise across it all the
-    /// same.
+    /// the store again, untold. And a body frozen mid-step, which finishes
+    /// that step as its process resumes (see
+    /// [`interrupted_by_a_freeze`](Self::interrupted_by_a_freeze)).
+    /// Fencing tokens must rise across both all the same.
     pub fn violations(&self, run_end: u64, lease: Duration) -> Vec<String> {
         let mut found = Vec::new();
         for grants in self.by_key().values() {
@@ -350,6 +356,7 @@ impl History {
                 acting.retain(|&(_, until)| until > grant.start_us);
                 if let Some((other, until)) = refused_by(&acting, grant)
                     && !self.lost_with_the_store(other, grant, micros(lease))
+                    && !self.interrupted_by_a_freeze(other, grant)
                 {
                     found.push(format!(
                         "overlap by {} µs: {other} / {grant}",
@@ -392,6 +399,29 @@ impl History {
                 && after.start_us > outage.from_us
                 && self.end_of(before, u64::MAX) <= outage.to_us + lease
         })
+    }
+
+    /// Whether `before`'s last step is the one a freeze of its process
+    /// interrupted, finished as the process resumed: it was frozen while
+    /// `before`'s body ran, `after` began during the freeze (the lease
+    /// having ended meanwhile), and `before` took no step later than
+    /// [`INTERRUPTED_STEP`] after the process resumed, and was stopped
+    /// then (`lost`, or `cancelled` by its caller). Code a process was
+    /// running when it stopped runs on when it resumes, before any
+    /// `.await` where a lost lease could cancel it (the guarantees'
+    /// "Process pauses"); fencing tokens must rise across it all the same.
+    fn interrupted_by_a_freeze(&self, before: &Grant, after: &Grant) -> bool {
+        let Some(end) = before.end_us else {
+            return false;
+        };
+        matches!(before.outcome.as_str(), "lost" | "cancelled")
+            && self.frozen.iter().any(|(pid, from, to)| {
+                pid == before.pid()
+                    && before.start_us < *from
+                    && after.start_us > *from
+                    && end >= *from
+                    && end <= to + micros(INTERRUPTED_STEP)
+            })
     }
 
     /// Keys left unobtainable too long: after a holder of a key (claimed
@@ -592,6 +622,7 @@ impl History {
         let mut lines = Vec::new();
         let (mut longest_gap, mut smallest_margin) = (0, None::<i64>);
         let mut lost_with_the_store = Vec::new();
+        let mut interrupted = Vec::new();
         for (key, grants) in self.by_key() {
             let gap = grants
                 .windows(2)
@@ -613,6 +644,16 @@ impl History {
                 pair[1].start_us < self.end_of(pair[0], run_end)
                     && self.lost_with_the_store(pair[0], pair[1], micros(lease))
             });
+            let (stepped, kept): (Vec<_>, Vec<_>) = kept.into_iter().partition(|pair| {
+                pair[1].start_us < self.end_of(pair[0], run_end)
+                    && self.interrupted_by_a_freeze(pair[0], pair[1])
+            });
+            interrupted.extend(stepped.iter().map(|pair| {
+                format!(
+                    "allowed, a step a freeze interrupted: {} / {}",
+                    pair[0], pair[1]
+                )
+            }));
             let kept = kept.into_iter().filter(|pair| pair[0].outcome == "lost");
             lost_with_the_store.extend(allowed.iter().map(|pair| {
                 format!(
@@ -673,16 +714,19 @@ impl History {
         ));
         lines.push(format!(
             "in all: {} bodies, longest gap {:.0} ms, smallest margin after a loss {}, \
-             overlaps allowed after the store lost leases: {}",
+             overlaps allowed after the store lost leases: {}, after a step a freeze \
+             interrupted: {}",
             self.grants.len(),
             longest_gap as f64 / 1000.0,
             smallest_margin.map_or_else(
                 || "none (no loss followed)".to_owned(),
                 |margin| format!("{:.0} ms", margin as f64 / 1000.0)
             ),
-            lost_with_the_store.len()
+            lost_with_the_store.len(),
+            interrupted.len()
         ));
         lines.extend(lost_with_the_store);
+        lines.extend(interrupted);
         lines.join("\n")
     }
 }
@@ -940,6 +984,41 @@ mod tests {
                 "an unlisted error: Backend on a by pid 3 at 3500",
                 "an unlisted error: InvalidKey on a by pid 1 at 1500",
             ],
+        );
+    }
+
+    /// A body frozen mid-step finishes that step as its process resumes,
+    /// after its lease ended and the next holder began: allowed, once, if
+    /// it is then stopped; a step later than that, or a body that ran to
+    /// its end, is an overlap.
+    #[test]
+    fn a_step_a_freeze_interrupted_may_end_as_the_process_resumes_and_no_later() {
+        let run = |end: u64, outcome: &str| {
+            let text = format!(
+                "start key=a holder=1.0.0 fencing=5 at_us=100\n\
+                 frozen pid=1 from_us=1000 to_us=50000\n\
+                 start key=a holder=2.0.0 fencing=6 at_us=2000\n\
+                 end key=a holder=2.0.0 at_us=3000 outcome=released\n\
+                 end key=a holder=1.0.0 at_us={end} outcome={outcome}\n"
+            );
+            history(&text).violations(60_000, LEASE)
+        };
+        assert!(run(50_040, "lost").is_empty(), "{:?}", run(50_040, "lost"));
+        assert!(run(49_000, "cancelled").is_empty());
+        // A step well after the resume: the body ran on.
+        assert_eq!(run(80_000, "lost").len(), 1);
+        // Ran to its end and released: never told.
+        assert_eq!(run(50_040, "released").len(), 1);
+        // Fencing must still rise.
+        let text = "start key=a holder=1.0.0 fencing=7 at_us=100\n\
+                    frozen pid=1 from_us=1000 to_us=50000\n\
+                    start key=a holder=2.0.0 fencing=6 at_us=2000\n\
+                    end key=a holder=2.0.0 at_us=3000 outcome=released\n\
+                    end key=a holder=1.0.0 at_us=50040 outcome=lost\n";
+        let found = history(text).violations(60_000, LEASE);
+        assert!(
+            found.len() == 1 && found[0].starts_with("fencing"),
+            "{found:?}"
         );
     }
 
