@@ -580,12 +580,13 @@ impl History {
             })
     }
 
-    /// Calls that ended in an error the docs do not list for the fault at
-    /// hand. `Lost` and `Timeout` are listed for any call (a lease that
-    /// could not be renewed in time, a wait that ran out); `Backend` (the store unreachable or failing)
-    /// only during a fault of the store's own, or while the caller's
-    /// process is cut off or frozen, or within `bound` after; any other
-    /// error is a bug.
+    /// Calls that ended in an error the guarantees ("What a call ends in
+    /// under a fault") do not list for the fault at hand. `Lost` and
+    /// `Timeout` are listed for any call (a lease that could not be
+    /// renewed in time, a wait that ran out); `Backend` (the store
+    /// unreachable or failing) only during a fault of the store's own, or
+    /// while the caller's process is cut off or frozen, or within `bound`
+    /// (a lease) after; any other error is a bug.
     pub fn unlisted_errors(&self, bound: Duration) -> Vec<String> {
         let bound = micros(bound);
         let within = |from: u64, to: u64, at: u64| from <= at && at <= to + bound;
