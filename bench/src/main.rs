@@ -10,6 +10,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
+//! cargo run --release --manifest-path bench/Cargo.toml -- --handoff lock-runtime,distributed-lock 200 3
 //! ```
 //!
 //! Contenders:
@@ -236,6 +237,37 @@ fn server_time_per_lock(server: &RedisServer, locks: u32) -> Result<String, Erro
     Ok(line)
 }
 
+/// `--handoff LIBS [ROUNDS] [REPEATS]`: row 5 alone, the floor and each
+/// of `LIBS` (comma-separated) in turn, `REPEATS` times (default 3), with
+/// the median hand-off in round trips.
+async fn handoff_only(args: &[String]) -> Result<(), Error> {
+    let [names, rest @ ..] = args else {
+        return Err("--handoff LIBS [ROUNDS] [REPEATS]".into());
+    };
+    let rounds: u64 = rest.first().map_or(Ok(200), |r| r.parse())?;
+    let repeats: usize = rest.get(1).map_or(Ok(3), |r| r.parse())?;
+    let server = RedisServer::new();
+    let url = server.url();
+    let conn = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let rtt = round_trip(&conn).await?;
+    println!("round trip (PING p50): {}", fmt_d(rtt));
+    for _ in 0..repeats {
+        for name in std::iter::once("floor").chain(names.split(',')) {
+            let name = name.to_owned();
+            let m = tokio::task::spawn_blocking({
+                let url = url.clone();
+                move || run_handoff("5. hand-off", &name, &url, rounds)
+            })
+            .await??;
+            let in_rtt = m.pct(50.0).as_secs_f64() / rtt.as_secs_f64();
+            println!("{}  ({in_rtt:.1} RTT)", row_line(&m));
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -250,6 +282,9 @@ async fn main() -> Result<(), Error> {
     }
     if args.first().map(String::as_str) == Some("--user-shape") {
         return user_shape(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("--handoff") {
+        return handoff_only(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {

@@ -55,10 +55,24 @@ pub(crate) async fn worker(args: &[String]) -> Result<(), Error> {
                 println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
+            println!("cpu {}", cpu_ns());
         }
         other => return Err(format!("unknown worker kind {other}").into()),
     }
     Ok(())
+}
+
+/// The CPU time this process's threads have used so far, in ns: the sum
+/// of `/proc/self/task/*/schedstat`'s first field (0 where unreadable).
+fn cpu_ns() -> u128 {
+    std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u128>().ok()
+        })
+        .sum()
 }
 
 /// A worker's arguments, as [`worker`] reads them: `KIND LIB URL KEY COUNT
@@ -162,9 +176,12 @@ pub(crate) fn run_handoff(
 ) -> Result<Measured, Error> {
     let outputs = run_workers(2, "handoff", name, url, rounds)?;
     let mut holds: Vec<(u128, u128, usize)> = Vec::new();
+    let mut cpu = 0u128;
     for (process, lines) in outputs.iter().enumerate() {
         for line in lines {
-            if let Some(rest) = line.strip_prefix("hold ") {
+            if let Some(ns) = line.strip_prefix("cpu ") {
+                cpu += ns.parse::<u128>().unwrap_or(0);
+            } else if let Some(rest) = line.strip_prefix("hold ") {
                 let parts: Vec<u128> = rest.split(' ').filter_map(|p| p.parse().ok()).collect();
                 if let [acquired, released, _] = parts[..] {
                     holds.push((acquired, released, process));
@@ -180,8 +197,13 @@ pub(crate) fn run_handoff(
         .collect();
     handoffs.sort_unstable();
     let count = handoffs.len();
+    // Both processes' CPU time, connecting and start-up included, over
+    // the locks taken.
+    let cpu_per_lock = cpu / u128::from(2 * rounds.max(1));
     Ok(
-        Measured::new(scenario, name, count as u64, Duration::ZERO, handoffs)
-            .noted(format!("{count} hand-offs")),
+        Measured::new(scenario, name, count as u64, Duration::ZERO, handoffs).noted(format!(
+            "{count} hand-offs, CPU {} µs per lock",
+            cpu_per_lock / 1000
+        )),
     )
 }
