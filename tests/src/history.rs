@@ -344,8 +344,8 @@ impl History {
     /// (the ttl and the store's recovery) of the outage's end: told at its
     /// next renewal that reaches the store, or ending before it reaches
     /// the store again, untold. And a body frozen mid-step, which finishes
-    /// that step as its process resumes (see
-    /// [`interrupted_by_a_freeze`](Self::interrupted_by_a_freeze)).
+    /// that step as its process resumes: within [`INTERRUPTED_STEP`] of
+    /// the resume, after which it must have been stopped.
     /// Fencing tokens must rise across both all the same.
     pub fn violations(&self, run_end: u64, lease: Duration) -> Vec<String> {
         let mut found = Vec::new();
