@@ -293,6 +293,37 @@ impl PostgresServer {
         );
     }
 
+    /// Freezes the server (SIGSTOP to every process of it: the
+    /// postmaster first, so that it forks no other meanwhile, then its
+    /// backends and workers): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal_all("-STOP");
+    }
+
+    /// Thaws a server frozen by [`pause`](Self::pause) (its backends and
+    /// workers first, then the postmaster).
+    pub fn resume(&self) {
+        self.signal_all("-CONT");
+    }
+
+    /// Sends `signal` to the postmaster and each of its children, the
+    /// postmaster first to stop and last to continue, so the set of
+    /// children is looked up while it cannot fork.
+    fn signal_all(&self, signal: &str) {
+        let postmaster = self.child.as_ref().expect("postgres is running").id();
+        let stopping = signal == "-STOP";
+        if stopping {
+            crate::server_process::signal_pid(postmaster, signal);
+        }
+        for pid in crate::server_process::children(postmaster) {
+            // A child may have ended since it was listed.
+            crate::server_process::try_signal_pid(pid, signal);
+        }
+        if !stopping {
+            crate::server_process::signal_pid(postmaster, signal);
+        }
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()

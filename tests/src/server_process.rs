@@ -60,11 +60,39 @@ pub(crate) fn kill(child: &mut Option<Child>) {
 
 /// Sends `signal` (`-STOP`, `-CONT`) to the running `child`.
 pub(crate) fn signal(child: Option<&Child>, signal: &str) {
-    let child = child.expect("the server is running");
-    let status = Command::new("kill")
+    signal_pid(child.expect("the server is running").id(), signal);
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+pub(crate) fn signal_pid(pid: u32, signal: &str) {
+    assert!(try_signal_pid(pid, signal), "kill {signal} {pid} failed");
+}
+
+/// Sends `signal` to process `pid`; whether it was delivered (`false`
+/// once the process is gone).
+pub(crate) fn try_signal_pid(pid: u32, signal: &str) -> bool {
+    Command::new("kill")
         .arg(signal)
-        .arg(child.id().to_string())
+        .arg(pid.to_string())
+        .stderr(std::process::Stdio::null())
         .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} failed");
+        .expect("run kill")
+        .success()
+}
+
+/// The pids of `parent`'s child processes, from `/proc/*/stat` (the
+/// fourth field is the parent's pid).
+pub(crate) fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name, in parentheses, may hold spaces.
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! A short soak on a three-member etcd cluster (see `lock_tests::soak`):
 //! worker processes killed, frozen and cut off (through proxies of their
-//! own to every member) at random, the leader killed and restarted, every
-//! body checked.
+//! own to every member) at random, the leader frozen past every lease (the
+//! others elect another; it comes back a follower) or killed and
+//! restarted, every body checked.
 //! etcd counts leases in whole seconds: 1 s leases.
 
 use std::time::Duration;
@@ -12,11 +13,14 @@ use lock_tests::soak::{Fault, Soak};
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
 #[test]
-fn workers_killed_frozen_and_cut_off_and_the_leader_restarted_never_overlap_and_fence_in_order() {
+fn workers_killed_frozen_and_cut_off_and_the_leader_frozen_or_restarted_never_overlap_and_fence_in_order()
+ {
     let mut cluster = EtcdCluster::spawn(3);
+    let ttl = Duration::from_secs(1);
+    let mut faults = 0;
     let members = (0..cluster.len()).map(|i| cluster.client_port(i)).collect();
     // Leases expire in whole seconds: up to 1 s past their ttl.
-    let soak = Soak::new(WORKER, &cluster.worker_url(), Duration::from_secs(1), 25)
+    let soak = Soak::new(WORKER, &cluster.worker_url(), ttl, 25)
         .recovery(Duration::from_millis(1300))
         .through_proxies(members, |ports| {
             let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -24,8 +28,16 @@ fn workers_killed_frozen_and_cut_off_and_the_leader_restarted_never_overlap_and_
         });
     let report = soak.run_with("etcd", &mut || {
         let leader = cluster.leader()?;
-        assert!(cluster.restart(leader), "the cluster did not recover");
-        Some(Fault::kept("leader-restarted"))
+        faults += 1;
+        if faults % 2 == 1 {
+            cluster.pause(leader);
+            std::thread::sleep(ttl * 2);
+            cluster.resume(leader);
+            Some(Fault::kept("leader-frozen"))
+        } else {
+            assert!(cluster.restart(leader), "the cluster did not recover");
+            Some(Fault::kept("leader-restarted"))
+        }
     });
     assert!(report.history.grants.len() > 30, "no progress");
 }

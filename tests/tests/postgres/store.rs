@@ -487,3 +487,22 @@ async fn a_table_made_by_an_earlier_version_is_brought_up_to_date() {
         "the share's row went with its release"
     );
 }
+
+/// The soak's server freeze stops every process of the server: a session
+/// opened before it (its backend already forked) does not answer while it
+/// is frozen, and does once thawed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_answers_nobody_until_thawed() {
+    let server = PostgresServer::new();
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.simple_query("SELECT 1").await.unwrap();
+    server.pause();
+    let frozen =
+        tokio::time::timeout(Duration::from_millis(1000), client.simple_query("SELECT 1")).await;
+    server.resume();
+    assert!(frozen.is_err(), "a frozen server answered: {frozen:?}");
+    client.simple_query("SELECT 1").await.unwrap();
+}
