@@ -283,17 +283,32 @@ impl SoakBody<'_> {
                 fencing_token_for(key).unwrap_or(0),
             ));
         }
+        // Said when the body stops, before the release: run to its end,
+        // or cancelled at an `.await` (the future dropped). A process
+        // killed during the release, or before a cancelled call returns,
+        // dies holding the lease, but no longer acting.
+        let _done = Done { body: self, keys };
         for _ in 0..self.steps {
             tokio::time::sleep(Duration::from_millis(5)).await;
             *self.last.lock().expect("last") = now_us();
         }
-        // Said before the release: a process killed during it dies
-        // holding the lease, but no longer acting.
-        let last = *self.last.lock().expect("last");
-        for key in keys {
-            self.history.line(&format!(
+    }
+}
+
+/// Writes a body's `done` lines (its last step) when dropped: at the
+/// body's end, or when it is cancelled.
+struct Done<'a, 'b> {
+    body: &'a SoakBody<'b>,
+    keys: &'a [String],
+}
+
+impl Drop for Done<'_, '_> {
+    fn drop(&mut self) {
+        let last = *self.body.last.lock().unwrap_or_else(|p| p.into_inner());
+        for key in self.keys {
+            self.body.history.line(&format!(
                 "done key={key} holder={} at_us={last}",
-                self.holder
+                self.body.holder
             ));
         }
     }

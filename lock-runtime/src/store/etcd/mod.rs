@@ -53,6 +53,20 @@
 //!   one in one transaction, only while nobody queues behind it: then the
 //!   process's next task takes its turn behind the other processes'.
 //!
+//! # A leader paused, and deposed meanwhile
+//!
+//! etcd answers a lease keep-alive from the leader's own lease clock,
+//! without asking a quorum (3.4.23, the release the tests run; the related
+//! case of a stuck leader is etcd-io/etcd#15247). A leader whose process
+//! was paused (SIGSTOP, a virtual machine paused by its host) while the
+//! others elected another can, as it resumes and before it learns it was
+//! deposed, answer a holder's keep-alive as if the lease were renewed,
+//! while the cluster lets the lease expire. Another caller can then be
+//! granted the key before the deletion reaches the holder's watch, which
+//! cancels its body (177 ms later in the soak that found it). This is a
+//! lease the store loses, as in the guarantees' "Data loss"; fencing
+//! tokens keep rising across it.
+//!
 //! # Semaphores and read-write locks
 //!
 //! A read share or a permit is an entry in the same queue, on a lease of
