@@ -21,9 +21,11 @@
 //! worker it SIGKILLs (a body of that worker with no `end` line may have
 //! acted until then), `frozen pid=P from_us=F to_us=T` for each it froze,
 //! `cut pid=P from_us=F to_us=T` for each whose connections to the store
-//! it black-holed, and `outage kind=K from_us=F to_us=T lossy=L` for each
-//! fault of the store's own (a server restarted); `lossy=true` if the
-//! store may lose granted leases in it (a restart without persistence).
+//! it black-holed, and `outage kind=K from_us=F to_us=T lossy=L
+//! lost_until_us=U` for each fault of the store's own (a server
+//! restarted); `lossy=true` if the store may lose granted leases in it (a
+//! restart without persistence), and `U` (optional, `T` by default) until
+//! when a lease granted or renewed may still be lost to it.
 //! Times are microseconds of the wall clock, which every process on this
 //! machine shares.
 
@@ -123,6 +125,10 @@ pub struct Outage {
     pub to_us: u64,
     /// Whether the store may lose leases it had granted in it.
     pub lossy: bool,
+    /// Until when a lease granted or renewed may still be lost to it
+    /// (its end, unless the fault lingers: a deposed leader answering as
+    /// it resumes).
+    pub lost_until_us: u64,
 }
 
 impl Grant {
@@ -266,12 +272,20 @@ impl History {
                 "killed" => {
                     self.killed.insert(get("pid")?.to_owned(), number("at_us")?);
                 }
-                "outage" => self.outages.push(Outage {
-                    kind: get("kind")?.to_owned(),
-                    from_us: number("from_us")?,
-                    to_us: number("to_us")?,
-                    lossy: get("lossy")? == "true",
-                }),
+                "outage" => {
+                    let to_us = number("to_us")?;
+                    let lost_until_us = match field(line, "lost_until_us") {
+                        Some(_) => number("lost_until_us")?,
+                        None => to_us,
+                    };
+                    self.outages.push(Outage {
+                        kind: get("kind")?.to_owned(),
+                        from_us: number("from_us")?,
+                        to_us,
+                        lossy: get("lossy")? == "true",
+                        lost_until_us,
+                    });
+                }
                 "frozen" | "cut" => {
                     let stall = (get("pid")?.to_owned(), number("from_us")?, number("to_us")?);
                     if kind == "frozen" {
@@ -395,9 +409,9 @@ impl History {
     fn lost_with_the_store(&self, before: &Grant, after: &Grant, lease: u64) -> bool {
         self.outages.iter().any(|outage| {
             outage.lossy
-                && before.start_us < outage.to_us
+                && before.start_us < outage.lost_until_us
                 && after.start_us > outage.from_us
-                && self.end_of(before, u64::MAX) <= outage.to_us + lease
+                && self.end_of(before, u64::MAX) <= outage.lost_until_us + lease
         })
     }
 
@@ -986,6 +1000,27 @@ mod tests {
                 "an unlisted error: InvalidKey on a by pid 1 at 1500",
             ],
         );
+    }
+
+    /// A lossy fault that lingers past its end (a deposed leader answering
+    /// as it resumes) may lose a lease granted after it ended, until its
+    /// `lost_until_us`; not one granted later.
+    #[test]
+    fn a_lingering_lossy_fault_allows_an_overlap_granted_just_after_it() {
+        let run = |first_at: u64| {
+            let text = format!(
+                "outage kind=leader-frozen from_us=1000 to_us=2000 lossy=true lost_until_us=3000\n\
+                 start key=a holder=1.0.0 fencing=5 at_us={first_at}\n\
+                 start key=a holder=2.0.0 fencing=6 at_us={}\n\
+                 end key=a holder=2.0.0 at_us=9000 outcome=released\n\
+                 end key=a holder=1.0.0 at_us={} outcome=lost\n",
+                first_at + 50,
+                first_at + 100
+            );
+            history(&text).violations(10_000, LEASE)
+        };
+        assert!(run(2500).is_empty(), "{:?}", run(2500));
+        assert_eq!(run(3500).len(), 1, "granted after the fault's reach");
     }
 
     /// A body frozen mid-step finishes that step as its process resumes,

@@ -16,13 +16,20 @@ use crate::{Proxy, ProxySwitch, Worker, unique_key};
 pub struct Fault {
     kind: &'static str,
     lossy: bool,
+    /// How long after its end a lease granted or renewed may still be
+    /// lost to it.
+    lingers: Duration,
 }
 
 impl Fault {
     /// A fault after which the store still has every lease it granted (a
     /// server frozen, a leader restarted with its data).
     pub fn kept(kind: &'static str) -> Fault {
-        Fault { kind, lossy: false }
+        Fault {
+            kind,
+            lossy: false,
+            lingers: Duration::ZERO,
+        }
     }
 
     /// A fault in which the store may lose leases it granted, as its docs
@@ -31,7 +38,23 @@ impl Fault {
     /// next until they stop, within a lease, as [`History::violations`]
     /// allows.
     pub fn lossy(kind: &'static str) -> Fault {
-        Fault { kind, lossy: true }
+        Fault {
+            kind,
+            lossy: true,
+            lingers: Duration::ZERO,
+        }
+    }
+
+    /// A lossy fault whose losses go on for up to `lingers` after it ended,
+    /// as the store's docs say they may (an etcd leader paused and
+    /// deposed, answering keep-alives as it resumes until it learns it
+    /// was deposed): leases granted or renewed meanwhile may be lost too.
+    pub fn lossy_lingering(kind: &'static str, lingers: Duration) -> Fault {
+        Fault {
+            kind,
+            lossy: true,
+            lingers,
+        }
     }
 }
 
@@ -321,11 +344,14 @@ impl Soak {
             if kind == 3 || !self.process_faults {
                 let from = now_us();
                 if let Some(fault) = server_fault() {
+                    let to = now_us();
                     runner.line(&format!(
-                        "outage kind={} from_us={from} to_us={} lossy={}",
+                        "outage kind={} from_us={from} to_us={to} lossy={} lost_until_us={}",
                         fault.kind,
-                        now_us(),
-                        fault.lossy
+                        fault.lossy,
+                        to.saturating_add(
+                            u64::try_from(fault.lingers.as_micros()).unwrap_or(u64::MAX)
+                        )
                     ));
                     outages += 1;
                 }

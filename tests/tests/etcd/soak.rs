@@ -33,9 +33,10 @@ fn workers_killed_frozen_and_cut_off_and_the_leader_frozen_or_restarted_never_ov
             cluster.pause(leader);
             std::thread::sleep(ttl * 2);
             cluster.resume(leader);
-            // Deposed meanwhile, it may still answer a keepalive as it
-            // resumes (see the store's docs): a lease lost.
-            Some(Fault::lossy("leader-frozen"))
+            // Deposed meanwhile, it may still answer keep-alives as it
+            // resumes, until it learns it was deposed (see the store's
+            // docs): leases lost, up to a lease after.
+            Some(Fault::lossy_lingering("leader-frozen", ttl))
         } else {
             assert!(cluster.restart(leader), "the cluster did not recover");
             Some(Fault::kept("leader-restarted"))
