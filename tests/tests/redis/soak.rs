@@ -64,7 +64,6 @@ fn a_cluster_with_a_primary_frozen_or_restarted_empty_never_overlaps_but_as_docu
             }
         });
     assert!(report.history.grants.len() > 50, "no progress");
-    assert!(report.cuts > 0, "no worker was cut off");
 }
 
 /// The cut a soak makes through shared proxies holds back one process's
