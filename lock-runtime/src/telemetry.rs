@@ -234,10 +234,15 @@ pub(crate) fn acquire_ended(
     contended: bool,
     started: tokio::time::Instant,
 ) {
-    if let Some(fencing) = fencing {
-        span.record("fencing", fencing);
+    // A disabled span keeps no fields; recording into one still costs a
+    // call per field (and a `log` record when `tracing`'s `log` feature is
+    // on), so it is skipped.
+    if !span.is_disabled() {
+        if let Some(fencing) = fencing {
+            span.record("fencing", fencing);
+        }
+        span.record("outcome", outcome.as_str());
     }
-    span.record("outcome", outcome.as_str());
     #[cfg(feature = "metrics")]
     {
         let handles = labels.handles;
@@ -260,7 +265,9 @@ pub(crate) fn acquire_ended(
 
 /// Records a lease lost while held, for `reason`.
 pub(crate) fn lost(span: &Span, labels: Labels, reason: &str) {
-    span.record("outcome", "lost");
+    if !span.is_disabled() {
+        span.record("outcome", "lost");
+    }
     #[cfg(feature = "metrics")]
     labels.handles.lost[reason_index(reason)].increment(1);
     #[cfg(not(feature = "metrics"))]

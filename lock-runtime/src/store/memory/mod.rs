@@ -62,6 +62,9 @@ struct Table {
     hashing: KeyHashing,
     fencing: u64,
     sweep_at: usize,
+    /// The holder list of the last slot dropped, emptied: a new key's slot
+    /// takes it rather than allocate one.
+    spare: Vec<Holder>,
 }
 
 impl MemoryStore {
@@ -98,10 +101,11 @@ impl MemoryStore {
             Some(slot) => slot,
             None => {
                 table.sweep(now);
+                let holders = std::mem::take(&mut table.spare);
                 table
                     .slots
                     .entry(key)
-                    .or_insert_with_key(|key| Slot::new(key.clone()))
+                    .or_insert_with_key(|key| Slot::new(key.clone(), holders))
             }
         };
         let admission = slot.admit(
@@ -171,9 +175,10 @@ fn lock_table(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
 impl Table {
     /// The slot of `key`, made if there is none.
     fn slot_or_insert(&mut self, key: &HashedKey) -> &mut Slot {
+        let spare = &mut self.spare;
         self.slots
             .entry(key.clone())
-            .or_insert_with_key(|key| Slot::new(key.clone()))
+            .or_insert_with_key(|key| Slot::new(key.clone(), std::mem::take(spare)))
     }
 
     /// `key` as the table hashes it (for the calls that name a key rather
@@ -188,26 +193,30 @@ impl Table {
     }
 
     /// Removes the live leases on `key` (only `token`'s, when given) and
-    /// wakes watchers: the loss signals of the holders it removed.
+    /// wakes watchers; each removed holder's loss signal goes to `removed`.
+    /// Returns how many were removed.
     fn remove(
         &mut self,
         key: &HashedKey,
         token: Option<LockToken>,
         now: Instant,
-    ) -> Vec<LossSignal> {
+        removed: impl FnMut(LossSignal),
+    ) -> usize {
         // Taken out and put back when it stays: one lookup for the common
         // release, of a key nobody waits for.
         let Some(mut slot) = self.slots.remove(key) else {
-            return Vec::new();
+            return 0;
         };
-        let removed = slot.remove(token, now);
+        let count = slot.remove(token, now, removed);
         if let Some(token) = token {
             slot.stop_waiting(token);
         }
-        if !slot.unused(now) {
+        if slot.unused(now) {
+            self.spare = slot.into_holders();
+        } else {
             self.slots.insert(slot.key.clone(), slot);
         }
-        removed
+        count
     }
 
     /// Drops expired, unwatched slots once the table has doubled in size.
@@ -250,9 +259,8 @@ impl Lease for MemoryLease {
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         let released = if linger.is_zero() {
             let now = Instant::now();
-            !lock_table(&self.shared)
-                .remove(&self.key, Some(self.token), now)
-                .is_empty()
+            // Our own signal: nobody to tell.
+            lock_table(&self.shared).remove(&self.key, Some(self.token), now, drop) > 0
         } else {
             self.with_holder(|holder, now| holder.expires = now + linger)
                 .is_some()
@@ -333,7 +341,7 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
-            Ok(!table.remove(&key, Some(token), now).is_empty())
+            Ok(table.remove(&key, Some(token), now, drop) > 0)
         })
     }
 
@@ -346,7 +354,8 @@ impl Store for MemoryStore {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
-            let removed = table.remove(&key, None, now);
+            let mut removed = Vec::new();
+            table.remove(&key, None, now, |loss| removed.push(loss));
             drop(table);
             for loss in &removed {
                 loss.raise("the lock was force-released");

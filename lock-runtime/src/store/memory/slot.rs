@@ -51,10 +51,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub(super) fn new(key: HashedKey) -> Self {
+    /// A slot with no holders yet; `holders` is an empty list whose room
+    /// is reused.
+    pub(super) fn new(key: HashedKey, holders: Vec<Holder>) -> Self {
+        debug_assert!(holders.is_empty());
         Slot {
             key,
-            holders: Vec::new(),
+            holders,
             exclusive_waits: None,
             released: None,
         }
@@ -168,22 +171,28 @@ impl Slot {
     }
 
     /// Removes the live leases of `token` (of everyone, when `None`) and
-    /// wakes watchers: the loss signals of the holders removed.
-    pub(super) fn remove(&mut self, token: Option<LockToken>, now: Instant) -> Vec<LossSignal> {
-        let mut removed = Vec::new();
-        self.holders.retain(|holder| {
-            let ours = holder.live(now) && token.is_none_or(|token| token == holder.token);
-            if ours {
-                removed.push(holder.loss.clone());
-            }
-            !ours
-        });
-        if !removed.is_empty()
+    /// wakes watchers; each removed holder's loss signal goes to `removed`.
+    /// Returns how many were removed.
+    pub(super) fn remove(
+        &mut self,
+        token: Option<LockToken>,
+        now: Instant,
+        mut removed: impl FnMut(LossSignal),
+    ) -> usize {
+        let ours = |holder: &mut Holder| {
+            holder.live(now) && token.is_none_or(|token| token == holder.token)
+        };
+        let mut count = 0;
+        for holder in self.holders.extract_if(.., ours) {
+            count += 1;
+            removed(holder.loss);
+        }
+        if count > 0
             && let Some(released) = &self.released
         {
             released.send_replace(());
         }
-        removed
+        count
     }
 
     /// Whether nothing needs the slot: no live lease, no watcher, no waiting
@@ -192,6 +201,13 @@ impl Slot {
         self.holders.iter().all(|holder| !holder.live(now))
             && self.watchers() == 0
             && self.exclusive_waits.is_none_or(|(_, until)| until <= now)
+    }
+
+    /// The slot's holder list, emptied, for another slot to reuse.
+    pub(super) fn into_holders(self) -> Vec<Holder> {
+        let mut holders = self.holders;
+        holders.clear();
+        holders
     }
 
     fn watchers(&self) -> usize {
