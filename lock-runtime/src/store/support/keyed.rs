@@ -3,13 +3,15 @@
 //! A lock looks its key up in a map several times (the local queue when it
 //! joins and leaves; the memory store when it acquires and releases). A
 //! [`HashedKey`] carries its hash, computed once with the map's randomly
-//! keyed [`RandomState`] (so keys chosen by a client cannot be made to
-//! collide), and a [`KeyMap`] uses that hash as it is.
+//! seeded [`RandomState`] (foldhash's: keys chosen by a client cannot be
+//! made to collide without the seed), and a [`KeyMap`] uses that hash as
+//! it is.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
+
+use foldhash::fast::RandomState;
 
 /// A key and its hash under one map's [`KeyHashing`].
 #[derive(Clone, Debug)]
@@ -39,7 +41,7 @@ impl Hash for HashedKey {
     }
 }
 
-/// How one map's keys are hashed: SipHash with keys drawn for the map.
+/// How one map's keys are hashed: foldhash with a seed drawn for the map.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct KeyHashing(RandomState);
 
