@@ -5,14 +5,18 @@
 pub(super) fn lock_name(key: &str) -> Vec<u8> {
     let mut name = Vec::with_capacity(key.len() + 16);
     name.extend_from_slice(b"lock:{");
-    for byte in key.bytes() {
-        match byte {
-            b'%' => name.extend_from_slice(b"%25"),
-            b'{' => name.extend_from_slice(b"%7B"),
-            b'}' => name.extend_from_slice(b"%7D"),
-            other => name.push(other),
-        }
+    // Copied a run at a time: most keys have nothing to escape.
+    let mut rest = key.as_bytes();
+    while let Some(at) = rest.iter().position(|b| matches!(b, b'%' | b'{' | b'}')) {
+        name.extend_from_slice(&rest[..at]);
+        name.extend_from_slice(match rest[at] {
+            b'%' => b"%25",
+            b'{' => b"%7B",
+            _ => b"%7D",
+        });
+        rest = &rest[at + 1..];
     }
+    name.extend_from_slice(rest);
     name.push(b'}');
     name
 }
@@ -34,6 +38,8 @@ mod tests {
     fn braces_and_percent_are_escaped_so_keys_cannot_collide() {
         assert_eq!(lock_name("stock:7"), b"lock:{stock:7}");
         assert_eq!(lock_name("a}b{c%"), b"lock:{a%7Db%7Bc%25}");
+        assert_eq!(lock_name("{}%x"), b"lock:{%7B%7D%25x}");
+        assert_eq!(lock_name(""), b"lock:{}");
         // A key that spells another key's counter stays a different name.
         let counter = suffixed(&lock_name("k"), b":fence");
         assert_eq!(counter, b"lock:{k}:fence");
