@@ -81,8 +81,9 @@ use wake::*;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// How many interleaved rounds the stores' uncontended and distinct-key
-/// rows run.
+/// How many interleaved rounds the throughput rows of one process run
+/// (Redis's 1-3, the memory store's, the other stores' uncontended and
+/// distinct-key rows).
 const ROUNDS: usize = 6;
 
 /// The heading of `BENCHMARKS.md`'s hand-written part, which a full run
@@ -329,31 +330,18 @@ async fn main() -> Result<(), Error> {
         results.push(m);
     };
 
-    // Interleaved: each scenario runs every contender, round-robin, twice;
-    // the better of the two runs is kept to damp noise from the other processes.
-    let repeat = 2;
+    // Interleaved rounds, each contender's best kept and its median ratio
+    // to the floor beside it: one run of 64 tasks on two cores moves by a
+    // fifth from one run to the next.
+    let rounds = if quick { 2 } else { ROUNDS };
     let scenarios: [(&str, usize, u64, bool); 3] = [
         ("1. 1 task, uncontended", 1, 20_000 / scale, false),
         ("2. 64 tasks, distinct keys", 64, 1_000 / scale, false),
         ("3. 16 tasks, one hot key", 16, 500 / scale, true),
     ];
     for (scenario, tasks, ops, hot) in scenarios {
-        let mut best: HashMap<&str, Measured> = HashMap::new();
-        for _ in 0..repeat {
-            for (name, lib) in contenders {
-                let m = run_tasks(lib, scenario, name, tasks, ops, hot).await?;
-                if best
-                    .get(name)
-                    .is_none_or(|b| m.throughput() > b.throughput())
-                {
-                    best.insert(name, m);
-                }
-            }
-        }
-        for (name, _) in contenders {
-            if let Some(m) = best.remove(name) {
-                push(m);
-            }
+        for m in interleaved(&contenders, scenario, tasks, ops, hot, rounds).await? {
+            push(m);
         }
     }
     // The user's shape: contenders[0] is the floor.
@@ -421,32 +409,19 @@ async fn main() -> Result<(), Error> {
             true,
         ),
     ] {
-        push(run_tasks(&tokio_mutex, scenario, "tokio Mutex", tasks, ops, hot).await?);
-        push(run_tasks(&mem, scenario, "lock-runtime", tasks, ops, hot).await?);
+        let pair = [("tokio Mutex", &tokio_mutex), ("lock-runtime", &mem)];
+        for m in interleaved(&pair, scenario, tasks, ops, hot, rounds).await? {
+            push(m);
+        }
     }
-    let ops = 200_000 / scale;
-    push(
-        run_tasks(
-            &mem,
-            "7. attribute vs manual (memory)",
-            "manual API",
-            1,
-            ops,
-            false,
-        )
-        .await?,
-    );
-    push(
-        run_tasks(
-            &Lib::Attribute,
-            "7. attribute vs manual (memory)",
-            "#[distributed_lock]",
-            1,
-            ops,
-            false,
-        )
-        .await?,
-    );
+    let pair = [
+        ("manual API", &mem),
+        ("#[distributed_lock]", &Lib::Attribute),
+    ];
+    let scenario = "7. attribute vs manual (memory)";
+    for m in interleaved(&pair, scenario, 1, 200_000 / scale, false, rounds).await? {
+        push(m);
+    }
     push(run_growth(&mem, "lock-runtime (memory)", 1_000_000).await?);
     push(
         run_growth(
@@ -549,9 +524,9 @@ async fn main() -> Result<(), Error> {
     writeln!(
         report,
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
-         Each critical section does ~2 µs of fixed work. Scenarios 1-3 ran each contender twice, \
-         interleaved, keeping the faster run; 9, 10, 13, 14, 17 and 18 six times, keeping each contender's best, \
-         and \"paired\" is the median over those six rounds of its throughput over the floor's in the same round \
+         Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17 and 18 ran each contender \
+         {} times, interleaved, keeping each contender's best, \
+         and \"paired\" is the median over those rounds of its throughput over the floor's in the same round \
          (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
@@ -571,6 +546,11 @@ async fn main() -> Result<(), Error> {
         },
         fmt_d(rtt),
         uncontended_floor,
+        if quick {
+            "two (six for the other stores)"
+        } else {
+            "six"
+        },
         store_round_trips.join("; "),
         FAIR_GRANT_TIMEOUT
     )?;

@@ -134,6 +134,59 @@ pub(crate) fn now_ns() -> u128 {
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
+/// Each contender `rounds` times in `scenario`, interleaved, the order
+/// reversed every other round so that a server that slows down (or warms
+/// up) over the run favours none. Keeps each contender's best run, with
+/// `paired` the median over the rounds of its throughput over the floor's
+/// (the first contender's) in the same round. Rows in the contenders'
+/// order.
+pub(crate) async fn interleaved(
+    contenders: &[(&str, &Lib)],
+    scenario: &str,
+    tasks: usize,
+    ops: u64,
+    hot: bool,
+    rounds: usize,
+) -> Result<Vec<Measured>, Error> {
+    let mut best: HashMap<&str, Measured> = HashMap::new();
+    let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
+    for round in 0..rounds {
+        let mut order: Vec<&(&str, &Lib)> = contenders.iter().collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut this_round = HashMap::new();
+        for &(name, lib) in order {
+            let m = run_tasks(lib, scenario, name, tasks, ops, hot).await?;
+            this_round.insert(name, m.throughput());
+            if best
+                .get(name)
+                .is_none_or(|b| m.throughput() > b.throughput())
+            {
+                best.insert(name, m);
+            }
+        }
+        let floor = contenders
+            .first()
+            .and_then(|(name, _)| this_round.get(name).copied())
+            .unwrap_or(0.0);
+        for (name, rate) in this_round {
+            if floor > 0.0 {
+                ratios.entry(name).or_default().push(rate / floor);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (at, (name, _)) in contenders.iter().enumerate() {
+        if let Some(mut m) = best.remove(name) {
+            // The floor is not paired with itself.
+            m.paired = ratios.remove(name).filter(|_| at > 0).map(median);
+            rows.push(m);
+        }
+    }
+    Ok(rows)
+}
+
 pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();

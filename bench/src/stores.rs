@@ -110,41 +110,9 @@ pub(crate) async fn store_rows(
     ] {
         // A store's disk makes single runs noisy: six interleaved rounds
         // of each, keeping each contender's best, and beside it the median
-        // of its ratios to the floor round by round. The order alternates
-        // between rounds, so a server that slows down (or warms up) over
-        // the run favours no contender.
-        let mut best: HashMap<&str, Measured> = HashMap::new();
-        let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
-        for round in 0..ROUNDS {
-            let mut order: Vec<&(&str, Lib)> = contenders.iter().collect();
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            let mut this_round = HashMap::new();
-            for (lib_name, lib) in order {
-                let lib_name = *lib_name;
-                let m = run_tasks(lib, &scenario, lib_name, tasks, ops, false).await?;
-                this_round.insert(lib_name, m.throughput());
-                if best
-                    .get(lib_name)
-                    .is_none_or(|b| m.throughput() > b.throughput())
-                {
-                    best.insert(lib_name, m);
-                }
-            }
-            let floor = this_round.get("floor").copied().unwrap_or(0.0);
-            for (lib_name, rate) in this_round {
-                if floor > 0.0 {
-                    ratios.entry(lib_name).or_default().push(rate / floor);
-                }
-            }
-        }
-        for (lib_name, _) in &contenders {
-            if let Some(mut m) = best.remove(lib_name) {
-                m.paired = ratios.remove(lib_name).map(median);
-                rows.push(m);
-            }
-        }
+        // of its ratios to the floor round by round.
+        let refs: Vec<(&str, &Lib)> = contenders.iter().map(|(n, l)| (*n, l)).collect();
+        rows.extend(interleaved(&refs, &scenario, tasks, ops, false, ROUNDS).await?);
     }
     let mut workers = vec![("floor", store.floor), ("lock-runtime", store.ours)];
     workers.extend(store.peers);
