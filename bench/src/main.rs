@@ -180,13 +180,15 @@ async fn profile(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--user-shape LIBS [PAIRS]`: row 1b alone, on a server of its own, the
-/// floor first and then the contenders (comma-separated), printed.
+/// `--user-shape LIBS [PAIRS [SLICE_MS]]`: row 1b alone, on a server of its
+/// own, the floor first and then the contenders (comma-separated), in
+/// slices of 150 ms unless told, printed.
 async fn user_shape(args: &[String]) -> Result<(), Error> {
     let [names, rest @ ..] = args else {
-        return Err("--user-shape LIBS [PAIRS]".into());
+        return Err("--user-shape LIBS [PAIRS [SLICE_MS]]".into());
     };
     let pairs: usize = rest.first().map_or(Ok(30), |p| p.parse())?;
+    let slice = Duration::from_millis(rest.get(1).map_or(Ok(150), |s| s.parse())?);
     let server = RedisServer::new();
     let url = server.url();
     let mut libs = Vec::new();
@@ -198,7 +200,7 @@ async fn user_shape(args: &[String]) -> Result<(), Error> {
     }
     let contenders: Vec<(&str, &Lib)> = libs.iter().map(|(n, l)| (*n, l)).collect();
     let scenario = "1b. 1 task, one key reused";
-    for m in run_user_shape(&contenders, scenario, pairs, Duration::from_millis(150)).await? {
+    for m in run_user_shape(&contenders, scenario, pairs, slice).await? {
         println!("{}", row_line(&m));
     }
     Ok(())

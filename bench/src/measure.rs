@@ -133,7 +133,6 @@ pub(crate) fn now_ns() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// The median of `values` (the mean of the middle two for an even count).
 /// Each contender `rounds` times in `scenario`, interleaved, the order
 /// reversed every other round so that a server that slows down (or warms
 /// up) over the run favours none. Keeps each contender's best run, with
@@ -187,6 +186,7 @@ pub(crate) async fn interleaved(
     Ok(rows)
 }
 
+/// The median of `values` (the mean of the middle two for an even count).
 pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
@@ -212,9 +212,16 @@ pub(crate) async fn run_user_shape(
     let mut totals: Vec<(u64, Duration, Vec<Duration>)> =
         vec![(0, Duration::ZERO, Vec::new()); contenders.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
-    for _ in 0..pairs {
-        let mut rates = Vec::with_capacity(contenders.len());
-        for (at, (name, lib)) in contenders.iter().enumerate() {
+    for pair in 0..pairs {
+        let mut rates = vec![0.0; contenders.len()];
+        // Every other pair in reverse: the slice a contender follows
+        // moves its rate by up to a fifth on this machine.
+        let mut order: Vec<usize> = (0..contenders.len()).collect();
+        if pair % 2 == 1 {
+            order.reverse();
+        }
+        for at in order {
+            let (name, lib) = contenders[at];
             let key = format!("bench:{run}:user:{name}");
             let lib = (*lib).clone();
             // Its own task, as a handler's would be.
@@ -228,7 +235,7 @@ pub(crate) async fn run_user_shape(
                 Ok::<_, Error>((ops, started.elapsed(), waits))
             })
             .await??;
-            rates.push(ops as f64 / elapsed.as_secs_f64());
+            rates[at] = ops as f64 / elapsed.as_secs_f64();
             totals[at].0 += ops;
             totals[at].1 += elapsed;
             totals[at].2.extend(waits);
