@@ -55,24 +55,11 @@ pub(crate) async fn worker(args: &[String]) -> Result<(), Error> {
                 println!("hold {acquired} {released} {}", called.elapsed().as_nanos());
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            println!("cpu {}", cpu_ns());
+            println!("cpu {}", cpu_time().as_nanos());
         }
         other => return Err(format!("unknown worker kind {other}").into()),
     }
     Ok(())
-}
-
-/// The CPU time this process's threads have used so far, in ns: the sum
-/// of `/proc/self/task/*/schedstat`'s first field (0 where unreadable).
-fn cpu_ns() -> u128 {
-    std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-            stat.split_whitespace().next()?.parse::<u128>().ok()
-        })
-        .sum()
 }
 
 /// A worker's arguments, as [`worker`] reads them: `KIND LIB URL KEY COUNT

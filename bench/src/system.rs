@@ -40,11 +40,19 @@ pub(crate) fn servers_cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// This process's CPU time so far (user and system), from /proc (10 ms
-/// ticks: meaningful over runs of a second or more).
+/// This process's CPU time so far: the sum over its threads of
+/// `/proc/self/task/*/schedstat`'s first field, the time each spent on a
+/// CPU, in ns (a thread whose file cannot be read counts 0).
 pub(crate) fn cpu_time() -> Duration {
-    let ticks = proc_stat("self").map_or(0, |(_, ticks)| ticks);
-    Duration::from_millis(ticks * 10)
+    let ns: u64 = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 pub(crate) fn rss_bytes() -> u64 {

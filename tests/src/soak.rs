@@ -38,11 +38,7 @@ impl Fault {
     /// next until they stop, within a lease, as [`History::violations`]
     /// allows.
     pub fn lossy(kind: &'static str) -> Fault {
-        Fault {
-            kind,
-            lossy: true,
-            lingers: Duration::ZERO,
-        }
+        Fault::lossy_lingering(kind, Duration::ZERO)
     }
 
     /// A lossy fault whose losses go on for up to `lingers` after it ended,
