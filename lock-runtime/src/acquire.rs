@@ -179,7 +179,8 @@ async fn contend(
         let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
             .claiming(claim)
             .waiting(mode == Mode::Wait)
-            .fencing(opts.fencing);
+            .fencing(opts.fencing)
+            .contended(*contended);
         let answer = within(deadline, store.acquire(request))
             .await
             .ok_or_else(timed_out)?

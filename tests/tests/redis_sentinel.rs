@@ -406,6 +406,14 @@ async fn a_holder_follows_the_sentinels_away_from_a_master_left_up() {
         .lock(&key, LockOptions::default().ttl(ttl))
         .await
         .unwrap();
+    let promoted = {
+        let master_port = group.master().announced_port();
+        match group.current_master_port() == Some(master_port) {
+            true => group.replica().url(),
+            false => group.master().url(),
+        }
+    };
+    let asked_before = owner_checks_asked(&promoted);
     let old = tokio::task::block_in_place(|| group.fail_over_leaving_the_master_up());
     let switched = Instant::now();
     // Past the lease the new master was given by replication (the old
@@ -417,6 +425,10 @@ async fn a_holder_follows_the_sentinels_away_from_a_master_left_up() {
         "master",
         "the old master was demoted already: the test shows nothing"
     );
+    assert!(
+        owner_checks_asked(&promoted) > asked_before,
+        "the holder did not ask the new master which owner-checked commands it has"
+    );
     let fresh = LockRegistry::redis(&group.url()).await.unwrap();
     let other = fresh.try_lock(&key, LockOptions::default()).await.unwrap();
     assert!(
@@ -427,6 +439,20 @@ async fn a_holder_follows_the_sentinels_away_from_a_master_left_up() {
     );
     assert!(guard.is_held(), "the holder was told it lost the lock");
     guard.release().await.unwrap();
+}
+
+/// How many times the server at `url` was asked which owner-checked
+/// commands it has (`COMMAND INFO`).
+fn owner_checks_asked(url: &str) -> u64 {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_command|info:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Semaphores and read locks work through a Sentinel group as on one

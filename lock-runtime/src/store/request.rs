@@ -137,6 +137,12 @@ pub struct AcquireRequest<'a> {
     /// Whether the caller wants a fencing token (the default). When not, a
     /// store may skip the work of making one and answer 0.
     pub fenced: bool,
+    /// Whether the caller knows the key to be in demand: an earlier attempt
+    /// by this token was refused, or the caller queued behind another task
+    /// of this process. Others are then likely to wait on the lease too: a
+    /// store with a cheaper release for a key nobody waits on may keep its
+    /// general one for this lease.
+    pub contended: bool,
     /// `key`, shared, when the caller has it so: see
     /// [`owned_key`](Self::owned_key).
     shared_key: Option<&'a Arc<str>>,
@@ -153,6 +159,7 @@ impl<'a> AcquireRequest<'a> {
             loss,
             waits: false,
             fenced: true,
+            contended: false,
             shared_key: None,
         }
     }
@@ -181,6 +188,12 @@ impl<'a> AcquireRequest<'a> {
     /// Says whether the caller wants a fencing token.
     pub fn fencing(mut self, fenced: bool) -> Self {
         self.fenced = fenced;
+        self
+    }
+
+    /// Says whether the caller knows the key to be in demand.
+    pub fn contended(mut self, contended: bool) -> Self {
+        self.contended = contended;
         self
     }
 

@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
-use lock_runtime::store::redis::Fencing;
+use lock_runtime::store::redis::{Fencing, OwnerChecks};
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedisStore};
 use lock_tests::{RedisCluster, is_held, measure_handoff, time_to_lock, unique_key, wait_until};
 use redis::Commands;
+
+use super::support::{calls_of, command_calls};
 
 /// A registry over a cluster connection made by hand.
 async fn hand_made_registry(cluster: &RedisCluster) -> LockRegistry {
@@ -206,5 +208,26 @@ async fn semaphores_and_read_locks_work_across_slots() {
         other.release().await.unwrap();
         let writer = b.lock(&key, LockOptions::default()).await.unwrap();
         writer.release().await.unwrap();
+    }
+}
+
+/// A store by URL asks every primary at connect which owner-checked
+/// commands it has, and sends them only if all do: this machine's Redis
+/// 7.0 has none, so scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_primary_is_asked_for_its_owner_checked_commands() {
+    let cluster = RedisCluster::spawn(3);
+    let asked = |i| calls_of(&command_calls(cluster.node(i)), "command|info");
+    let before: Vec<u64> = (0..3).map(asked).collect();
+    let store = RedisStore::connect(&cluster.url()).await.unwrap();
+    assert_eq!(store.owner_checks(), OwnerChecks::Scripts);
+    for (i, before) in before.into_iter().enumerate() {
+        assert_eq!(asked(i) - before, 1, "node {i}");
+    }
+    let registry = LockRegistry::new(store);
+    for key in spread_keys(6) {
+        let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
+        guard.release().await.unwrap();
+        assert!(!is_held(&registry, &key).await, "{key}");
     }
 }

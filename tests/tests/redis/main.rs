@@ -5,10 +5,13 @@
 mod attribute;
 mod claims;
 mod cluster;
+mod commands;
+mod fair;
 mod partition;
 mod processes;
 mod redlock;
 mod redlock_processes;
 mod soak;
 mod store;
+mod support;
 mod tls;

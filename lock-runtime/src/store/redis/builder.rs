@@ -6,8 +6,11 @@ use std::time::Duration;
 use ::redis::aio::ConnectionManagerConfig;
 
 use super::RedisStore;
+use std::sync::Arc;
+
 use super::commands::{Commands, Fencing, ReplicaAcks};
 use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
+use super::owner_checks::{Checks, OwnerChecks};
 use super::subscriber::Subscriber;
 use crate::error::{BackendError, LockError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
@@ -23,6 +26,7 @@ pub struct RedisStoreBuilder {
     replica_acks: Option<ReplicaAcks>,
     fair: Option<Duration>,
     tls: TlsSettings,
+    owner_checks: OwnerChecks,
 }
 
 impl RedisStoreBuilder {
@@ -71,6 +75,16 @@ impl RedisStoreBuilder {
     /// `grant_timeout` must be at least 50 ms, or `connect` refuses it.
     pub fn fair(mut self, grant_timeout: Duration) -> Self {
         self.fair = Some(grant_timeout);
+        self
+    }
+
+    /// Whether a lease nobody waits for is released and renewed by the
+    /// server's own owner-checked commands (`DELEX`, `DELIFEQ`,
+    /// `SET … IFEQ`) rather than a script (default
+    /// [`OwnerChecks::Detect`]: when every server that takes writes has
+    /// them). See [`OwnerChecks`].
+    pub fn owner_checks(mut self, owner_checks: OwnerChecks) -> Self {
+        self.owner_checks = owner_checks;
         self
     }
 
@@ -130,12 +144,14 @@ impl RedisStoreBuilder {
             response: self.timeouts.response,
             retries: u32::try_from(self.connection_retries).unwrap_or(u32::MAX),
         };
+        let checks = Arc::new(Checks::new(self.owner_checks));
         let conn = RedisConnection::connect(
             &self.url,
             &self.tls,
             config,
             cluster,
             self.timeouts.connection,
+            checks.clone(),
         )
         .await?;
         let subscriber =
@@ -146,6 +162,7 @@ impl RedisStoreBuilder {
                 fencing: self.fencing,
                 replica_acks: self.replica_acks,
                 fair: self.fair,
+                checks,
             },
             subscriber,
             redact(&self.url),
@@ -234,6 +251,7 @@ impl RedisStore {
             replica_acks: None,
             fair: None,
             tls: TlsSettings::default(),
+            owner_checks: OwnerChecks::default(),
         }
     }
 

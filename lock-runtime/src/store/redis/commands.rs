@@ -2,12 +2,14 @@
 //! by its Redis name, on the command connection.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
 use super::keys::suffixed;
+use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
 use crate::error::BackendError;
 use crate::store::FencingPromise;
@@ -68,6 +70,9 @@ pub(super) struct Commands<C> {
     pub(super) replica_acks: Option<ReplicaAcks>,
     /// Fair mode's grant timeout; `None` when not fair.
     pub(super) fair: Option<Duration>,
+    /// Whether a lease's release and renewal use the server's own
+    /// owner-checked commands.
+    pub(super) checks: Arc<Checks>,
 }
 
 impl<C> Commands<C>
@@ -311,12 +316,22 @@ where
         Ok(())
     }
 
+    /// Renews `token`'s lease on `lock` to `ttl`; `plain` for an exclusive
+    /// lease that nobody was seen waiting for, which the server's own
+    /// command may renew.
     pub(super) async fn renew(
         &self,
         lock: &[u8],
         token: LockToken,
         ttl: Duration,
+        plain: bool,
     ) -> Result<bool, BackendError> {
+        if plain && self.fair.is_none() {
+            let renew = |_| owner_checks::expire(lock, &token.hex(), millis(ttl));
+            if self.checked(renew, Retry::IfConnectionFailed).await? {
+                return Ok(true);
+            }
+        }
         let call = Call::new(
             &scripts::RENEW,
             &[lock, &suffixed(lock, b":kind"), &suffixed(lock, b":tokens")],
@@ -329,14 +344,26 @@ where
 
     /// Releases `token`'s lease on `lock` (or shortens it to `linger`);
     /// `exclusive` when the caller knows it is an exclusive lease of its
-    /// own, which a script of one key releases.
+    /// own, which a script of one key releases (or, `plain`, when nobody
+    /// was seen waiting for it, the server's own command).
     pub(super) async fn release(
         &self,
         lock: &[u8],
         token: LockToken,
         linger: Duration,
         exclusive: bool,
+        plain: bool,
     ) -> Result<bool, BackendError> {
+        if plain && exclusive && self.fair.is_none() {
+            let hex = token.hex();
+            let release = |sent| match linger.is_zero() {
+                true => owner_checks::delete(sent, lock, &hex),
+                false => owner_checks::expire(lock, &hex, millis(linger)),
+            };
+            if self.checked(release, Retry::IfNeverSent).await? {
+                return Ok(true);
+            }
+        }
         let channel = suffixed(lock, b":released");
         let call = match self.fair {
             None if exclusive => Call::new(&scripts::RELEASE_EXCLUSIVE, &[lock])
@@ -395,6 +422,46 @@ where
                 handed
             }
         })
+    }
+}
+
+impl<C> Commands<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Sends the owner-checked command that `command` makes for the
+    /// commands the store sends, if not scripts: whether it did its work
+    /// (deleted the key, set its expiry). Not when the key is not the
+    /// caller's unmarked string (the scripts then decide), nor when the
+    /// server refused the command (scripts from now on).
+    async fn checked(
+        &self,
+        command: impl FnOnce(OwnerChecks) -> ::redis::Cmd,
+        retry: Retry,
+    ) -> Result<bool, BackendError> {
+        let sent = self.checks.sent();
+        if sent == OwnerChecks::Scripts {
+            return Ok(false);
+        }
+        let command = command(sent);
+        let mut conn = self.conn.clone();
+        let answer = match command.query_async::<::redis::Value>(&mut conn).await {
+            Err(err) if retry.allows(&err) => command.query_async(&mut conn).await,
+            answer => answer,
+        };
+        match answer {
+            // `SET … IFEQ`'s `OK`; `DELEX`'s and `DELIFEQ`'s count.
+            Ok(::redis::Value::Okay | ::redis::Value::Int(1)) => Ok(true),
+            Ok(::redis::Value::SimpleString(ok)) if ok == "OK" => Ok(true),
+            Ok(::redis::Value::Nil | ::redis::Value::Int(0)) => Ok(false),
+            Ok(other) => Err(format!("an owner-checked command answered {other:?}").into()),
+            Err(err) if err.code() == Some("WRONGTYPE") => Ok(false),
+            Err(err) if owner_checks::is_refusal(&err) => {
+                self.checks.refused(&err);
+                Ok(false)
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 }
 

@@ -29,6 +29,7 @@ use ::redis::aio::{
 };
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value,
@@ -36,6 +37,7 @@ use ::redis::{
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
+use super::owner_checks::{self, Checks, OwnerChecks};
 use super::urls::{SentinelUrl, cluster_nodes};
 use crate::error::BackendError;
 
@@ -77,6 +79,9 @@ struct Shared {
     current: Mutex<(Option<MultiplexedConnection>, Client)>,
     /// Set for a Sentinel group.
     sentinel: Option<Sentinel>,
+    /// The store's owner-checked commands, detected again on each new
+    /// master.
+    checks: Arc<Checks>,
 }
 
 struct Sentinel {
@@ -193,16 +198,19 @@ impl RedisConnection {
     /// Connects to the server at `url`, to the cluster
     /// (`redis+cluster://`), or (`redis+sentinel://`) to the master the
     /// Sentinels name, and checks it answers `PING`. A `rediss` scheme is
-    /// TLS to every server, with `tls`'s certificates.
+    /// TLS to every server, with `tls`'s certificates. When `checks`
+    /// detects, asks the server (each primary, each new master) which
+    /// owner-checked commands it has.
     pub(super) async fn connect(
         url: &str,
         tls: &TlsSettings,
         config: ConnectionManagerConfig,
         cluster: ClusterSettings,
         timeout: Duration,
+        checks: Arc<Checks>,
     ) -> Result<RedisConnection, BackendError> {
         if let Some(nodes) = cluster_nodes(url)? {
-            return RedisConnection::cluster(nodes, tls, cluster, timeout).await;
+            return RedisConnection::cluster(nodes, tls, cluster, timeout, checks).await;
         }
         let (client, sentinel) = match SentinelUrl::parse(url)? {
             None => (tls.client(url)?, None),
@@ -241,6 +249,7 @@ impl RedisConnection {
                 shared: Arc::new(Shared {
                     current: Mutex::new((None, client)),
                     sentinel,
+                    checks,
                 }),
             };
             // Surfaces a missing password or a wrong database now, not at
@@ -252,11 +261,13 @@ impl RedisConnection {
         let mut conn = client.get_connection_manager_with_config(config).await?;
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        detect(&checks, || owner_checks::QUESTION.query_async(&mut conn)).await;
         Ok(RedisConnection {
             direct: Some(Direct::Server(conn)),
             shared: Arc::new(Shared {
                 current: Mutex::new((None, client)),
                 sentinel: None,
+                checks,
             }),
         })
     }
@@ -268,6 +279,7 @@ impl RedisConnection {
         tls: &TlsSettings,
         config: ClusterSettings,
         timeout: Duration,
+        checks: Arc<Checks>,
     ) -> Result<RedisConnection, BackendError> {
         let pubsub = tls.client(&nodes[0])?;
         let builder = ClusterClientBuilder::new(nodes)
@@ -284,11 +296,17 @@ impl RedisConnection {
             .await
             .map_err(|_| "no node of the cluster answered in time")??;
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        let primaries = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        detect(&checks, || {
+            conn.route_command(owner_checks::QUESTION.clone(), primaries)
+        })
+        .await;
         Ok(RedisConnection {
             direct: Some(Direct::Cluster(conn)),
             shared: Arc::new(Shared {
                 current: Mutex::new((None, pubsub)),
                 sentinel: None,
+                checks,
             }),
         })
     }
@@ -364,6 +382,10 @@ impl RedisConnection {
                 format!("{named}, then {now}"),
             )));
         }
+        detect(&self.shared.checks, || {
+            owner_checks::QUESTION.query_async(&mut conn)
+        })
+        .await;
         let was = self.client().get_connection_info().addr().to_string();
         if now != was {
             tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");
@@ -446,6 +468,26 @@ impl Sentinel {
             .await?;
         Ok(named)
     }
+}
+
+/// With `checks` detecting, sets them from the answer `ask` gets to
+/// [`owner_checks::QUESTION`]; scripts if it gets none (`COMMAND`
+/// refused, say).
+async fn detect<F>(checks: &Checks, ask: impl FnOnce() -> F)
+where
+    F: Future<Output = Result<Value, RedisError>>,
+{
+    if !checks.detects() {
+        return;
+    }
+    let offered = match ask().await {
+        Ok(answer) => owner_checks::offered(&answer),
+        Err(error) => {
+            tracing::debug!(%error, "the Redis server did not say which owner-checked commands it has; using scripts");
+            OwnerChecks::Scripts
+        }
+    };
+    checks.set(offered);
 }
 
 /// The host and port of a server's client.

@@ -16,6 +16,16 @@ pub(super) struct RedisLease<C> {
     pub(super) ttl: Duration,
     /// Whether it is an exclusive lease (not a share or a permit).
     pub(super) exclusive: bool,
+    /// Whether its acquire knew the key to be in demand: its release and
+    /// renewal then go by script, which wakes waiters in the same call.
+    pub(super) contended: bool,
+}
+
+impl<C> RedisLease<C> {
+    /// Whether the server's own owner-checked commands may serve it.
+    fn plain(&self) -> bool {
+        self.exclusive && !self.contended
+    }
 }
 
 impl<C> Lease for RedisLease<C>
@@ -23,14 +33,20 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(self.commands.renew(&self.lock, self.token, self.ttl))
+        Box::pin(
+            self.commands
+                .renew(&self.lock, self.token, self.ttl, self.plain()),
+        )
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(
-            self.commands
-                .release(&self.lock, self.token, linger, self.exclusive),
-        )
+        Box::pin(self.commands.release(
+            &self.lock,
+            self.token,
+            linger,
+            self.exclusive,
+            self.plain(),
+        ))
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {

@@ -16,6 +16,14 @@
 //!   instead. A hand-over within the process moves the lease, and a
 //!   waiter's mark, to a new token and issues a new fencing token, in one
 //!   script.
+//! - Where the server has owner-checked commands of its own (Redis 8.4's
+//!   `DELEX key IFEQ token` and `SET key token IFEQ token PX ttl`, Valkey
+//!   9's `DELIFEQ`), asked at connect ([`OwnerChecks`]), an exclusive
+//!   lease is released and renewed by them: one command, no script. A
+//!   release that finds the key marked by a waiter (the command answers
+//!   0) runs the script too, a second round trip that wakes the waiter; a
+//!   lease whose acquire found the key in demand goes to the script at
+//!   once. Shares, permits and fair mode keep the scripts.
 //! - The holder gives up 10 ms plus 0.2 % of the ttl before Redis can expire
 //!   the lease: the margin covers clock-rate drift between this host and the
 //!   server, the timer's granularity and the time to cancel the body.
@@ -191,6 +199,7 @@ mod connection;
 mod keys;
 mod lease;
 mod marks;
+mod owner_checks;
 mod scripts;
 mod subscriber;
 mod urls;
@@ -213,6 +222,8 @@ pub(crate) use connection::TlsSettings;
 use keys::{lock_name, suffixed};
 use lease::RedisLease;
 use marks::WriterMarks;
+use owner_checks::Checks;
+pub use owner_checks::OwnerChecks;
 use subscriber::Subscriber;
 
 use super::{
@@ -268,6 +279,7 @@ where
                 fencing,
                 replica_acks: None,
                 fair: None,
+                checks: Arc::new(Checks::new(OwnerChecks::Scripts)),
             },
             Subscriber::new(Source::Client(Box::new(pubsub)), Duration::from_secs(1)),
             "custom connection".into(),
@@ -321,6 +333,14 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// Which owner-checked commands release and renew this store's leases
+    /// now: [`OwnerChecks::Scripts`], [`Delex`](OwnerChecks::Delex) or
+    /// [`Delifeq`](OwnerChecks::Delifeq), as detected at connect (or set),
+    /// and scripts once a server refused a command.
+    pub fn owner_checks(&self) -> OwnerChecks {
+        self.commands.checks.sent()
+    }
+
     /// One acquire attempt by `token`: the fencing token when granted, the
     /// holder's remaining time otherwise. A caller that `waits` marks a
     /// held key so that its release is published.
@@ -345,7 +365,9 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        self.commands.renew(&lock_name(key), token, ttl).await
+        self.commands
+            .renew(&lock_name(key), token, ttl, false)
+            .await
     }
 
     /// Releases `token`'s lease on `key` (or shortens it to `linger`).
@@ -356,7 +378,7 @@ where
         linger: Duration,
     ) -> Result<bool, BackendError> {
         self.commands
-            .release(&lock_name(key), token, linger, false)
+            .release(&lock_name(key), token, linger, false, false)
             .await
     }
 
@@ -433,6 +455,7 @@ where
                         token: request.token,
                         ttl: request.ttl,
                         exclusive: request.claim == Claim::Exclusive,
+                        contended: request.contended,
                     }),
                 },
                 Err(remaining) => Acquire::Held { remaining },
@@ -506,6 +529,7 @@ impl<C> fmt::Debug for RedisStore<C> {
             .field("fencing", &self.commands.fencing)
             .field("replica_acks", &self.commands.replica_acks)
             .field("fair", &self.commands.fair)
+            .field("owner_checks", &self.commands.checks.sent())
             .finish_non_exhaustive()
     }
 }
