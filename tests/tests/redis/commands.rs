@@ -32,11 +32,7 @@ async fn an_unfenced_lock_is_one_plain_set() {
         .await
         .unwrap();
     let registry = LockRegistry::new(store);
-    let warm = registry
-        .lock(&unique_key("warm"), LockOptions::default())
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    lock_and_release(&registry, &unique_key("warm")).await;
     reset_stats(&server);
     let guard = registry
         .lock(&unique_key("plain"), LockOptions::default())
@@ -80,11 +76,7 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
     let server = RedisServer::new();
     let registry = registry(&server).await;
     // The first use loads the scripts (NOSCRIPT, then EVAL); measure after.
-    let warm = registry
-        .lock(&unique_key("warm"), LockOptions::default())
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
+    lock_and_release(&registry, &unique_key("warm")).await;
     reset_stats(&server);
     let guard = registry
         .lock(&unique_key("rt"), LockOptions::default())

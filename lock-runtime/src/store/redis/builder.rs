@@ -1,13 +1,12 @@
 //! Configuring and connecting a [`RedisStore`], and how its fencing tokens
 //! are made.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::ConnectionManagerConfig;
 
 use super::RedisStore;
-use std::sync::Arc;
-
 use super::commands::{Commands, Fencing, ReplicaAcks};
 use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
 use super::owner_checks::{Checks, OwnerChecks};

@@ -192,13 +192,11 @@ where
             .arg(millis(ttl))
             .arg("GET");
         let mut conn = self.conn.clone();
-        let sent = match set.query_async::<Option<::redis::Value>>(&mut conn).await {
-            Err(err) if Retry::IfConnectionFailed.allows(&err) => {
-                // The key may be ours already: the old value says so.
-                set.query_async(&mut conn).await
-            }
-            sent => sent,
-        };
+        // Sent again after a connection failure: the key may be ours
+        // already, and the old value says so.
+        let sent = Retry::IfConnectionFailed
+            .query::<_, Option<::redis::Value>>(&set, &mut conn)
+            .await;
         let old = match sent {
             Ok(old) => old,
             Err(err) if err.code() == Some("WRONGTYPE") => return Ok(None),
@@ -344,8 +342,8 @@ where
 
     /// Releases `token`'s lease on `lock` (or shortens it to `linger`);
     /// `exclusive` when the caller knows it is an exclusive lease of its
-    /// own, which a script of one key releases (or, `plain`, when nobody
-    /// was seen waiting for it, the server's own command).
+    /// own, which a script of one key releases (or, `plain` for one that
+    /// nobody was seen waiting for, the server's own command).
     pub(super) async fn release(
         &self,
         lock: &[u8],
@@ -354,7 +352,7 @@ where
         exclusive: bool,
         plain: bool,
     ) -> Result<bool, BackendError> {
-        if plain && exclusive && self.fair.is_none() {
+        if plain && self.fair.is_none() {
             let hex = token.hex();
             let release = |sent| match linger.is_zero() {
                 true => owner_checks::delete(sent, lock, &hex),
@@ -445,11 +443,7 @@ where
         }
         let command = command(sent);
         let mut conn = self.conn.clone();
-        let answer = match command.query_async::<::redis::Value>(&mut conn).await {
-            Err(err) if retry.allows(&err) => command.query_async(&mut conn).await,
-            answer => answer,
-        };
-        match answer {
+        match retry.query(&command, &mut conn).await {
             // `SET … IFEQ`'s `OK`; `DELEX`'s and `DELIFEQ`'s count.
             Ok(::redis::Value::Okay | ::redis::Value::Int(1)) => Ok(true),
             Ok(::redis::Value::SimpleString(ok)) if ok == "OK" => Ok(true),
@@ -468,7 +462,7 @@ where
 /// Which failed calls may be sent once more at once.
 #[derive(Clone, Copy)]
 pub(super) enum Retry {
-    /// Idempotent scripts (acquire, renew): after any connection failure.
+    /// Idempotent calls (acquire, renew): after any connection failure.
     IfConnectionFailed,
     /// Release: only when the command surely never reached the server.
     IfNeverSent,
@@ -485,6 +479,22 @@ impl Retry {
                     && !err.is_timeout()
             }
             Retry::IfNeverSent => err.is_connection_refusal(),
+        }
+    }
+
+    /// Sends `cmd`; after a failure this allows, once more.
+    pub(super) async fn query<C, T>(
+        self,
+        cmd: &::redis::Cmd,
+        conn: &mut C,
+    ) -> ::redis::RedisResult<T>
+    where
+        C: ConnectionLike,
+        T: ::redis::FromRedisValue,
+    {
+        match cmd.query_async(conn).await {
+            Err(err) if self.allows(&err) => cmd.query_async(conn).await,
+            answer => answer,
         }
     }
 }

@@ -41,19 +41,11 @@ pub enum OwnerChecks {
     Delifeq,
 }
 
-impl OwnerChecks {
-    const ALL: [OwnerChecks; 3] = [
-        OwnerChecks::Scripts,
-        OwnerChecks::Delex,
-        OwnerChecks::Delifeq,
-    ];
-}
-
 /// What a store sends now, shared by its clones and its connection (which
 /// asks again after a Sentinel failover).
 #[derive(Debug)]
 pub(super) struct Checks {
-    /// An index into [`OwnerChecks::ALL`].
+    /// An [`OwnerChecks`] as `u8`: never `Detect`.
     sent: AtomicU8,
     detects: bool,
 }
@@ -61,11 +53,12 @@ pub(super) struct Checks {
 impl Checks {
     /// As `setting` says; scripts until a detection says otherwise.
     pub(super) fn new(setting: OwnerChecks) -> Self {
+        let detects = setting == OwnerChecks::Detect;
         let checks = Checks {
-            sent: AtomicU8::new(0),
-            detects: setting == OwnerChecks::Detect,
+            sent: AtomicU8::new(OwnerChecks::Scripts as u8),
+            detects,
         };
-        if !checks.detects {
+        if !detects {
             checks.set(setting);
         }
         checks
@@ -73,7 +66,11 @@ impl Checks {
 
     /// The commands sent now: never [`OwnerChecks::Detect`].
     pub(super) fn sent(&self) -> OwnerChecks {
-        OwnerChecks::ALL[usize::from(self.sent.load(Ordering::Relaxed))]
+        match self.sent.load(Ordering::Relaxed) {
+            sent if sent == OwnerChecks::Delex as u8 => OwnerChecks::Delex,
+            sent if sent == OwnerChecks::Delifeq as u8 => OwnerChecks::Delifeq,
+            _ => OwnerChecks::Scripts,
+        }
     }
 
     /// Whether the store asks the server which commands it has.
@@ -81,12 +78,13 @@ impl Checks {
         self.detects
     }
 
+    /// Sends `sent` from now on (scripts for `Detect`).
     pub(super) fn set(&self, sent: OwnerChecks) {
-        let index = OwnerChecks::ALL
-            .iter()
-            .position(|&o| o == sent)
-            .unwrap_or(0);
-        self.sent.store(index as u8, Ordering::Relaxed);
+        let sent = match sent {
+            OwnerChecks::Detect => OwnerChecks::Scripts,
+            sent => sent,
+        };
+        self.sent.store(sent as u8, Ordering::Relaxed);
     }
 
     /// A server refused one of the commands: scripts from now on.
@@ -109,28 +107,24 @@ pub(super) static QUESTION: Lazy<Cmd> = Lazy::new(|| {
 /// [`QUESTION`]: one server's (an array with one entry per command, nil
 /// for an unknown one), or a map of each node's.
 pub(super) fn offered(answer: &Value) -> OwnerChecks {
-    let mut delex = true;
-    let mut delifeq = true;
-    let mut nodes = 0;
-    let mut read = |answer: &Value| {
-        let known = |entry: Option<&Value>| !matches!(entry, None | Some(Value::Nil));
-        match answer {
-            Value::Array(entries) => {
-                delex &= known(entries.first());
-                delifeq &= known(entries.get(1));
-            }
-            _ => (delex, delifeq) = (false, false),
-        }
-        nodes += 1;
+    let answers: Vec<&Value> = match answer {
+        Value::Map(nodes) => nodes.iter().map(|(_, answer)| answer).collect(),
+        answer => vec![answer],
     };
-    match answer {
-        Value::Map(nodes) => nodes.iter().for_each(|(_, answer)| read(answer)),
-        answer => read(answer),
-    }
-    match (nodes > 0 && delex, nodes > 0 && delifeq) {
-        (true, _) => OwnerChecks::Delex,
-        (false, true) => OwnerChecks::Delifeq,
-        (false, false) => OwnerChecks::Scripts,
+    // Whether every server knows the command asked `at` that place.
+    let everywhere = |at: usize| {
+        !answers.is_empty()
+            && answers.iter().all(|answer| {
+                matches!(answer, Value::Array(entries)
+                    if !matches!(entries.get(at), None | Some(Value::Nil)))
+            })
+    };
+    if everywhere(0) {
+        OwnerChecks::Delex
+    } else if everywhere(1) {
+        OwnerChecks::Delifeq
+    } else {
+        OwnerChecks::Scripts
     }
 }
 
