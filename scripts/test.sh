@@ -14,4 +14,25 @@ case " ${RUSTFLAGS:-} " in
     *" -D warnings "*) ;;
     *) export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-D warnings" ;;
 esac
-exec cargo test --workspace --all-features "$@"
+# Every test binary runs even when one fails (--no-fail-fast), so one
+# failure does not hide the rest; what failed is summed up at the end.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo
+    echo "scripts/test.sh: cargo test failed (exit $status); what failed, by test binary:"
+    awk '
+        /^ *Running / { binary = $2 }
+        /^ *Doc-tests / { binary = "doc tests of " $2 }
+        /^test .* \.\.\. FAILED$/ { sub(/^test /, ""); sub(/ \.\.\. FAILED$/, ""); print "  " binary ": " $0; n++ }
+        /^error: (could not compile|test failed|[0-9]+ targets? failed)/ { errors = errors "  " $0 "\n" }
+        /^ +`-p / { errors = errors "  " $0 "\n" }
+        END {
+            if (n == 0) print "  (no single test reported FAILED: a build error, a crash or a time-out; see above)"
+            printf "%s", errors
+        }
+    ' "$log"
+fi
+exit "$status"

@@ -1,6 +1,7 @@
 //! What the harnesses share about the server processes they start: a free
-//! loopback port and a directory of their own, and killing (SIGKILL, then
-//! reap), freezing and thawing (SIGSTOP, SIGCONT) them by pid.
+//! loopback port and a directory of their own, killing a server with every
+//! process it started (SIGKILL, then reap), freezing and thawing (SIGSTOP,
+//! SIGCONT) them by pid.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -49,13 +50,79 @@ pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     dir
 }
 
-/// Kills `child` (SIGKILL, which ends a frozen process too) and reaps it;
-/// nothing if it is not running.
+/// Kills `child` and every process it started (SIGKILL, which ends a
+/// frozen process too), reaps it, and returns once none of them is left
+/// to answer on a socket; nothing if it is not running.
+///
+/// A server such as PostgreSQL serves its open connections from processes
+/// of its own: killing only the first process would leave those answering.
 pub(crate) fn kill(child: &mut Option<Child>) {
     if let Some(mut child) = child.take() {
-        let _ = child.kill();
+        let killed = kill_tree(child.id());
         let _ = child.wait();
+        wait_gone(&killed);
     }
+}
+
+/// How long the processes of a killed server may take to go (SIGKILL is
+/// not refused; a process stuck in the kernel may take a moment).
+const GONE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Freezes `root` and then each of its descendants, top-down so that
+/// none forks another while the tree is listed, then kills them all;
+/// returns every pid it killed.
+fn kill_tree(root: u32) -> Vec<u32> {
+    let mut frozen = Vec::new();
+    let mut next = vec![root];
+    while let Some(pid) = next.pop() {
+        // A process that ended since it was listed is skipped.
+        if try_signal_pid(pid, "-STOP") {
+            frozen.push(pid);
+            next.extend(children(pid));
+        }
+    }
+    for &pid in &frozen {
+        try_signal_pid(pid, "-KILL");
+    }
+    frozen
+}
+
+/// Waits until none of `pids` is alive (a zombie holds no socket and
+/// counts as gone); panics naming the survivors after [`GONE_DEADLINE`]
+/// (only says so on stderr while the thread is already panicking, as when
+/// a harness is dropped by a failed test).
+fn wait_gone(pids: &[u32]) {
+    let deadline = Instant::now() + GONE_DEADLINE;
+    loop {
+        let alive: Vec<u32> = pids.iter().copied().filter(|&pid| is_alive(pid)).collect();
+        if alive.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let message = format!(
+                "processes {alive:?} of a killed server were still alive {GONE_DEADLINE:?} after SIGKILL"
+            );
+            if std::thread::panicking() {
+                eprintln!("{message}");
+                return;
+            }
+            panic!("{message}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn is_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and
+    // may hold spaces.
+    let state = stat
+        .rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().next());
+    !matches!(state, Some("Z" | "X") | None)
 }
 
 /// Sends `signal` (`-STOP`, `-CONT`) to the running `child`.

@@ -253,7 +253,17 @@ impl Soak {
             .and_then(|seconds| seconds.parse().ok())
             .unwrap_or(self.seconds);
         eprintln!("{store} soak, seed {seed} (SOAK_SEED={seed} replays the choices)");
-        let report = self.run_seeded(seed, seconds, server_fault);
+        // A failure on the way (a worker that did not start, a fault the
+        // harness could not make) says the seed too.
+        let run = std::panic::AssertUnwindSafe(|| self.run_seeded(seed, seconds, server_fault));
+        let report = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(a panic without a message)");
+            panic!("{store} soak, seed {seed} (SOAK_SEED={seed} replays the choices): {why}")
+        });
         eprintln!(
             "{store} soak {seconds}s, seed {seed}: {} bodies, {} workers killed, {} frozen, {} cut off, {} store faults\n{}",
             report.history.grants.len(),
@@ -306,7 +316,8 @@ impl Soak {
             // The worker's data store is not used by this scenario.
             let env = [("LOCK_WORKER_DATA_URL", "redis://127.0.0.1:1")];
             let mut worker = Worker::spawn_with_env(&self.exe, &args, &env);
-            worker.expect("ready", Duration::from_secs(20));
+            // A guard against a hang: the worker keeps trying its store for 30 s.
+            worker.expect("ready", Duration::from_secs(45));
             (worker, proxies)
         };
         let mut workers: Vec<(Worker, Vec<Proxy>)> = (0..self.workers).map(|_| spawn()).collect();

@@ -1,10 +1,16 @@
 //! Worker processes: real OS processes running `lock-worker`, whose stdout
-//! lines the test reads as events.
+//! lines the test reads as events and whose last stderr lines a failure
+//! message carries.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// How many of a worker's last stderr lines a failure message shows.
+const STDERR_LINES: usize = 20;
 
 /// A running worker process. Killed on drop if still running.
 #[derive(Debug)]
@@ -13,6 +19,9 @@ pub struct Worker {
     child: Child,
     lines: Receiver<String>,
     seen: Vec<String>,
+    /// The last [`STDERR_LINES`] lines it wrote to stderr (each is also
+    /// passed on to this process's stderr as it comes).
+    stderr: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Worker {
@@ -28,9 +37,14 @@ impl Worker {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|err| panic!("start worker {exe}: {err}"));
+        let name = format!(
+            "{} {}",
+            args.first().copied().unwrap_or_default(),
+            child.id()
+        );
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = channel();
         std::thread::spawn(move || {
@@ -41,16 +55,41 @@ impl Worker {
                 }
             }
         });
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let pipe = child.stderr.take().expect("piped stderr");
+        let (kept, prefix) = (Arc::clone(&stderr), name.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("[worker {prefix}] {line}");
+                let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.len() == STDERR_LINES {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
+            }
+        });
         Worker {
-            name: format!(
-                "{} {}",
-                args.first().copied().unwrap_or_default(),
-                child.id()
-            ),
+            name,
             child,
             lines,
             seen: Vec::new(),
+            stderr,
         }
+    }
+
+    /// The worker's last stderr lines, for a failure message: empty, or
+    /// a paragraph headed "its stderr ended with".
+    pub fn last_stderr(&self) -> String {
+        // The reader may still be taking the last lines of a process that
+        // just exited: give it a moment.
+        std::thread::sleep(Duration::from_millis(100));
+        let kept = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.is_empty() {
+            return String::new();
+        }
+        let lines: Vec<&str> = kept.iter().map(String::as_str).collect();
+        format!("\nits stderr ended with:\n  {}", lines.join("\n  "))
     }
 
     /// The process id.
@@ -72,13 +111,21 @@ impl Worker {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => panic!(
-                    "worker {} printed no `{prefix}` line within {timeout:?}; saw {:?}",
-                    self.name, self.seen
+                    "worker {} printed no `{prefix}` line within {timeout:?}; saw {:?}{}",
+                    self.name,
+                    self.seen,
+                    self.last_stderr()
                 ),
-                Err(RecvTimeoutError::Disconnected) => panic!(
-                    "worker {} exited without a `{prefix}` line; saw {:?}",
-                    self.name, self.seen
-                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().map(|s| s.to_string());
+                    panic!(
+                        "worker {} exited ({}) without a `{prefix}` line; saw {:?}{}",
+                        self.name,
+                        status.unwrap_or_else(|e| e.to_string()),
+                        self.seen,
+                        self.last_stderr()
+                    )
+                }
             }
         }
     }
@@ -97,12 +144,31 @@ impl Worker {
             }
             if Instant::now() >= deadline {
                 panic!(
-                    "worker {} still running after {timeout:?}; saw {:?}",
-                    self.name, self.seen
+                    "worker {} still running after {timeout:?}; saw {:?}{}",
+                    self.name,
+                    self.seen,
+                    self.last_stderr()
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// As [`finish`](Self::finish), for a worker that must succeed:
+    /// returns its lines, or panics with them, its exit status, `why` (what
+    /// a failure may mean, or empty) and its last stderr lines.
+    pub fn finish_ok(self, timeout: Duration, why: &str) -> Vec<String> {
+        let (name, stderr) = (self.name.clone(), Arc::clone(&self.stderr));
+        let (status, lines) = self.finish(timeout);
+        if !status.success() {
+            let kept = stderr.lock().unwrap_or_else(|e| e.into_inner());
+            let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
+            panic!(
+                "worker {name} failed ({status}){why}; saw {lines:?}\nits stderr ended with:\n  {}",
+                kept.join("\n  ")
+            );
+        }
+        lines
     }
 
     /// Freezes the process (SIGSTOP).
@@ -136,8 +202,7 @@ pub fn sum_of_done(workers: Vec<Worker>, name: &str) -> u64 {
     workers
         .into_iter()
         .map(|worker| {
-            let (status, lines) = worker.finish(Duration::from_secs(60));
-            assert!(status.success(), "worker failed: {lines:?}");
+            let lines = worker.finish_ok(Duration::from_secs(60), "");
             let done = lines
                 .iter()
                 .find(|l| l.starts_with("done"))

@@ -359,14 +359,29 @@ fn arg(args: &[String], i: usize, what: &str) -> String {
         .unwrap_or_else(|| panic!("missing argument {i}: {what}"))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), LockError> {
-    let args: Vec<String> = std::env::args().collect();
-    let scenario = arg(&args, 1, "scenario");
-    let url = arg(&args, 2, "redis url");
-    let key = arg(&args, 3, "key");
-    // Why a renewed holder lost its lock, not only that it did.
-    let warnings = (scenario == "renewed").then(lock_tests::Warnings::install);
+/// How long a worker keeps trying to reach its store at start-up: a
+/// guard against a hang, not a bound under test (a cluster just started on
+/// a busy machine may take seconds to answer its first call).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The registry over the store `url` names, tried again on
+/// [`LockError::Connect`] (each failure said on stderr) until
+/// [`CONNECT_PATIENCE`] has passed.
+async fn connect(url: &str) -> Result<LockRegistry, LockError> {
+    let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
+    loop {
+        match open(url).await {
+            Err(err @ LockError::Connect { .. }) if tokio::time::Instant::now() < deadline => {
+                eprintln!("lock-worker: {err}; trying again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The registry over the store `url` names.
+async fn open(url: &str) -> Result<LockRegistry, LockError> {
     // `memory`: this process's own store; several comma-separated URLs
     // (not a Cluster's or Sentinels'): Redlock over them; `postgres://`: the
     // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
@@ -374,10 +389,10 @@ async fn main() -> Result<(), LockError> {
     // shared data then needs LOCK_WORKER_DATA_URL), `redis://…?fair_grant_ms=N`:
     // the Redis store in fair mode (the same), `careless+redis://…`: see
     // below.
-    let registry = if url == "memory" {
+    Ok(if url == "memory" {
         LockRegistry::memory()
     } else if url.starts_with("postgres://") {
-        LockRegistry::postgres(&url).await?
+        LockRegistry::postgres(url).await?
     } else if let Some(server) = url.strip_prefix("careless+") {
         // `careless+redis://…`: the Redis store, its leases releasing
         // without checking the owner (a bug for the soak to catch).
@@ -411,8 +426,19 @@ async fn main() -> Result<(), LockError> {
             .await?;
         LockRegistry::builder(backend).build()?
     } else {
-        LockRegistry::redis(&url).await?
-    };
+        LockRegistry::redis(url).await?
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let args: Vec<String> = std::env::args().collect();
+    let scenario = arg(&args, 1, "scenario");
+    let url = arg(&args, 2, "redis url");
+    let key = arg(&args, 3, "key");
+    // Why a renewed holder lost its lock, not only that it did.
+    let warnings = (scenario == "renewed").then(lock_tests::Warnings::install);
+    let registry = connect(&url).await?;
     lock_runtime::init(registry)?;
     // Shared data lives in Redis: LOCK_WORKER_DATA_URL, else the (first)
     // lock server.
