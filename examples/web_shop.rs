@@ -24,7 +24,7 @@
 //! |---|---|---|
 //! | `Timeout` | 503 with `Retry-After` | the item is busy; the client may retry |
 //! | `Lost` | 409 | the lease ended mid-purchase (the body was cancelled before it wrote); retry |
-//! | `Backend` | 503 with `Retry-After` | the lock store is unreachable; nothing was done |
+//! | `Store` | 503 with `Retry-After` | the lock store is unreachable; nothing was done |
 //! | `InvalidKey` | 400 | the item name cannot be a key (too long) |
 //! | anything else | 500 | a bug: bad options, no registry |
 

@@ -17,7 +17,7 @@ mod valid;
 use proc_macro::TokenStream;
 
 /// Makes an `async fn` a critical section that is mutually exclusive across
-/// every process sharing the lock backend.
+/// every process sharing the lock store.
 ///
 /// The body runs only while this process holds the lock named by `key`; the
 /// lock is released when the body ends, however it ends.
@@ -151,7 +151,7 @@ use proc_macro::TokenStream;
 ///   watchdog could not renew it, `max_hold` passed, or without the watchdog
 ///   the `ttl` passed): the body is cancelled at its next `.await`;
 /// - [`LockError::InvalidKey`] when the rendered key is empty or too long;
-/// - [`LockError::Backend`] when the store cannot be reached.
+/// - [`LockError::Store`] when the store cannot be reached.
 ///
 /// # Cancellation
 ///
@@ -189,7 +189,7 @@ use proc_macro::TokenStream;
 /// [`LockError::NotInitialized`]: ../lock_runtime/enum.LockError.html#variant.NotInitialized
 /// [`LockError::Lost`]: ../lock_runtime/enum.LockError.html#variant.Lost
 /// [`LockError::InvalidKey`]: ../lock_runtime/enum.LockError.html#variant.InvalidKey
-/// [`LockError::Backend`]: ../lock_runtime/enum.LockError.html#variant.Backend
+/// [`LockError::Store`]: ../lock_runtime/enum.LockError.html#variant.Store
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::distributed_lock(args.into(), item.into()).into()

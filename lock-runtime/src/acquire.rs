@@ -159,98 +159,122 @@ async fn contend(
         lease
             .release(Duration::ZERO)
             .await
-            .map_err(|source| LockError::backend(key, "release", source))?;
+            .map_err(|source| LockError::store(key, "release", source))?;
     }
     let store = &**parts.store;
     let token = LockToken::random();
-    // A waiter's place in a store's queue: given up if the wait ends
-    // without the lock.
     let queue_poll = parts.capabilities.waiter_queue;
-    let place = (queue_poll.is_some() && mode == Mode::Wait)
-        .then(|| Stake::new(parts.store, &permit, token));
     let loss = LossSignal::new();
     let mut watch: Option<ReleaseWatch> = None;
     // Not queued behind anyone: the first request goes out now, as good as
     // when the call began (a clock read saved on the common path).
     let mut first_sent_at = (!*contended).then_some(started);
-    loop {
-        let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-        let attempt = Stake::new(parts.store, &permit, token);
-        let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
-            .claiming(claim)
-            .waiting(mode == Mode::Wait)
-            .fencing(opts.fencing)
-            .contended(*contended);
-        let answer = within(deadline, store.acquire(request))
-            .await
-            .ok_or_else(timed_out)?
-            .map_err(|source| LockError::backend(key, "acquire", source))?;
-        attempt.settle();
-        let remaining = match answer {
-            Acquire::Acquired { fencing, lease } => {
-                place.into_iter().for_each(Stake::settle);
-                // Asked for none: whatever the store made is not promised.
-                let fencing = if opts.fencing { fencing } else { 0 };
-                tracing::debug!(
-                    parent: wait,
-                    key,
-                    fencing,
-                    waited_ms = started.elapsed().as_millis() as u64,
-                    "lock acquired"
-                );
-                // A lease the store prepared ahead counts from then.
-                let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-                let grant = Grant {
-                    lease,
-                    loss,
-                    fencing,
-                    ttl: opts.ttl,
-                    sent_at,
-                    chain: 0,
+    // The stakes borrow `permit`: they end in this block, before it is
+    // returned.
+    let outcome = {
+        // A waiter's place in a store's queue: given up if the wait ends
+        // without the lock.
+        let mut place = (queue_poll.is_some() && mode == Mode::Wait)
+            .then(|| Stake::new(parts.store, &permit, token));
+        let outcome = async {
+            loop {
+                let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
+                let attempt = Stake::new(parts.store, &permit, token);
+                let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
+                    .claiming(claim)
+                    .waiting(mode == Mode::Wait)
+                    .fencing(opts.fencing)
+                    .contended(*contended);
+                // An attempt given up (the deadline) or failed may still be
+                // granted in the store: undone before the call returns.
+                let answer = match within(deadline, store.acquire(request)).await {
+                    Some(Ok(answer)) => answer,
+                    Some(Err(source)) => {
+                        attempt.undo().await;
+                        return Err(LockError::store(key, "acquire", source));
+                    }
+                    None => {
+                        attempt.undo().await;
+                        return Err(timed_out());
+                    }
                 };
-                return Ok(Some((grant, permit)));
+                attempt.settle();
+                let remaining = match answer {
+                    Acquire::Acquired { fencing, lease } => {
+                        place.take().into_iter().for_each(Stake::settle);
+                        // Asked for none: whatever the store made is not promised.
+                        let fencing = if opts.fencing { fencing } else { 0 };
+                        tracing::debug!(
+                            parent: wait,
+                            key,
+                            fencing,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "lock acquired"
+                        );
+                        // A lease the store prepared ahead counts from then.
+                        let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                        let grant = Grant {
+                            lease,
+                            loss,
+                            fencing,
+                            ttl: opts.ttl,
+                            sent_at,
+                            chain: 0,
+                        };
+                        return Ok(Some(grant));
+                    }
+                    Acquire::Held { remaining } => remaining,
+                };
+                *contended = true;
+                if mode == Mode::Skip {
+                    tracing::debug!(parent: wait, key, "lock held elsewhere; skipping");
+                    return Ok(None);
+                }
+                let Some(watch) = watch.as_mut() else {
+                    // Subscribe, then retry at once: a release that happened
+                    // between the attempt and the subscription is not missed.
+                    let subscribed = within(deadline, store.watch(permit.key()))
+                        .await
+                        .ok_or_else(timed_out)?
+                        .map_err(|source| LockError::store(key, "watch", source))?;
+                    watch = Some(subscribed);
+                    tracing::debug!(
+                        parent: wait,
+                        key,
+                        remaining_ms = remaining.map(|r| r.as_millis() as u64),
+                        "lock contended; waiting"
+                    );
+                    continue;
+                };
+                // A store that cannot announce releases is asked again as often
+                // as it says, as one whose queue needs its waiters back.
+                let poll = match (queue_poll, parts.capabilities.release_poll) {
+                    (Some(queue), Some(release)) => Some(queue.min(release)),
+                    (queue, release) => queue.or(release),
+                };
+                let mut wake = Instant::now() + retry_delay(remaining, poll);
+                if let Some(deadline) = deadline {
+                    wake = wake.min(deadline);
+                }
+                tokio::select! {
+                    () = watch.released_for(token) => {}
+                    () = sleep_until(wake) => {}
+                }
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    return Err(timed_out());
+                }
             }
-            Acquire::Held { remaining } => remaining,
-        };
-        *contended = true;
-        if mode == Mode::Skip {
-            tracing::debug!(parent: wait, key, "lock held elsewhere; skipping");
-            return Ok(None);
         }
-        let Some(watch) = watch.as_mut() else {
-            // Subscribe, then retry at once: a release that happened
-            // between the attempt and the subscription is not missed.
-            let subscribed = within(deadline, store.watch(permit.key()))
-                .await
-                .ok_or_else(timed_out)?
-                .map_err(|source| LockError::backend(key, "watch", source))?;
-            watch = Some(subscribed);
-            tracing::debug!(
-                parent: wait,
-                key,
-                remaining_ms = remaining.map(|r| r.as_millis() as u64),
-                "lock contended; waiting"
-            );
-            continue;
-        };
-        // A store that cannot announce releases is asked again as often as
-        // it says, as one whose queue needs its waiters back.
-        let poll = match (queue_poll, parts.capabilities.release_poll) {
-            (Some(queue), Some(release)) => Some(queue.min(release)),
-            (queue, release) => queue.or(release),
-        };
-        let mut wake = Instant::now() + retry_delay(remaining, poll);
-        if let Some(deadline) = deadline {
-            wake = wake.min(deadline);
+        .await;
+        // A waiter that leaves without the lock (timed out, failed) takes its
+        // place in the store's queue with it before the call returns; one
+        // cancelled meanwhile is undone in the background (`Stake`'s drop).
+        if let Some(place) = place {
+            place.undo().await;
         }
-        tokio::select! {
-            () = watch.released_for(token) => {}
-            () = sleep_until(wake) => {}
-        }
-        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            return Err(timed_out());
-        }
-    }
+        outcome
+    };
+    Ok(outcome?.map(|grant| (grant, permit)))
 }
 
 /// `token`'s stake in the store, given up there (abandoned) if dropped
@@ -280,6 +304,12 @@ impl<'a> Stake<'a> {
     fn settle(mut self) {
         self.settled = true;
     }
+
+    /// Gives the stake up now, and returns once the store has answered.
+    async fn undo(mut self) {
+        self.settled = true;
+        abandon(self.store.clone(), self.permit.key().clone(), self.token).await;
+    }
 }
 
 impl Drop for Stake<'_> {
@@ -290,16 +320,20 @@ impl Drop for Stake<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, key, token) = (self.store.clone(), self.permit.key().clone(), self.token);
-        runtime.spawn(async move {
-            match store.abandon(&key, token).await {
-                Ok(true) => tracing::debug!(%key, "released a lease granted after its caller gave up"),
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::debug!(%key, %error, "could not abandon an acquire; a lease it may have got ends at its ttl")
-                }
-            }
-        });
+        let (store, key) = (self.store.clone(), self.permit.key().clone());
+        runtime.spawn(abandon(store, key, self.token));
+    }
+}
+
+/// Abandons `token`'s acquire of `key` in `store` (see [`Store::abandon`]);
+/// a failure is logged: a lease it may have got ends at its ttl.
+async fn abandon(store: Arc<dyn Store>, key: Arc<str>, token: LockToken) {
+    match store.abandon(&key, token).await {
+        Ok(true) => tracing::debug!(%key, "released a lease granted after its caller gave up"),
+        Ok(false) => {}
+        Err(error) => {
+            tracing::debug!(%key, %error, "could not abandon an acquire; a lease it may have got ends at its ttl")
+        }
     }
 }
 

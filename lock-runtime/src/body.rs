@@ -31,26 +31,26 @@ pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
 }
 
 /// Whether a task that holds `key` as `held` may enter a nested call that
-/// wants it as `wanted`: under the outer lease, when the outer claim covers
-/// the inner one (a write lock covers everything, a read lock reads, a
-/// semaphore's permit serves the same semaphore). Otherwise an error at
-/// once: waiting for the inner lock could never end.
+/// wants it as `wanted`. First the claim rule ([`Claim::meets`]): a claim
+/// of another kind of lock is the mismatch, as a store would answer it.
+/// Then the nested call runs under the outer lease when the outer claim
+/// covers it (a write lock covers a read, a read lock reads, a permit
+/// serves its own semaphore); a write inside a read is an error at once:
+/// waiting for the inner lock could never end.
 pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(), LockError> {
-    let covered = match (held, wanted) {
-        (Claim::Exclusive, _) | (Claim::Shared, Claim::Shared) => true,
-        (Claim::Permit { limit: outer }, Claim::Permit { limit: inner }) => outer == inner,
-        _ => false,
-    };
-    if covered {
-        return Ok(());
+    if let Err(mismatch) = wanted.fits(held) {
+        return Err(LockError::invalid_options(key, mismatch.to_string()));
     }
-    Err(LockError::invalid_options(
-        key,
-        format!(
-            "this task already holds the key ({held}) and asks for it {wanted} in a nested call: \
-             it would wait for itself; take the outer lock as {wanted}, or not nest"
-        ),
-    ))
+    if held == Claim::Shared && wanted == Claim::Exclusive {
+        return Err(LockError::invalid_options(
+            key,
+            format!(
+                "this task already holds the key ({held}) and asks for it {wanted} in a nested call: \
+                 it would wait for itself; take the outer lock as {wanted}, or not nest"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `body` with `frames` held: to its end (`Some`), or, under
@@ -96,7 +96,7 @@ pub(crate) fn lost_under<T>(
 pub(crate) fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T, LockError> {
     match released {
         Ok(()) => Ok(output),
-        Err(LockError::Backend { key, source, .. }) => {
+        Err(LockError::Store { key, source, .. }) => {
             tracing::warn!(%key, error = %source, "release failed after the body finished; the lease ends at its ttl");
             Ok(output)
         }

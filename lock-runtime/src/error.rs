@@ -1,9 +1,126 @@
-//! The one error type of the crate.
+//! The crate's error type, and the error a store reports to it.
 
+use std::fmt;
 use std::time::Duration;
 
-/// The error type of the boxed source a [`Store`](crate::store::Store) reports.
-pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// A store's own error, boxed: what a [`StoreError`] carries.
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What kind of failure a store reports. The runtime decides from the kind
+/// alone what the caller gets, so that every store means the same by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached, did not answer in time, or failed
+    /// on its side: the same call may succeed later. The caller gets
+    /// [`LockError::Store`].
+    Unavailable,
+    /// The call can never succeed as made: a claim that does not fit how
+    /// the key is held ([`ClaimMismatch`](crate::store::ClaimMismatch)), an
+    /// option the store refuses. A programming error, not retried: the
+    /// caller gets [`LockError::InvalidOptions`] naming the key.
+    Misuse,
+    /// The lease the call was about is no longer the caller's. The caller
+    /// gets [`LockError::Lost`].
+    Lost,
+}
+
+/// An error a [`Store`](crate::store::Store) or
+/// [`Lease`](crate::store::Lease) reports: its [kind](StoreErrorKind),
+/// from which the runtime makes the caller's [`LockError`], and the
+/// store's own error as its cause.
+///
+/// `?` turns a message (`String`, `&str`) or a boxed error into an
+/// [unavailable](StoreErrorKind::Unavailable) one, as are the errors of
+/// the client crates this crate's stores use; say another kind with
+/// [`misuse`](Self::misuse) or [`lost`](Self::lost).
+///
+/// ```
+/// use lock_runtime::store::{StoreError, StoreErrorKind};
+///
+/// let err = StoreError::from("no answer within 2s");
+/// assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+/// assert_eq!(err.to_string(), "no answer within 2s");
+/// ```
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Source,
+}
+
+impl StoreError {
+    /// The store could not serve the call now (see
+    /// [`StoreErrorKind::Unavailable`]).
+    pub fn unavailable(source: impl Into<Source>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Unavailable,
+            source: source.into(),
+        }
+    }
+
+    /// The call can never succeed as made (see [`StoreErrorKind::Misuse`]);
+    /// `source` says why, in words a caller can act on.
+    pub fn misuse(source: impl Into<Source>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Misuse,
+            source: source.into(),
+        }
+    }
+
+    /// The lease is no longer the caller's (see [`StoreErrorKind::Lost`]).
+    pub fn lost(source: impl Into<Source>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Lost,
+            source: source.into(),
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// The store's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
+}
+
+impl From<String> for StoreError {
+    fn from(message: String) -> Self {
+        StoreError::unavailable(message)
+    }
+}
+
+impl From<&str> for StoreError {
+    fn from(message: &str) -> Self {
+        StoreError::unavailable(message)
+    }
+}
+
+impl From<Source> for StoreError {
+    fn from(source: Source) -> Self {
+        StoreError::unavailable(source)
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(source: std::io::Error) -> Self {
+        StoreError::unavailable(source)
+    }
+}
 
 /// Why a lock could not be taken, kept, or released.
 ///
@@ -62,9 +179,9 @@ pub enum LockError {
         store: &'static str,
         /// The address as given, without its password.
         address: String,
-        /// The store's own error.
+        /// The store's error.
         #[source]
-        source: BackendError,
+        source: StoreError,
     },
 
     /// A store's settings cannot work (an argument out of range, or two that
@@ -80,17 +197,18 @@ pub enum LockError {
     },
 
     /// The store could not be reached or answered with an error, for one
-    /// lock.
-    #[error("lock backend failed to {action} `{key}`")]
-    Backend {
+    /// lock ([`StoreErrorKind::Unavailable`]): the same call may succeed
+    /// later.
+    #[error("the lock store failed to {action} `{key}`")]
+    Store {
         /// The key of the lock.
         key: String,
         /// What was being done: "acquire", "renew", "release", "watch",
         /// "inspect", ....
         action: &'static str,
-        /// The backend's own error.
+        /// The store's error.
         #[source]
-        source: BackendError,
+        source: StoreError,
     },
 }
 
@@ -101,7 +219,7 @@ impl LockError {
     ///
     /// | error | status | retry after |
     /// |---|---|---|
-    /// | `Timeout`, `Backend`, `Connect` | 503 Service Unavailable | 1 s |
+    /// | `Timeout`, `Store`, `Connect` | 503 Service Unavailable | 1 s |
     /// | `Lost` | 409 Conflict | none: the work may have half happened |
     /// | `InvalidKey` | 400 Bad Request (the key comes from the request) | none |
     /// | the others (programming or set-up errors) | 500 Internal Server Error | none |
@@ -116,7 +234,7 @@ impl LockError {
     pub fn http_status(&self) -> (u16, Option<Duration>) {
         const RETRY: Option<Duration> = Some(Duration::from_secs(1));
         match self {
-            LockError::Timeout { .. } | LockError::Backend { .. } | LockError::Connect { .. } => {
+            LockError::Timeout { .. } | LockError::Store { .. } | LockError::Connect { .. } => {
                 (503, RETRY)
             }
             LockError::Lost { .. } => (409, None),
@@ -147,11 +265,20 @@ impl LockError {
         }
     }
 
-    pub(crate) fn backend(key: &str, action: &'static str, source: BackendError) -> Self {
-        LockError::Backend {
-            key: Self::shown_key(key),
-            action,
-            source,
+    /// The caller's error when a store failed to `action` `key`, by the
+    /// error's kind: [`Store`](LockError::Store) for an unavailable store,
+    /// [`InvalidOptions`](LockError::InvalidOptions) for a misuse (its
+    /// reason the store's words), [`Lost`](LockError::Lost) for a lease no
+    /// longer held.
+    pub(crate) fn store(key: &str, action: &'static str, source: StoreError) -> Self {
+        match source.kind() {
+            StoreErrorKind::Misuse => Self::invalid_options(key, source.to_string()),
+            StoreErrorKind::Lost => Self::lost(key),
+            StoreErrorKind::Unavailable => LockError::Store {
+                key: Self::shown_key(key),
+                action,
+                source,
+            },
         }
     }
 

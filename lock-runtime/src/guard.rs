@@ -290,7 +290,7 @@ impl LockGuard {
     ///
     /// [`LockError::Lost`] if the lease had been lost before (expired or
     /// taken over: the other holder's lock is left alone);
-    /// [`LockError::Backend`] if the store could not be reached, in which
+    /// [`LockError::Store`] if the store could not be reached, in which
     /// case the lease ends when its TTL passes.
     pub async fn release(mut self) -> Result<(), LockError> {
         match self.held.take() {
@@ -351,7 +351,7 @@ impl Holding {
                     state.ended(Some(telemetry::reason::RELEASE));
                     Err(LockError::lost(key))
                 }
-                Err(source) => Err(LockError::backend(key, "release", source)),
+                Err(source) => Err(LockError::store(key, "release", source)),
             };
         }
         let released = lease.release(linger).await;
@@ -375,7 +375,7 @@ impl Holding {
                 );
                 Err(LockError::lost(key))
             }
-            Err(source) => Err(LockError::backend(key, "release", source)),
+            Err(source) => Err(LockError::store(key, "release", source)),
         }
     }
 

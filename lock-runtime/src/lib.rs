@@ -211,7 +211,7 @@ mod telemetry;
 pub mod store;
 
 pub use context::{fencing_token, fencing_token_for, is_lost, lost};
-pub use error::{BackendError, LockError};
+pub use error::LockError;
 pub use guard::LockGuard;
 pub use multi::LockGuards;
 pub use options::{Access, LockOptions, MAX_DURATION, OnLost};
@@ -228,39 +228,6 @@ pub use store::redis::{Fencing, RedisStore};
 pub use store::redlock::RedlockStore;
 #[cfg(feature = "zookeeper")]
 pub use store::zookeeper::ZooKeeperStore;
-
-// The stores' pre-release names, kept for code written against them;
-// hidden from the docs.
-
-/// The memory store's former name.
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `MemoryStore`")]
-pub type MemoryBackend = MemoryStore;
-/// The Redis store's former name.
-#[cfg(feature = "redis")]
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `RedisStore`")]
-pub type RedisBackend = RedisStore;
-/// The Redlock store's former name.
-#[cfg(feature = "redis")]
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `RedlockStore`")]
-pub type RedlockBackend = RedlockStore;
-/// The PostgreSQL store's former name.
-#[cfg(feature = "postgres")]
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `PostgresStore`")]
-pub type PostgresBackend = PostgresStore;
-/// The etcd store's former name.
-#[cfg(feature = "etcd")]
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `EtcdStore`")]
-pub type EtcdBackend = EtcdStore;
-/// The ZooKeeper store's former name.
-#[cfg(feature = "zookeeper")]
-#[doc(hidden)]
-#[deprecated(since = "0.1.0", note = "renamed to `ZooKeeperStore`")]
-pub type ZooKeeperBackend = ZooKeeperStore;
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

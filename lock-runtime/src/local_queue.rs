@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::store::{HandOver, Lease, LossSignal};
 
@@ -253,7 +253,7 @@ impl LocalPermit {
             chain,
             ..
         }: Grant,
-    ) -> Result<HandOver, BackendError> {
+    ) -> Result<HandOver, StoreError> {
         let sent_at = Instant::now();
         let handed = lease.hand_over().await?;
         let HandOver::Moved { fencing } = handed else {

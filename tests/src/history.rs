@@ -597,7 +597,7 @@ impl History {
     /// Calls that ended in an error the guarantees ("What a call ends in
     /// under a fault") do not list for the fault at hand. `Lost` and
     /// `Timeout` are listed for any call (a lease that could not be
-    /// renewed in time, a wait that ran out); `Backend` (the store
+    /// renewed in time, a wait that ran out); `Store` (the store
     /// unreachable or failing) only during a fault of the store's own, or
     /// while the caller's process is cut off or frozen, or within `bound`
     /// (a lease) after; any other error is a bug.
@@ -614,7 +614,7 @@ impl History {
                     || self.frozen.iter().chain(&self.cut).any(|(pid, from, to)| {
                         *pid == failure.pid && within(*from, *to, failure.at_us)
                     });
-                !(failure.error == "Lost" || failure.error == "Backend" && faulted)
+                !(failure.error == "Lost" || failure.error == "Store" && faulted)
             })
             .map(|failure| {
                 format!(
@@ -981,22 +981,22 @@ mod tests {
     #[test]
     fn backend_errors_are_listed_only_during_a_fault() {
         let h = history(
-            "failed key=a holder=1.0.0 error=Backend at_us=100\n\
+            "failed key=a holder=1.0.0 error=Store at_us=100\n\
              outage kind=server-frozen from_us=1000 to_us=2000 lossy=false\n\
-             failed key=a holder=1.0.1 error=Backend at_us=1500\n\
-             failed key=a holder=1.0.2 error=Backend at_us=2050\n\
+             failed key=a holder=1.0.1 error=Store at_us=1500\n\
+             failed key=a holder=1.0.2 error=Store at_us=2050\n\
              cut pid=2 from_us=3000 to_us=4000\n\
              start key=a holder=2.0.0 fencing=1 at_us=2900\n\
-             end key=a holder=2.0.0 at_us=3500 outcome=error error=Backend\n\
-             failed key=a holder=3.0.0 error=Backend at_us=3500\n\
+             end key=a holder=2.0.0 at_us=3500 outcome=error error=Store\n\
+             failed key=a holder=3.0.0 error=Store at_us=3500\n\
              failed key=a holder=1.0.3 error=InvalidKey at_us=1500\n",
         );
         let found = h.unlisted_errors(Duration::from_micros(100));
         assert_eq!(
             found,
             [
-                "an unlisted error: Backend on a by pid 1 at 100",
-                "an unlisted error: Backend on a by pid 3 at 3500",
+                "an unlisted error: Store on a by pid 1 at 100",
+                "an unlisted error: Store on a by pid 3 at 3500",
                 "an unlisted error: InvalidKey on a by pid 1 at 1500",
             ],
         );

@@ -14,6 +14,7 @@ mod postgres_server;
 pub mod processes;
 mod proxy;
 mod redis_server;
+pub mod scenarios;
 mod sentinel_watch;
 mod server_process;
 pub mod soak;

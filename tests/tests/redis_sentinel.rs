@@ -243,7 +243,7 @@ async fn a_grant_too_few_replicas_confirm_fails_within_its_timeout_and_is_undone
         .unwrap_err();
     let took = started.elapsed();
     replica.resume();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     let source = std::error::Error::source(&err).unwrap().to_string();
     assert!(
         source.contains("reached 0 of the 1 replicas required"),

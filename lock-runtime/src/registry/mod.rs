@@ -177,7 +177,7 @@ impl LockRegistry {
     /// [`LockError::Timeout`] when `opts.wait_timeout` passes first,
     /// [`LockError::InvalidKey`] / [`LockError::InvalidOptions`] for bad
     /// input (options the store cannot honour included),
-    /// [`LockError::Backend`] when the store fails.
+    /// [`LockError::Store`] when the store fails.
     ///
     /// # Cancellation
     ///
@@ -298,7 +298,7 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Store`] when
     /// the store fails.
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let full_key = self.full_key(key)?;
@@ -306,7 +306,7 @@ impl LockRegistry {
             .store
             .force_release(&full_key)
             .await
-            .map_err(|source| LockError::backend(key, "force-release", source))
+            .map_err(|source| LockError::store(key, "force-release", source))
     }
 
     /// Who holds the lock on `key`, as the store sees it now: `None` when
@@ -316,7 +316,7 @@ impl LockRegistry {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Backend`] when
+    /// [`LockError::InvalidKey`] for a bad key, [`LockError::Store`] when
     /// the store fails or cannot inspect its locks.
     ///
     /// # Examples
@@ -344,7 +344,7 @@ impl LockRegistry {
             .store
             .inspect(&full_key)
             .await
-            .map_err(|source| LockError::backend(key, "inspect", source))?;
+            .map_err(|source| LockError::store(key, "inspect", source))?;
         Ok(lease.map(|lease| LockInfo {
             remaining: lease.remaining,
             fencing_token: lease.fencing,

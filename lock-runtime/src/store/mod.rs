@@ -25,9 +25,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::error::BackendError;
-
 mod capabilities;
+mod claim;
 mod loss;
 mod request;
 mod token;
@@ -49,10 +48,12 @@ pub mod testkit;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+pub use crate::error::{StoreError, StoreErrorKind};
 pub use capabilities::{Capabilities, FencingPromise, SafetyMargin};
+pub use claim::{Claim, ClaimMismatch, Meeting};
 pub(crate) use loss::LossListener;
 pub use loss::LossSignal;
-pub use request::{Acquire, AcquireRequest, Claim, HandOver, LeaseInfo};
+pub use request::{Acquire, AcquireRequest, HandOver, LeaseInfo};
 pub use token::LockToken;
 pub use watch::ReleaseWatch;
 
@@ -62,7 +63,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the contract's methods return: the store's answer, or its error,
 /// later.
-pub type Reply<'a, T> = BoxFuture<'a, Result<T, BackendError>>;
+pub type Reply<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
 /// One held lease: the per-holder state a store keeps, and the operations
 /// on it. Returned by [`Store::acquire`].

@@ -1,11 +1,9 @@
 //! What an acquire asks of a store, and what the store answers.
 
-use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Lease, LockToken, LossSignal};
+use super::{Claim, Lease, LockToken, LossSignal};
 
 /// What a store knows of the lease on one key: the answer to
 /// [`Store::inspect`](super::Store::inspect) when the key is held.
@@ -46,68 +44,6 @@ impl LeaseInfo {
         self.claim = claim;
         self.holders = holders;
         self
-    }
-}
-
-/// What an acquire claims on its key. A store says which claims it serves
-/// in its [`Capabilities`](super::Capabilities); the runtime never asks a
-/// store for one it does not serve.
-///
-/// A key is used one way by all its holders: as a mutex or read-write lock
-/// (exclusive and shared claims) or as a semaphore of one limit (permit
-/// claims). A claim that does not fit how the key is held (a permit of
-/// another limit, a permit on a key held shared) is the store's error,
-/// naming both, not a refusal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Claim {
-    /// The key alone: granted only when nobody holds it in any way. A
-    /// mutex, the writer of a read-write lock, a semaphore of one permit.
-    Exclusive,
-    /// A share of the key: granted alongside other shares, never alongside
-    /// an exclusive holder. The reader of a read-write lock. A store that
-    /// queues waiters refuses new shares while an exclusive claim waits, so
-    /// a stream of shares cannot starve it.
-    Shared,
-    /// One of `limit` permits: granted while fewer than `limit` hold the
-    /// key. Made by [`Claim::permits`], never with a limit of 1 (that is
-    /// [`Exclusive`](Claim::Exclusive)).
-    Permit {
-        /// How many may hold the key at once (at least 2).
-        limit: NonZeroU32,
-    },
-}
-
-impl Claim {
-    /// One of `limit` permits: [`Exclusive`](Claim::Exclusive) for a limit
-    /// of 1, [`Permit`](Claim::Permit) above.
-    pub const fn permits(limit: NonZeroU32) -> Claim {
-        if limit.get() == 1 {
-            Claim::Exclusive
-        } else {
-            Claim::Permit { limit }
-        }
-    }
-
-    /// How many may hold the key at once under this claim, when it is
-    /// bounded: 1 for an exclusive claim, the limit of a permit, `None` for
-    /// a share.
-    pub const fn limit(self) -> Option<NonZeroU32> {
-        match self {
-            Claim::Exclusive => Some(NonZeroU32::MIN),
-            Claim::Shared => None,
-            Claim::Permit { limit } => Some(limit),
-        }
-    }
-}
-
-impl fmt::Display for Claim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Claim::Exclusive => f.write_str("exclusive"),
-            Claim::Shared => f.write_str("shared"),
-            Claim::Permit { limit } => write!(f, "one of {limit} permits"),
-        }
     }
 }
 

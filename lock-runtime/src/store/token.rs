@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::error::BackendError;
+use crate::error::StoreError;
 
 /// The random 128-bit value that identifies one holder of one lease.
 ///
@@ -42,7 +42,7 @@ impl LockToken {
 }
 
 impl std::str::FromStr for LockToken {
-    type Err = BackendError;
+    type Err = StoreError;
 
     /// Parses the 32 hex digits of [`Display`](fmt::Display).
     fn from_str(text: &str) -> Result<Self, Self::Err> {

@@ -603,14 +603,25 @@ async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
     eprintln!("without quorum: {err} ({cause:?}) after {waited:?}");
     assert!(waited < Duration::from_millis(3500), "{waited:?}");
     assert!(
-        matches!(err, LockError::Backend { .. } | LockError::Timeout { .. }),
+        matches!(err, LockError::Store { .. } | LockError::Timeout { .. }),
         "{err:?}"
     );
-    if let LockError::Backend { .. } = err {
+    if let LockError::Store { .. } = err {
         let cause = std::error::Error::source(&err).unwrap().to_string();
         assert!(cause.contains("etcd"), "{cause}");
     }
     assert!(cluster.restart(1), "quorum back with two members");
     let guard = registry.lock(&key, options).await.unwrap();
     guard.release().await.unwrap();
+}
+
+/// A claim of another kind (a semaphore against a mutex, both ways, a read
+/// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
+/// leaves nothing behind (its queued entry is gone when the call returns).
+#[tokio::test]
+async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
+    let cluster = EtcdCluster::single();
+    let (a, b) = (registry(&cluster).await, registry(&cluster).await);
+    lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
+    lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
 }

@@ -186,7 +186,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     let started = Instant::now();
     let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
     let err = registry.lock(&key, opts.clone()).await.unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(err.to_string().contains(&key), "{err}");
     // The bound under test: a store error, not a wait for `wait_timeout`.
     assert!(
@@ -200,7 +200,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
         match registry.lock(&key, opts.clone()).await {
             Ok(guard) => break guard,
             Err(err) if Instant::now() < deadline => {
-                assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+                assert!(matches!(err, LockError::Store { .. }), "{err:?}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!(
@@ -506,4 +506,15 @@ async fn a_frozen_server_answers_nobody_until_thawed() {
     server.resume();
     assert!(frozen.is_err(), "a frozen server answered: {frozen:?}");
     client.simple_query("SELECT 1").await.unwrap();
+}
+
+/// A claim of another kind (a semaphore against a mutex, both ways, a read
+/// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
+/// leaves nothing behind.
+#[tokio::test]
+async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
+    let server = PostgresServer::new();
+    let (a, b) = (registry(&server).await, registry(&server).await);
+    lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
+    lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
 }

@@ -123,7 +123,7 @@ async fn replica_acks_on_a_cluster_wait_for_the_replicas() {
         .lock(&keys[0], LockOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     let shown = lock_tests::error_chain(&err);
     assert!(shown.contains("of the 2 replicas required"), "{shown}");
     // The refused grant is undone (in the background): the key is free.

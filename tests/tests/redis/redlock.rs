@@ -1,4 +1,4 @@
-//! The Redlock backend against several real `redis-server` processes, some
+//! The Redlock store against several real `redis-server` processes, some
 //! of them killed and restarted on purpose.
 
 use std::time::{Duration, Instant};
@@ -8,11 +8,21 @@ use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, RedlockStore};
 use lock_tests::{RedisServers, is_held, measure_handoff, unique_key};
 
+/// The store the contract runs on. Its cases that wait for expiry use a
+/// 50 ms ttl, whose default node timeout (a tenth of it, 5 ms) a busy
+/// machine misses now and then; the contract is about the lease, not
+/// about the nodes' speed, so they get 40 ms.
 async fn redlock_store() -> Clients {
     let servers = RedisServers::spawn(3);
     let urls = servers.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    Clients::connect(servers, async || RedlockStore::connect(&urls).await).await
+    Clients::connect(servers, async || {
+        RedlockStore::builder(&urls)
+            .node_timeout(Duration::from_millis(40))
+            .connect()
+            .await
+    })
+    .await
 }
 
 store_contract!(
@@ -24,7 +34,6 @@ store_contract!(
         shares_hold_together_and_an_exclusive_claim_alone,
         a_semaphore_admits_up_to_its_limit,
         each_permit_expires_renews_and_fences_alone,
-        a_claim_of_another_kind_is_an_error_naming_both,
         a_forced_release_frees_every_share,
         a_waiting_exclusive_claim_stops_new_shares,
     ]
@@ -109,7 +118,7 @@ async fn five_nodes_survive_two_failures_and_fail_clearly_on_three() {
     let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
     let err = a.lock(&key, opts.clone()).await.unwrap_err();
     let took = started.elapsed();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     let source = std::error::Error::source(&err).unwrap().to_string();
     assert!(
         source.contains("2 of 5 nodes answered, 3 needed"),

@@ -132,7 +132,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     let opts = LockOptions::default().wait_timeout(Duration::from_secs(3));
     let err = registry.lock(&key, opts.clone()).await.unwrap_err();
     let took = started.elapsed();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(err.to_string().contains(&key), "{err}");
     assert!(
         std::error::Error::source(&err).is_some(),
@@ -144,7 +144,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     );
     assert!(matches!(
         registry.try_lock(&key, LockOptions::default()).await,
-        Err(LockError::Backend { .. })
+        Err(LockError::Store { .. })
     ));
     server.restart();
     // The connection comes back by itself; allow it a few seconds.
@@ -153,7 +153,7 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
         match registry.lock(&key, opts.clone()).await {
             Ok(guard) => break guard,
             Err(err) if Instant::now() < deadline => {
-                assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+                assert!(matches!(err, LockError::Store { .. }), "{err:?}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!("no recovery after restart: {err}"),
@@ -461,7 +461,7 @@ async fn waiters_are_woken_again_after_the_server_restarts() {
     server.restart();
     // B is woken by the lost subscription and retries at once: it gets the
     // lock (the restart lost A's lease) or, while its command connection is
-    // still down, a Backend error. Either way it neither waits out the 30 s
+    // still down, a `Store` error. Either way it neither waits out the 30 s
     // lease nor sleeps until its fallback retry (5 s after its last attempt).
     let outcome = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
@@ -474,11 +474,11 @@ async fn waiters_are_woken_again_after_the_server_restarts() {
     );
     match outcome {
         Ok(guard) => guard.release().await.unwrap(),
-        Err(err) => assert!(matches!(err, LockError::Backend { .. }), "{err:?}"),
+        Err(err) => assert!(matches!(err, LockError::Store { .. }), "{err:?}"),
     }
     assert!(matches!(
         held.release().await,
-        Err(LockError::Lost { .. }) | Err(LockError::Backend { .. })
+        Err(LockError::Lost { .. }) | Err(LockError::Store { .. })
     ));
 
     // Notifications work again: a 30 s lease hands off on release, not on expiry.
@@ -591,7 +591,7 @@ async fn every_call_against_a_frozen_server_returns_within_its_timeout() {
         .await
         .unwrap_err();
     let took = started.elapsed();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(took >= timeout && took < bound, "try_lock took {took:?}");
 
     let started = Instant::now();
@@ -608,7 +608,7 @@ async fn every_call_against_a_frozen_server_returns_within_its_timeout() {
     let started = Instant::now();
     let err = guard.release().await.unwrap_err();
     let took = started.elapsed();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(took < bound, "release took {took:?}");
     server.resume();
 }

@@ -487,7 +487,7 @@ async fn digest_credentials_admit_only_the_same_credentials() {
         let err = registry.try_lock(&key, options.clone()).await.unwrap_err();
         let line = chain(&err);
         eprintln!("with {who}: {line}");
-        assert!(matches!(err, LockError::Backend { .. }), "{who}: {line}");
+        assert!(matches!(err, LockError::Store { .. }), "{who}: {line}");
         assert!(line.contains("not authorized"), "{who}: {line}");
         assert!(line.contains(&key), "{who}: {line}");
         assert!(!line.contains("pw"), "{who}: {line}");
@@ -521,7 +521,7 @@ async fn a_release_lost_on_the_way_frees_the_lock_once_the_client_is_back() {
     let guard = holder.lock(&key, options.clone()).await.unwrap();
     proxy.black_hole();
     let err = guard.release().await.unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     // The delete dies with the connection; the client reconnects.
     proxy.reset();
     proxy.forward();
@@ -608,7 +608,7 @@ async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
     let source = std::error::Error::source(&err).map(ToString::to_string);
     eprintln!("without quorum: {err} ({source:?}) after {took:?}");
     assert!(
-        matches!(err, LockError::Backend { .. } | LockError::Timeout { .. }),
+        matches!(err, LockError::Store { .. } | LockError::Timeout { .. }),
         "{err:?}"
     );
     assert!(took < Duration::from_secs(4), "{took:?}");
@@ -628,4 +628,15 @@ async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
     };
     eprintln!("locks work again {:?} after the restart", back.elapsed());
     guard.release().await.unwrap();
+}
+
+/// A claim of another kind (a semaphore against a mutex, both ways, a read
+/// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
+/// leaves nothing behind (its queued node is gone when the call returns).
+#[tokio::test]
+async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
+    let zk = ZooKeeperEnsemble::single();
+    let (a, b) = (registry(&zk, SESSION).await, registry(&zk, SESSION).await);
+    lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
+    lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
 }

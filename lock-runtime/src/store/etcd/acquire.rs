@@ -8,9 +8,10 @@ use tokio::time::Instant;
 
 use super::EtcdStore;
 use super::calls::{gets, lease_gone, owned, revision};
+use super::claims::claim_of;
 use super::keys::{entry_for, first_of, queue_end};
 use super::shared::{Queued, Spare};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::queue::Place;
 use crate::store::{Acquire, AcquireRequest};
 
@@ -23,7 +24,7 @@ impl EtcdStore {
         queue: Vec<u8>,
         secs: i64,
         mut known: Option<Queued>,
-    ) -> Result<Acquire, BackendError> {
+    ) -> Result<Acquire, StoreError> {
         let token = request.token.to_string();
         // A prepared lease (or a waiter's) may have expired meanwhile: then
         // once more with a new one.
@@ -94,6 +95,25 @@ impl EtcdStore {
             None => (answer.succeeded() || flat, gets(&answer)),
         };
         let holder = read.last().cloned().flatten();
+        // The head of the queue holds the key: a semaphore's permit there
+        // makes this exclusive claim a mismatch (`Claim::meets`).
+        let misfit = holder
+            .as_ref()
+            .and_then(|head| request.claim.fits(claim_of(&queue, head.key())).err());
+        if let Some(misfit) = misfit {
+            self.inner.shared.queued().remove(&request.token);
+            if put || known.is_some() {
+                // Ours was queued: it leaves before the answer.
+                let withdraw = Txn::new()
+                    .when([owned(&entry, &token)])
+                    .and_then([TxnOp::delete(entry.clone(), None)]);
+                self.txn(&withdraw).await?;
+            }
+            if known.is_none() {
+                self.inner.shared.give_back(secs, spare, &queue);
+            }
+            return Err(misfit.into());
+        }
         if put {
             // Our entry's create revision: the transaction's, unless read
             // (a put that ran twice keeps the first one's).
@@ -192,7 +212,7 @@ impl EtcdStore {
         queue: Vec<u8>,
         holder: &KeyValue,
         secs: i64,
-    ) -> Result<Acquire, BackendError> {
+    ) -> Result<Acquire, StoreError> {
         self.inner.shared.queued().remove(&request.token);
         let ours = Queued {
             queue,

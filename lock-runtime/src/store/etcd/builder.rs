@@ -10,7 +10,7 @@ use etcd_client::{Client, ConnectOptions};
 use super::calls::within;
 use super::shared::Shared;
 use super::{EtcdStore, Inner, capabilities};
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects an [`EtcdStore`].
@@ -83,7 +83,7 @@ impl EtcdStoreBuilder {
     /// The endpoints' schemes against the TLS settings: a plain endpoint
     /// with TLS on, or an `https` one with it off, is a clear error rather
     /// than a handshake that fails later.
-    fn check_schemes(&self) -> Result<(), BackendError> {
+    fn check_schemes(&self) -> Result<(), StoreError> {
         #[cfg(feature = "etcd-tls")]
         let tls = match &self.tls {
             Some(tls) if !tls.has_ca => {
@@ -136,7 +136,7 @@ impl EtcdStoreBuilder {
         connect::opened("etcd", shown, self.open()).await
     }
 
-    async fn open(self) -> Result<EtcdStore, BackendError> {
+    async fn open(self) -> Result<EtcdStore, StoreError> {
         let shown = self.endpoints.join(",");
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeouts.connection)

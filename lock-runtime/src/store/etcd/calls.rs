@@ -12,12 +12,12 @@ use tokio::time::Instant;
 use super::keys::{queue_end, queue_start};
 use super::shared::{Queued, Spare};
 use super::{EtcdStore, RETRY};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::LockToken;
 
 impl EtcdStore {
     /// The shortest lease the cluster grants: ask for 1 s, see what it gave.
-    pub(super) async fn min_ttl(&self) -> Result<Duration, BackendError> {
+    pub(super) async fn min_ttl(&self) -> Result<Duration, StoreError> {
         let granted = self
             .lease_call(|mut c| async move { c.grant(1, None).await })
             .await?;
@@ -33,7 +33,7 @@ impl EtcdStore {
     }
 
     /// Runs `txn` (see [`timed`](Self::timed)).
-    pub(super) async fn txn(&self, txn: &Txn) -> Result<TxnResponse, BackendError> {
+    pub(super) async fn txn(&self, txn: &Txn) -> Result<TxnResponse, StoreError> {
         self.txn_built(|| txn.clone()).await
     }
 
@@ -42,7 +42,7 @@ impl EtcdStore {
     pub(super) async fn txn_built(
         &self,
         build: impl Fn() -> Txn,
-    ) -> Result<TxnResponse, BackendError> {
+    ) -> Result<TxnResponse, StoreError> {
         self.timed(|| {
             let (mut kv, txn) = (self.inner.kv.clone(), build());
             async move { kv.txn(txn).await }
@@ -51,7 +51,7 @@ impl EtcdStore {
     }
 
     /// Runs a call on the lease service (see [`timed`](Self::timed)).
-    pub(super) async fn lease_call<T, F, Fut>(&self, call: F) -> Result<T, BackendError>
+    pub(super) async fn lease_call<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
     where
         F: Fn(LeaseClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -64,7 +64,7 @@ impl EtcdStore {
     /// that broke under the call): each of the
     /// store's calls may run twice (an acquire by the same token gets the
     /// same answer, a release or a renewal is owner-checked).
-    pub(super) async fn timed<T, F, Fut>(&self, mut call: F) -> Result<T, BackendError>
+    pub(super) async fn timed<T, F, Fut>(&self, mut call: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -94,7 +94,7 @@ impl EtcdStore {
 
     /// A lease of `secs` for an entry in `queue`: a prepared one (see
     /// [`Shared::take`](super::shared::Shared::take)), else a new one.
-    pub(super) async fn spare(&self, secs: i64, queue: &[u8]) -> Result<Spare, BackendError> {
+    pub(super) async fn spare(&self, secs: i64, queue: &[u8]) -> Result<Spare, StoreError> {
         match self.inner.shared.take(secs, queue) {
             Some(spare) => Ok(spare),
             None => self.grant(secs).await,
@@ -102,7 +102,7 @@ impl EtcdStore {
     }
 
     /// A new lease of `secs`, counted from before its request was sent.
-    pub(super) async fn grant(&self, secs: i64) -> Result<Spare, BackendError> {
+    pub(super) async fn grant(&self, secs: i64) -> Result<Spare, StoreError> {
         let fresh_at = Instant::now();
         let granted = self
             .lease_call(|mut c| async move { c.grant(secs, None).await })
@@ -127,7 +127,7 @@ impl EtcdStore {
 
     /// The holder's remaining time, rounded up to whole seconds as etcd
     /// rounds it down.
-    pub(super) async fn remaining(&self, lease: i64) -> Result<Option<Duration>, BackendError> {
+    pub(super) async fn remaining(&self, lease: i64) -> Result<Option<Duration>, StoreError> {
         if lease == 0 {
             return Ok(None);
         }
@@ -144,7 +144,7 @@ impl EtcdStore {
     pub(super) async fn list(
         &self,
         queue: &[u8],
-    ) -> Result<(Vec<(Vec<u8>, i64)>, i64), BackendError> {
+    ) -> Result<(Vec<(Vec<u8>, i64)>, i64), StoreError> {
         let options = GetOptions::new()
             .with_range(queue_end(queue))
             .with_keys_only();
@@ -163,7 +163,7 @@ impl EtcdStore {
         &self,
         queue: &[u8],
         token: LockToken,
-    ) -> Result<Vec<Vec<u8>>, BackendError> {
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         let got = self
             .get(queue, GetOptions::new().with_range(queue_end(queue)))
             .await?;
@@ -181,7 +181,7 @@ impl EtcdStore {
         &self,
         key: &[u8],
         options: GetOptions,
-    ) -> Result<etcd_client::GetResponse, BackendError> {
+    ) -> Result<etcd_client::GetResponse, StoreError> {
         self.timed(|| {
             let (mut kv, options) = (self.inner.kv.clone(), options.clone());
             async move { kv.get(key.to_vec(), Some(options)).await }
@@ -196,7 +196,7 @@ impl EtcdStore {
         &self,
         token: LockToken,
         entry: &mut Queued,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         let poll = self.capabilities.waiter_queue.unwrap_or_default();
         if entry.lease.fresh_at.elapsed() < poll / 2 {
             return Ok(true);
@@ -227,7 +227,7 @@ impl EtcdStore {
 pub(super) async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, BackendError> {
+) -> Result<T, StoreError> {
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(err)) => Err(etcd_error(err)),
@@ -235,7 +235,7 @@ pub(super) async fn within<T>(
     }
 }
 
-pub(super) fn etcd_error(err: etcd_client::Error) -> BackendError {
+pub(super) fn etcd_error(err: etcd_client::Error) -> StoreError {
     match err {
         etcd_client::Error::GRpcStatus(status) => format!(
             "etcd call failed: {} ({:?})",
@@ -268,7 +268,7 @@ pub(super) fn undelivered(err: &etcd_client::Error) -> bool {
 }
 
 /// Whether `err` says a lease does not exist (expired or revoked).
-pub(super) fn lease_gone(err: &BackendError) -> bool {
+pub(super) fn lease_gone(err: &StoreError) -> bool {
     err.to_string().contains("lease not found")
 }
 

@@ -12,9 +12,8 @@ use super::EtcdStore;
 use super::calls::{lease_gone, owned};
 use super::keys::{entry_for, queue_end};
 use super::shared::Queued;
-use crate::error::BackendError;
-use crate::store::support::claims::{fits_behind, holding};
-use crate::store::support::queue::Place;
+use crate::error::StoreError;
+use crate::store::support::queue::{Place, holding};
 use crate::store::{Acquire, AcquireRequest, Claim};
 
 /// The length of an entry's name after its queue's start: the lease in
@@ -48,7 +47,7 @@ pub(super) fn claim_of(queue: &[u8], entry: &[u8]) -> Claim {
 impl EtcdStore {
     /// The entries of `queue` that hold its key, in creation order: the
     /// first, and the shares or permits that hold beside it.
-    pub(super) async fn holders(&self, queue: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+    pub(super) async fn holders(&self, queue: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
         let options = GetOptions::new()
             .with_range(queue_end(queue))
             .with_sort(SortTarget::Create, SortOrder::Ascend);
@@ -68,7 +67,7 @@ impl EtcdStore {
         queue: Vec<u8>,
         secs: i64,
         mut known: Option<Queued>,
-    ) -> Result<Acquire, BackendError> {
+    ) -> Result<Acquire, StoreError> {
         let token = request.token.to_string();
         if let Some(entry) = known.as_mut()
             && !self.keep_queued(request.token, entry).await?
@@ -134,7 +133,7 @@ impl EtcdStore {
         };
         let misfit = claims[..at]
             .iter()
-            .find_map(|&ahead| fits_behind(ahead, request.claim).err());
+            .find_map(|&ahead| request.claim.fits(ahead).err());
         if misfit.is_none() && at < holding(&claims) {
             self.inner.shared.queued().remove(&request.token);
             let lease = self.granted(ours, request.token, true, request.loss);

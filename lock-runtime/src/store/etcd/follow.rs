@@ -8,7 +8,7 @@ use tokio::task::AbortHandle;
 use super::claims;
 use super::queues::Deletion;
 use super::{EtcdStore, WATCH_RETRY};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::Claim;
 use crate::store::support::queue::Place;
 
@@ -25,7 +25,7 @@ pub(super) async fn follow(
     store: EtcdStore,
     queue: Vec<u8>,
     tx: watch::Sender<()>,
-    placed: tokio::sync::oneshot::Sender<Result<(), BackendError>>,
+    placed: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
 ) {
     let mut placed = Some(placed);
     let mut subscription = store

@@ -10,7 +10,7 @@ use super::EtcdStore;
 use super::calls::{lease_gone, owned, revision, whole_seconds};
 use super::keys::{flipped, queue_end};
 use super::shared::{Queued, Spare};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::queue::Place;
 use crate::store::{HandOver, Lease, LockToken, LossSignal, Reply};
 
@@ -50,7 +50,7 @@ impl EtcdLease {
 
     /// A keep-alive of our lease and a check that the entry is still ours,
     /// sent together.
-    pub(super) async fn refresh(&mut self) -> Result<bool, BackendError> {
+    pub(super) async fn refresh(&mut self) -> Result<bool, StoreError> {
         let sent_at = Instant::now();
         let store = &self.store;
         let txn = Txn::new().when([owned(&self.key, &self.token.to_string())]);
@@ -74,7 +74,7 @@ impl EtcdLease {
 
     /// Replaces our entry by one for a new token, on the same lease, if
     /// nobody queues behind ours; else deletes ours. One transaction.
-    pub(super) async fn move_or_release(&mut self) -> Result<HandOver, BackendError> {
+    pub(super) async fn move_or_release(&mut self) -> Result<HandOver, StoreError> {
         let store = self.store.clone();
         let token = self.token.to_string();
         let next = LockToken::random();

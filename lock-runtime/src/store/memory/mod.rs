@@ -11,7 +11,7 @@ use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo, LockToken,
     LossSignal, ReleaseWatch, Reply, SafetyMargin, Store,
 };
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
 
 mod slot;
@@ -82,7 +82,7 @@ impl MemoryStore {
         lock_table(&self.shared)
     }
 
-    fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Acquire, BackendError> {
+    fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Acquire, StoreError> {
         let now = Instant::now();
         let mut guard = self.table();
         let table = &mut *guard;

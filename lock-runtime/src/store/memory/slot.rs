@@ -5,9 +5,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::store::support::claims::mismatch;
 use crate::store::support::keyed::HashedKey;
-use crate::store::{Claim, LockToken, LossSignal};
+use crate::store::{Claim, ClaimMismatch, LockToken, LossSignal};
 
 /// One lease on a key.
 pub(super) struct Holder {
@@ -87,8 +86,8 @@ impl Slot {
         &mut self.holders[index]
     }
 
-    /// Whether `claim` by `token` may be granted now; an error when the
-    /// claim does not fit how the key is held. A refused exclusive claim
+    /// Whether `claim` by `token` may be granted now; the mismatch when
+    /// the claim does not fit how the key is held ([`Claim::meets`]). A refused exclusive claim
     /// that `waits` behind shares holds new shares off until one `ttl`
     /// after the shares' leases end (it asks again by then).
     pub(super) fn admit(
@@ -98,7 +97,7 @@ impl Slot {
         waits: bool,
         ttl: Duration,
         now: Instant,
-    ) -> Result<Admission, String> {
+    ) -> Result<Admission, ClaimMismatch> {
         let mut live = 0u32;
         let (mut soonest, mut latest) = (None::<Instant>, None::<Instant>);
         let mut exclusive_held = None;
@@ -109,7 +108,7 @@ impl Slot {
             if holder.token == token {
                 return Ok(Admission::Again(index));
             }
-            fits(holder.claim, claim)?;
+            claim.fits(holder.claim)?;
             live += 1;
             soonest = Some(soonest.map_or(holder.expires, |at| at.min(holder.expires)));
             latest = Some(latest.map_or(holder.expires, |at| at.max(holder.expires)));
@@ -221,15 +220,5 @@ impl Slot {
         self.released
             .get_or_insert_with(|| watch::Sender::new(()))
             .subscribe()
-    }
-}
-
-/// Whether a key held under `held` may be claimed as `asked` at all: a key
-/// is either a mutex or read-write lock, or a semaphore of one limit.
-fn fits(held: Claim, asked: Claim) -> Result<(), String> {
-    match (held, asked) {
-        (Claim::Exclusive | Claim::Shared, Claim::Exclusive | Claim::Shared) => Ok(()),
-        (Claim::Permit { limit: a }, Claim::Permit { limit: b }) if a == b => Ok(()),
-        (held, asked) => Err(mismatch(held, asked)),
     }
 }

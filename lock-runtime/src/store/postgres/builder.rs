@@ -14,7 +14,7 @@ use super::session::Opener;
 use super::shared::Shared;
 use super::table::Table;
 use super::{PostgresStore, Waking};
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
 
@@ -64,7 +64,7 @@ impl Source {
         }
     }
 
-    fn config(&self) -> Result<Config, BackendError> {
+    fn config(&self) -> Result<Config, StoreError> {
         match self {
             Source::Url(url) => url
                 .parse()
@@ -199,7 +199,7 @@ impl PostgresStoreBuilder {
         Ok(store)
     }
 
-    async fn open(self) -> Result<PostgresStore, BackendError> {
+    async fn open(self) -> Result<PostgresStore, StoreError> {
         let table = Table::new(&self.table)?;
         let mut config = self.source.config()?;
         config.connect_timeout(self.timeouts.connection);

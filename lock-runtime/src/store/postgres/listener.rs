@@ -20,7 +20,7 @@ use super::CHANNEL;
 use super::session::Opener;
 use super::shared::Shared;
 use super::table::pg_error;
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::{ReleaseWatch, Reply};
 
 /// The listening connection and who waits for which row.
@@ -62,7 +62,7 @@ impl Listener {
     }
 
     /// Subscribes to releases of the row `id`, listening first if nobody did.
-    pub(super) async fn watch(self: &Arc<Self>, id: String) -> Result<ReleaseWatch, BackendError> {
+    pub(super) async fn watch(self: &Arc<Self>, id: String) -> Result<ReleaseWatch, StoreError> {
         let rx = self
             .state()
             .rows
@@ -78,7 +78,7 @@ impl Listener {
     }
 
     /// Makes sure the connection is up and listening.
-    async fn listen(self: &Arc<Self>) -> Result<(), BackendError> {
+    async fn listen(self: &Arc<Self>) -> Result<(), StoreError> {
         let _one = self.connecting.lock().await;
         let up = self
             .state()
@@ -102,7 +102,7 @@ impl Listener {
         Box::pin(self.connect_now())
     }
 
-    async fn connect_now(self: &Arc<Self>) -> Result<AbortHandle, BackendError> {
+    async fn connect_now(self: &Arc<Self>) -> Result<AbortHandle, StoreError> {
         let (client, mut messages) = self.opener.open(&self.config).await.map_err(pg_error)?;
         let listener = Arc::downgrade(self);
         let reader = tokio::spawn(async move {
@@ -153,7 +153,7 @@ impl Listener {
 pub(super) async fn notifications_arrive(
     shared: &Shared,
     wait: Duration,
-) -> Result<bool, BackendError> {
+) -> Result<bool, StoreError> {
     let (client, mut messages) = shared.opener.open(&shared.config).await.map_err(pg_error)?;
     let channel = format!("lock_runtime_probe_{:016x}", rand::random::<u64>());
     let heard = async {
@@ -179,7 +179,7 @@ pub(super) async fn notifications_arrive(
             .await
             .map_err(pg_error)?;
         // The session that listens says when it hears.
-        std::future::pending::<Result<bool, BackendError>>().await
+        std::future::pending::<Result<bool, StoreError>>().await
     };
     let probe = async {
         tokio::select! {

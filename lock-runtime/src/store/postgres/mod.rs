@@ -122,12 +122,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::support::claims::mismatch;
 use super::{
-    Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, Reply, SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, ClaimMismatch, FencingPromise, LeaseInfo,
+    LockToken, ReleaseWatch, Reply, SafetyMargin, Store,
 };
-use crate::error::BackendError;
+use crate::error::StoreError;
 use listener::Listener;
 
 /// What the PostgreSQL store can do.
@@ -194,7 +193,7 @@ impl PostgresStore {
 
     /// Whether a notification reaches a session that listens, within
     /// `wait`: not when a pooler lends sessions per transaction.
-    async fn notifications_arrive(&self, wait: Duration) -> Result<bool, BackendError> {
+    async fn notifications_arrive(&self, wait: Duration) -> Result<bool, StoreError> {
         listener::notifications_arrive(&self.shared, wait).await
     }
 }
@@ -234,7 +233,10 @@ impl Store for PostgresStore {
                 }
                 // Marked rows notify on release: only worth it to listeners.
                 let mark = request.waits && matches!(self.waking, Waking::Listen(_));
-                if let Some(remaining) = self.shared.refused(&id, mark, request.waits).await? {
+                if let Some((remaining, held)) =
+                    self.shared.refused(&id, mark, request.waits).await?
+                {
+                    request.claim.fits(held)?;
                     return Ok(Acquire::Held {
                         remaining: Some(remaining),
                     });
@@ -314,7 +316,7 @@ impl Store for PostgresStore {
 impl PostgresStore {
     /// One attempt at a share or a permit (see sql/claims.sql): one round
     /// trip.
-    async fn claim(&self, request: AcquireRequest<'_>) -> Result<Acquire, BackendError> {
+    async fn claim(&self, request: AcquireRequest<'_>) -> Result<Acquire, StoreError> {
         let id = row_id(request.key);
         let key = request.key.as_bytes();
         let (token, ttl) = (request.token.to_string(), millis(request.ttl));
@@ -345,7 +347,7 @@ impl PostgresStore {
             }),
             2 => {
                 let held = claims::claim_of(held.as_deref().unwrap_or_default());
-                Err(mismatch(held, request.claim).into())
+                Err(ClaimMismatch::new(held, request.claim).into())
             }
             _ => Ok(Acquire::Held {
                 remaining: Some(Duration::from_millis(value)),

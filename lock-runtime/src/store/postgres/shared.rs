@@ -9,10 +9,11 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row};
 
 use super::CHANNEL;
+use super::claims;
 use super::session::Opener;
 use super::table::{Statements, Stmt, Table, millis, pg_error};
-use crate::error::BackendError;
-use crate::store::LockToken;
+use crate::error::StoreError;
+use crate::store::{Claim, LockToken};
 
 /// The statement connections and what they need.
 pub(super) struct Shared {
@@ -36,7 +37,7 @@ pub(super) struct Conn {
 
 impl Shared {
     /// A new session, driven by a task of its own.
-    pub(super) async fn open(&self) -> Result<Client, BackendError> {
+    pub(super) async fn open(&self) -> Result<Client, StoreError> {
         let (client, mut messages) = self.opener.open(&self.config).await.map_err(pg_error)?;
         tokio::spawn(async move {
             // Drives the session; its notices are of no use here.
@@ -52,7 +53,7 @@ impl Shared {
 
     /// `client` with the statements (prepared on it, unless a pooler lends
     /// sessions per transaction).
-    pub(super) async fn prepared(&self, client: Client) -> Result<Conn, BackendError> {
+    pub(super) async fn prepared(&self, client: Client) -> Result<Conn, StoreError> {
         let statements = self
             .table
             .statements(&client, self.prepare)
@@ -64,7 +65,7 @@ impl Shared {
         })
     }
 
-    pub(super) async fn connect(&self) -> Result<Conn, BackendError> {
+    pub(super) async fn connect(&self) -> Result<Conn, StoreError> {
         let client = self.open().await?;
         self.prepared(client).await
     }
@@ -72,7 +73,7 @@ impl Shared {
     /// The statement connection of the row `id` (always the same one, so a
     /// key's statements keep their order and one task stays on one
     /// session), connected if it is not.
-    pub(super) async fn conn(&self, id: &[u8]) -> Result<Conn, BackendError> {
+    pub(super) async fn conn(&self, id: &[u8]) -> Result<Conn, StoreError> {
         let mut prefix = [0u8; 8];
         prefix.copy_from_slice(&id[..8]);
         let at = (u64::from_le_bytes(prefix) % self.slots.len() as u64) as usize;
@@ -92,7 +93,7 @@ impl Shared {
         id: &[u8],
         pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, BackendError> {
+    ) -> Result<Option<Row>, StoreError> {
         Ok(self.rows(id, pick, params).await?.into_iter().next())
     }
 
@@ -103,7 +104,7 @@ impl Shared {
         id: &[u8],
         pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, BackendError> {
+    ) -> Result<u64, StoreError> {
         Ok(self.rows(id, pick, params).await?.len() as u64)
     }
 
@@ -114,7 +115,7 @@ impl Shared {
         id: &[u8],
         pick: impl Fn(&Statements) -> &Stmt,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, BackendError> {
+    ) -> Result<Vec<Row>, StoreError> {
         self.timed(async {
             let conn = self.conn(id).await?;
             let stmt = pick(&conn.statements);
@@ -133,30 +134,34 @@ impl Shared {
 
     pub(super) async fn timed<T>(
         &self,
-        run: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
+        run: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         tokio::time::timeout(self.response_timeout, run)
             .await
-            .map_err(|_| -> BackendError {
+            .map_err(|_| -> StoreError {
                 format!("no answer within {:?}", self.response_timeout).into()
             })?
     }
 
-    /// After a refusal: the live holder's remaining time, if there still
-    /// is one; marks its row when `mark`, and, for a waiting `writer`,
-    /// keeps new shares out.
+    /// After a refusal: the live holder's remaining time and how it holds
+    /// the key, if there still is one; marks its row when `mark`, and, for
+    /// a waiting `writer`, keeps new shares out.
     pub(super) async fn refused(
         &self,
         id: &[u8],
         mark: bool,
         writer: bool,
-    ) -> Result<Option<Duration>, BackendError> {
+    ) -> Result<Option<(Duration, Claim)>, StoreError> {
         let row = self
             .query_opt(id, |s| &s.refused, &[&id, &mark, &writer])
             .await?;
         Ok(row.map(|row| {
             let ms: i64 = row.get(0);
-            Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+            let held: &str = row.get(1);
+            (
+                Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+                claims::claim_of(held),
+            )
         }))
     }
 
@@ -165,7 +170,7 @@ impl Shared {
         id: &[u8],
         token: LockToken,
         linger: Duration,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         let token = token.to_string();
         let changed = if linger.is_zero() {
             self.execute(id, |s| &s.release, &[&id, &token, &CHANNEL])
@@ -188,7 +193,7 @@ impl Shared {
         token: LockToken,
         ms: i64,
         release: bool,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         let token = token.to_string();
         let row = self
             .query_opt(id, |s| &s.unclaim, &[&id, &token, &ms, &release, &CHANNEL])

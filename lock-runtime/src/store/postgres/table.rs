@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
-use crate::error::BackendError;
+use crate::error::StoreError;
 
 /// One of the store's statements: its SQL and parameter types, and, on a
 /// session of its own, the statement prepared from them. Without one
@@ -36,7 +36,7 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn new(name: &str) -> Result<Table, BackendError> {
+    pub(super) fn new(name: &str) -> Result<Table, StoreError> {
         let valid = !name.is_empty()
             && name.len() <= 50
             && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -55,7 +55,7 @@ impl Table {
     /// Creates the table, its sequence, the holders' table and the
     /// functions of shares and permits if any is missing (adding what a
     /// table made by an earlier version lacks), one process at a time.
-    pub(super) async fn create(&self, client: &Client) -> Result<(), BackendError> {
+    pub(super) async fn create(&self, client: &Client) -> Result<(), StoreError> {
         let t = &self.name;
         // Creating needs the right to create, even when the table exists:
         // a role that may only use it must not be asked to.
@@ -94,7 +94,7 @@ impl Table {
         client
             .batch_execute(&sql)
             .await
-            .map_err(|err| -> BackendError {
+            .map_err(|err| -> StoreError {
                 format!(
                     "cannot create the lease table `{t}` (create it beforehand, see the docs): {}",
                     pg_error(err)
@@ -182,7 +182,8 @@ impl Table {
             )
             .await?,
             // $1 id, $2 mark: after a refusal (or to subscribe), the
-            // holder's remaining time, no row if there is no live holder
+            // holder's remaining time and what holds the row (a token, or
+            // a share or permit claim), no row if there is no live holder
             // any more; marks the row when asked, so that its release
             // notifies. A marking caller is told of a holder only if the
             // row is marked: by this update (which waits for a release in
@@ -194,21 +195,25 @@ impl Table {
             //
             // $3: the caller is a writer that waits: a key held by shares
             // is marked so that no new share joins for 6 s (it asks again
-            // well within that while it waits).
+            // well within that while it waits). A key held by a
+            // semaphore's permits is a mismatch for it (`Claim::meets`):
+            // answered, never marked.
             refused: make(
                 format!(
                     "WITH marked AS (
                          UPDATE {t} SET waiting = waiting OR $2,
-                             writer_until = CASE WHEN $3 AND left(token, 1) = '*'
+                             writer_until = CASE WHEN $3 AND token = '*shared'
                                  THEN clock_timestamp() + interval '6 s' ELSE writer_until END
                          WHERE id = $1 AND expires_at > clock_timestamp()
-                             AND (($2 AND NOT waiting) OR ($3 AND left(token, 1) = '*'))
-                         RETURNING {remaining}
+                             AND NOT ($3 AND token LIKE '*permits:%')
+                             AND (($2 AND NOT waiting) OR ($3 AND token = '*shared'))
+                         RETURNING {remaining}, token
                      )
                      (SELECT * FROM marked)
                      UNION ALL
-                     (SELECT {remaining} FROM {t}
-                      WHERE id = $1 AND expires_at > clock_timestamp() AND (waiting OR NOT $2))
+                     (SELECT {remaining}, token FROM {t}
+                      WHERE id = $1 AND expires_at > clock_timestamp()
+                          AND (waiting OR NOT $2 OR ($3 AND token LIKE '*permits:%')))
                      LIMIT 1"
                 ),
                 &[Type::BYTEA, Type::BOOL, Type::BOOL],
@@ -308,10 +313,10 @@ impl Table {
 
 /// The client's error with the server's own message, which its `Display`
 /// leaves out ("db error").
-pub(super) fn pg_error(err: tokio_postgres::Error) -> BackendError {
+pub(super) fn pg_error(err: tokio_postgres::Error) -> StoreError {
     match err.as_db_error() {
         Some(db) => format!("{err}: {db}").into(),
-        None => Box::new(err),
+        None => StoreError::unavailable(err),
     }
 }
 

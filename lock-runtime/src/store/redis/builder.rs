@@ -11,7 +11,7 @@ use super::commands::{Commands, Fencing, ReplicaAcks};
 use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
 use super::owner_checks::{Checks, OwnerChecks};
 use super::subscriber::Subscriber;
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 use crate::store::support::redact::redact;
 
@@ -49,7 +49,7 @@ impl RedisStoreBuilder {
 
     /// Makes every grant wait until `replicas` replicas have it (`WAIT`),
     /// at most `timeout`; a grant that fewer replicas confirm in time is
-    /// undone and the acquire fails with [`LockError::Backend`]. A failover
+    /// undone and the acquire fails with [`LockError::Store`]. A failover
     /// right after a grant then cannot lose it, unless every confirming
     /// replica fails too (one more round trip per grant; see the [module
     /// docs](super#cluster-sentinel-and-replicas)). Off by default.
@@ -131,7 +131,7 @@ impl RedisStoreBuilder {
     }
 
     /// [`connect`](Self::connect), with the store's own error.
-    pub(crate) async fn connect_backend(self) -> Result<RedisStore, BackendError> {
+    pub(crate) async fn connect_backend(self) -> Result<RedisStore, StoreError> {
         self.check()?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeouts.response))

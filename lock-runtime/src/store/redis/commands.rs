@@ -11,10 +11,9 @@ use ::redis::aio::ConnectionLike;
 use super::keys::suffixed;
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::FencingPromise;
-use crate::store::support::claims::mismatch;
-use crate::store::{Claim, HandOver, LockToken};
+use crate::store::{Claim, ClaimMismatch, HandOver, LockToken};
 
 /// How fencing tokens are made. See the [module docs](super).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,7 +123,7 @@ where
         waits: bool,
         marked: bool,
         fenced: bool,
-    ) -> Result<Result<u64, (Option<Duration>, bool)>, BackendError> {
+    ) -> Result<Result<u64, (Option<Duration>, bool)>, StoreError> {
         let unfenced = !fenced || self.fencing == Fencing::Off;
         if self.fair.is_none()
             && unfenced
@@ -140,6 +139,7 @@ where
                     lock,
                     &suffixed(lock, b":fence"),
                     &suffixed(lock, b":writer"),
+                    &suffixed(lock, b":kind"),
                 ],
             )
             .arg(&token.hex()[..])
@@ -153,6 +153,11 @@ where
         };
         let answer: Vec<::redis::Value> =
             invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
+        if let [acquired, held] = &answer[..]
+            && integer(acquired)? == 2
+        {
+            return Err(mismatch(held, Claim::Exclusive)?.into());
+        }
         let (acquired, value, marks) = match &answer[..] {
             [acquired, value] => (integer(acquired)?, integer(value)?, false),
             [acquired, value, _] => (integer(acquired)?, integer(value)?, true),
@@ -181,7 +186,7 @@ where
         token: LockToken,
         ttl: Duration,
         waits: bool,
-    ) -> Result<Option<Result<u64, (Option<Duration>, bool)>>, BackendError> {
+    ) -> Result<Option<Result<u64, (Option<Duration>, bool)>>, StoreError> {
         let hex = token.hex();
         let mut set = ::redis::Cmd::with_capacity(7, 64 + lock.len());
         set.arg("SET")
@@ -251,7 +256,7 @@ where
         ttl: Duration,
         claim: Claim,
         waits: bool,
-    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+    ) -> Result<Result<u64, Option<Duration>>, StoreError> {
         let asked = claim_name(claim);
         let call = match self.fair {
             None => Call::new(
@@ -281,10 +286,7 @@ where
                 self.replicated().await?;
                 Ok(Ok(u64::try_from(integer(&value)?).unwrap_or(0)))
             }
-            2 => {
-                let held: String = ::redis::from_redis_value(value)?;
-                Err(mismatch(claim_of(&held), claim).into())
-            }
+            2 => Err(mismatch(&value, claim)?.into()),
             _ => Ok(Err(u64::try_from(integer(&value)?)
                 .ok()
                 .map(Duration::from_millis))),
@@ -294,7 +296,7 @@ where
     /// With [`RedisStoreBuilder::replica_acks`], waits until enough
     /// replicas have every write sent on this connection so far (the grant
     /// just made among them).
-    pub(super) async fn replicated(&self) -> Result<(), BackendError> {
+    pub(super) async fn replicated(&self) -> Result<(), StoreError> {
         let Some(acks) = self.replica_acks else {
             return Ok(());
         };
@@ -323,7 +325,7 @@ where
         token: LockToken,
         ttl: Duration,
         plain: bool,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         if plain && self.fair.is_none() {
             let renew = |_| owner_checks::expire(lock, &token.hex(), millis(ttl));
             if self.checked(renew, Retry::IfConnectionFailed).await? {
@@ -351,7 +353,7 @@ where
         linger: Duration,
         exclusive: bool,
         plain: bool,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         if plain && self.fair.is_none() {
             let hex = token.hex();
             let release = |sent| match linger.is_zero() {
@@ -396,7 +398,7 @@ where
         token: LockToken,
         next: LockToken,
         ttl: Duration,
-    ) -> Result<HandOver, BackendError> {
+    ) -> Result<HandOver, StoreError> {
         let call = match self.fair {
             None => self
                 .fenced(&scripts::HAND_OVER, lock, token, ttl)
@@ -436,7 +438,7 @@ where
         &self,
         command: impl FnOnce(OwnerChecks) -> ::redis::Cmd,
         retry: Retry,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         let sent = self.checks.sent();
         if sent == OwnerChecks::Scripts {
             return Ok(false);
@@ -561,7 +563,7 @@ where
 
 /// A script's number: an integer reply, or digits in a string (a fencing
 /// token, which Lua would turn into a float).
-pub(super) fn integer(value: &::redis::Value) -> Result<i64, BackendError> {
+pub(super) fn integer(value: &::redis::Value) -> Result<i64, StoreError> {
     let parsed = match value {
         ::redis::Value::Int(n) => Some(*n),
         ::redis::Value::BulkString(digits) => std::str::from_utf8(digits)
@@ -578,6 +580,14 @@ pub(super) fn claim_name(claim: Claim) -> String {
         Claim::Permit { limit } => limit.to_string(),
         _ => "shared".to_owned(),
     }
+}
+
+/// The mismatch a script answered with `{2, kind}`: the key serves the
+/// claim `kind` names (see [`claim_of`]), not `asked`.
+fn mismatch(kind: &::redis::Value, asked: Claim) -> Result<ClaimMismatch, StoreError> {
+    let kind: String = ::redis::from_redis_value_ref(kind)
+        .map_err(|err| format!("a script named a key's kind as {kind:?}: {err}"))?;
+    Ok(ClaimMismatch::new(claim_of(&kind), asked))
 }
 
 /// The claim a share script's name stands for (see [`claim_name`]).

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::urls::{SentinelUrl, cluster_nodes};
-use crate::error::BackendError;
+use crate::error::StoreError;
 
 /// The shortest pause between two questions to the Sentinels.
 const RESOLVE_EVERY: Duration = Duration::from_millis(100);
@@ -102,7 +102,7 @@ pub(super) enum Source {
 }
 
 impl Source {
-    pub(super) async fn client(&self) -> Result<Client, BackendError> {
+    pub(super) async fn client(&self) -> Result<Client, StoreError> {
         Ok(match self {
             Source::Client(client) => (**client).clone(),
             Source::Connection(connection) => connection.client(),
@@ -208,7 +208,7 @@ impl RedisConnection {
         cluster: ClusterSettings,
         timeout: Duration,
         checks: Arc<Checks>,
-    ) -> Result<RedisConnection, BackendError> {
+    ) -> Result<RedisConnection, StoreError> {
         if let Some(nodes) = cluster_nodes(url)? {
             return RedisConnection::cluster(nodes, tls, cluster, timeout, checks).await;
         }
@@ -280,7 +280,7 @@ impl RedisConnection {
         config: ClusterSettings,
         timeout: Duration,
         checks: Arc<Checks>,
-    ) -> Result<RedisConnection, BackendError> {
+    ) -> Result<RedisConnection, StoreError> {
         let pubsub = tls.client(&nodes[0])?;
         let builder = ClusterClientBuilder::new(nodes)
             .connection_timeout(timeout)

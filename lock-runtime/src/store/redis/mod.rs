@@ -183,7 +183,7 @@
 //! # Failures
 //!
 //! A command against a server that is down fails with
-//! [`LockError::Backend`] once the connection's retries are spent (a few
+//! [`LockError::Store`] once the connection's retries are spent (a few
 //! hundred milliseconds with the default 2, at once with
 //! [`RedisStoreBuilder::connection_retries`] 0); one against a frozen
 //! server fails after the response timeout (2 s) and is not sent again, so
@@ -230,7 +230,14 @@ use super::{
     Acquire, AcquireRequest, Capabilities, Claim, LeaseInfo, LockToken, ReleaseWatch, Reply,
     SafetyMargin, Store,
 };
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
+
+impl From<::redis::RedisError> for crate::store::StoreError {
+    /// A Redis error: the server or the connection failed the call.
+    fn from(err: ::redis::RedisError) -> Self {
+        crate::store::StoreError::unavailable(err)
+    }
+}
 
 /// The Redis store. Cheap to clone; clones share the connections.
 ///
@@ -350,7 +357,7 @@ where
         token: LockToken,
         ttl: Duration,
         waits: bool,
-    ) -> Result<Result<u64, Option<Duration>>, BackendError> {
+    ) -> Result<Result<u64, Option<Duration>>, StoreError> {
         let answer = self
             .commands
             .acquire(&lock_name(key), token, ttl, waits, false, true)
@@ -364,7 +371,7 @@ where
         key: &str,
         token: LockToken,
         ttl: Duration,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         self.commands
             .renew(&lock_name(key), token, ttl, false)
             .await
@@ -376,7 +383,7 @@ where
         key: &str,
         token: LockToken,
         linger: Duration,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         self.commands
             .release(&lock_name(key), token, linger, false, false)
             .await
@@ -389,7 +396,7 @@ where
         key: &str,
         floor: u64,
         life: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), StoreError> {
         let counter = suffixed(&lock_name(key), b":fence");
         let call = Call::new(&scripts::RAISE, &[&counter])
             .arg(floor)

@@ -11,7 +11,7 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::AbortHandle;
 
 use super::connection::Source;
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::{LockToken, ReleaseWatch};
 
 /// The one subscriber connection of a store: per-key channels subscribed
@@ -65,7 +65,7 @@ impl Subscriber {
     pub(super) async fn watch(
         self: &Arc<Self>,
         channel: Vec<u8>,
-    ) -> Result<ReleaseWatch, BackendError> {
+    ) -> Result<ReleaseWatch, StoreError> {
         let rx = self
             .state()
             .channels
@@ -85,7 +85,7 @@ impl Subscriber {
 
     /// The current subscriber connection, connecting if there is none.
     /// Called with `ops` held, so only one caller connects.
-    async fn sink(self: &Arc<Self>) -> Result<PubSubSink, BackendError> {
+    async fn sink(self: &Arc<Self>) -> Result<PubSubSink, StoreError> {
         if let Some(sink) = self.state().sink.clone() {
             return Ok(sink);
         }
@@ -99,10 +99,10 @@ impl Subscriber {
         Ok(sink)
     }
 
-    async fn connect(&self) -> Result<(PubSubSink, PubSubStream), BackendError> {
+    async fn connect(&self) -> Result<(PubSubSink, PubSubStream), StoreError> {
         let connect = async {
             let client = self.source.client().await?;
-            Ok::<_, BackendError>(client.get_async_pubsub().await?)
+            Ok::<_, StoreError>(client.get_async_pubsub().await?)
         };
         let pubsub = tokio::time::timeout(self.connect_timeout, connect)
             .await

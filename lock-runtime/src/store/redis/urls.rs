@@ -4,13 +4,13 @@
 
 use ::redis::ConnectionAddr;
 
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::redact::redact;
 
 /// The node URLs of `redis+cluster://[[user]:password@]host:port[,host:port...]`
 /// (`rediss+cluster://` for TLS): `redis://[..@]host:port` each, the
 /// credentials on every one. `None` for a URL of another scheme.
-pub(super) fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, BackendError> {
+pub(super) fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, StoreError> {
     let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
         ("redis", rest)
     } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
@@ -18,7 +18,7 @@ pub(super) fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, BackendErr
     } else {
         return Ok(None);
     };
-    let invalid = |why: &str| -> BackendError {
+    let invalid = |why: &str| -> StoreError {
         format!(
             "invalid Redis Cluster URL `{}`: {why}; expected redis+cluster://host:port[,host:port...]",
             redact(url)
@@ -74,7 +74,7 @@ pub(super) struct SentinelUrl {
 
 impl SentinelUrl {
     /// `None` for a URL of another scheme.
-    pub(super) fn parse(url: &str) -> Result<Option<SentinelUrl>, BackendError> {
+    pub(super) fn parse(url: &str) -> Result<Option<SentinelUrl>, StoreError> {
         let (tls, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
             (false, rest)
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
@@ -87,7 +87,7 @@ impl SentinelUrl {
         } else {
             "redis+sentinel"
         };
-        let invalid = |why: &str| -> BackendError {
+        let invalid = |why: &str| -> StoreError {
             format!(
                 "invalid Sentinel URL `{}`: {why}; expected {scheme}://host:port[,host:port...]/master-name[/db]",
                 redact(url)
@@ -115,7 +115,7 @@ impl SentinelUrl {
             .split(',')
             .map(|host| {
                 let (name, port) = host_port(host, "Sentinel").map_err(|why| invalid(&why))?;
-                Ok::<_, BackendError>(match tls {
+                Ok::<_, StoreError>(match tls {
                     false => ConnectionAddr::Tcp(name.to_owned(), port),
                     true => ConnectionAddr::TcpTls {
                         host: name.to_owned(),

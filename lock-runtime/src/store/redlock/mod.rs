@@ -69,7 +69,7 @@ use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
     Reply, SafetyMargin, Store,
 };
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 use crate::store::support::redact::redact;
 
 /// What Redlock can do. The shortest lease leaves room for the node round
@@ -97,7 +97,7 @@ struct Node {
 }
 
 impl Node {
-    async fn backend(&self) -> Result<&RedisStore, BackendError> {
+    async fn backend(&self) -> Result<&RedisStore, StoreError> {
         self.backend
             .get_or_try_init(|| self.builder.clone().connect_backend())
             .await
@@ -113,7 +113,7 @@ pub struct RedlockStore {
 }
 
 /// A node's answer, or why there was none.
-type NodeResult<T> = Result<T, BackendError>;
+type NodeResult<T> = Result<T, StoreError>;
 
 impl RedlockStore {
     /// Connects to the nodes at `urls` with the default settings (see
@@ -137,7 +137,7 @@ impl RedlockStore {
         urls: &[String],
         node: impl Fn(&str) -> RedisStoreBuilder,
         timing: Timing,
-    ) -> Result<RedlockStore, BackendError> {
+    ) -> Result<RedlockStore, StoreError> {
         if urls.len() < 3 {
             return Err(format!(
                 "redlock needs at least 3 independent Redis masters, got {}",
@@ -174,7 +174,7 @@ impl RedlockStore {
         let reached = join_all(backend.nodes.iter().map(|node| async move {
             timeout(Duration::from_secs(2), node.backend())
                 .await
-                .map_err(|_| -> BackendError { "timed out".into() })
+                .map_err(|_| -> StoreError { "timed out".into() })
                 .and_then(|result| result.map(|_| ()))
         }))
         .await;

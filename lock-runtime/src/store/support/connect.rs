@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 
 /// The store `open` connects to the `store` at `address` (already without
 /// its password), or the failed-connect error naming them.
 pub(crate) async fn opened<S>(
     store: &'static str,
     address: String,
-    open: impl Future<Output = Result<S, BackendError>>,
+    open: impl Future<Output = Result<S, StoreError>>,
 ) -> Result<S, LockError> {
     open.await.map_err(|source| LockError::Connect {
         store,

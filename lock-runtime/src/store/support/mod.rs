@@ -1,7 +1,6 @@
 //! Helpers the stores share. Not part of the contract: a store outside
 //! this crate has its own.
 
-pub(crate) mod claims;
 #[cfg(any(
     feature = "redis",
     feature = "postgres",

@@ -225,6 +225,29 @@ pub async fn an_abandoned_acquire_leaves_no_lease(store: &Clients) {
     assert!(lease.release(Duration::ZERO).await.unwrap());
 }
 
+/// A waiter that gives up is undone by its token while the key is still
+/// held: whatever its waiting attempt left (a place in the store's queue,
+/// a mark) is gone once `abandon` returns, so after the holder's release
+/// the key is free at once for anyone else.
+pub async fn an_abandoned_waiter_leaves_nothing_queued(store: &Clients) {
+    let key = unique_key("contract");
+    let (mut holder, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    let waiter = LockToken::random();
+    refused(waiting_attempt(&store.b, &key, waiter, TTL).await);
+    assert!(
+        !store.b.abandon(&key, waiter).await.unwrap(),
+        "a waiter that never held the key released it"
+    );
+    assert!(holder.release(Duration::ZERO).await.unwrap());
+    assert_eq!(
+        store.a.inspect(&key).await.unwrap(),
+        None,
+        "the abandoned waiter is still on the key"
+    );
+    let (mut next, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    assert!(next.release(Duration::ZERO).await.unwrap());
+}
+
 /// Inspection reports the live holder from either client (its token, its
 /// fencing token, what its lease has left), follows a hand-over, and finds
 /// the key free after a release or a forced release.
@@ -350,29 +373,109 @@ pub async fn each_permit_expires_renews_and_fences_alone(store: &Clients) {
     assert_eq!(store.b.inspect(&key).await.unwrap(), None, "all released");
 }
 
-/// A key held as a semaphore of one limit refuses, as an error naming
-/// both, a permit of another limit and a share; once free it takes any.
-pub async fn a_claim_of_another_kind_is_an_error_naming_both(store: &Clients) {
-    store
-        .needs("a_claim_of_another_kind_is_an_error_naming_both")
-        .await;
-    let key = unique_key("contract");
-    let three = Claim::permits(NonZeroU32::new(3).unwrap());
-    let four = Claim::permits(NonZeroU32::new(4).unwrap());
-    let (mut held, _) = granted(claim(&store.a, &key, three).await);
-    for (asked, named) in [(four, "4 permits"), (Claim::Shared, "read")] {
-        let loss = LossSignal::new();
-        let request = AcquireRequest::new(&key, LockToken::random(), TTL, &loss).claiming(asked);
-        let err = store.b.acquire(request).await.expect_err("a mismatch");
-        let said = err.to_string();
-        assert!(
-            said.contains("3 permits") && said.contains(named),
-            "{asked}: {said}"
-        );
+/// The claim rule ([`Claim::meets`]) on every pair of the claims the
+/// store serves (exclusive, shared, 3 permits, 4 permits), asked of a free
+/// key and of a key held under each: a free key grants any; a claim that
+/// joins is granted beside the holder, one that waits is refused, and a
+/// mismatch is an error at once, of kind
+/// [`Misuse`](crate::store::StoreErrorKind::Misuse), naming both claims,
+/// whether the caller would wait or not, and leaving nothing behind (once
+/// the holder releases, the key is free and the refused claim is granted
+/// at once). Prints the table it found on the test's standard error.
+pub async fn the_claim_rule_holds_for_every_pair(store: &Clients) {
+    let caps = store.caps();
+    let permits = |n| Claim::permits(NonZeroU32::new(n).unwrap());
+    let claims: Vec<Claim> = [Claim::Exclusive, Claim::Shared, permits(3), permits(4)]
+        .into_iter()
+        .filter(|&claim| caps.check(claim, TTL, None).is_ok())
+        .collect();
+    let mut table = format!(
+        "the claim rule ({} store), held \\ asked: {}\n",
+        caps.store,
+        claims
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let mut row = vec!["free:".to_owned()];
+    for &asked in &claims {
+        let key = unique_key("contract");
+        let (mut lease, _) = granted(claim(&store.a, &key, asked).await);
+        assert!(lease.release(Duration::ZERO).await.unwrap());
+        row.push("granted".to_owned());
     }
-    assert!(held.release(Duration::ZERO).await.unwrap());
-    let (mut reader, _) = granted(claim(&store.b, &key, Claim::Shared).await);
-    assert!(reader.release(Duration::ZERO).await.unwrap());
+    table.push_str(&format!("  {}\n", row.join(" ")));
+    for &held in &claims {
+        let mut row = vec![format!("{held}:")];
+        for &asked in &claims {
+            row.push(meet_held(store, held, asked).await.to_owned());
+        }
+        table.push_str(&format!("  {}\n", row.join(" ")));
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), table.as_bytes());
+}
+
+/// `asked` against a key `store.a` holds under `held`, by `store.b`, as
+/// [`the_claim_rule_holds_for_every_pair`] checks it; what happened.
+async fn meet_held(store: &Clients, held: Claim, asked: Claim) -> &'static str {
+    let key = unique_key("contract");
+    let (mut holder, _) = granted(claim(&store.a, &key, held).await);
+    let outcome = match asked.meets(held) {
+        Meeting::Joins => {
+            let (mut joined, _) = granted(claim(&store.b, &key, asked).await);
+            assert!(joined.release(Duration::ZERO).await.unwrap());
+            "joins"
+        }
+        Meeting::Waits => {
+            refused(claim(&store.b, &key, asked).await);
+            "waits"
+        }
+        Meeting::Mismatch => {
+            for waits in [false, true] {
+                let loss = LossSignal::new();
+                let request = AcquireRequest::new(&key, LockToken::random(), TTL, &loss)
+                    .claiming(asked)
+                    .waiting(waits);
+                let answer = store.b.acquire(request).await;
+                let err = match answer {
+                    Err(err) => err,
+                    Ok(other) => panic!(
+                        "{asked} against {held} (waits: {waits}): expected a mismatch, got {other:?}"
+                    ),
+                };
+                assert_eq!(
+                    err.kind(),
+                    crate::store::StoreErrorKind::Misuse,
+                    "{asked} against {held}: {err}"
+                );
+                let said = err.to_string();
+                for named in [kind_word(held), kind_word(asked)] {
+                    assert!(said.contains(named), "{asked} against {held}: {said}");
+                }
+            }
+            "mismatch"
+        }
+    };
+    assert!(holder.release(Duration::ZERO).await.unwrap());
+    assert_eq!(
+        store.a.inspect(&key).await.unwrap(),
+        None,
+        "{asked} against {held}: something was left on the key"
+    );
+    let (mut after, _) = granted(claim(&store.b, &key, asked).await);
+    assert!(after.release(Duration::ZERO).await.unwrap());
+    outcome
+}
+
+/// The word a mismatch's message uses for the kind of lock `claim` makes.
+fn kind_word(claim: Claim) -> &'static str {
+    match claim {
+        Claim::Exclusive => "mutex",
+        Claim::Shared => "read lock",
+        Claim::Permit { limit } if limit.get() == 3 => "3 permits",
+        Claim::Permit { .. } => "4 permits",
+    }
 }
 
 /// A forced release frees every share of the key at once: the key takes a

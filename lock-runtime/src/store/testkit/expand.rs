@@ -55,12 +55,13 @@ macro_rules! store_contract {
             contract_case!(a_forced_release_frees_the_key_and_tells_the_holder);
             contract_case!(a_forced_release_is_pushed_to_the_holder);
             contract_case!(an_abandoned_acquire_leaves_no_lease);
+            contract_case!(an_abandoned_waiter_leaves_nothing_queued);
             contract_case!(inspect_reports_the_holder);
             contract_case!(the_capabilities_are_consistent);
             contract_case!(shares_hold_together_and_an_exclusive_claim_alone);
             contract_case!(a_semaphore_admits_up_to_its_limit);
             contract_case!(each_permit_expires_renews_and_fences_alone);
-            contract_case!(a_claim_of_another_kind_is_an_error_naming_both);
+            contract_case!(the_claim_rule_holds_for_every_pair);
             contract_case!(a_forced_release_frees_every_share);
             contract_case!(a_waiting_exclusive_claim_stops_new_shares);
 

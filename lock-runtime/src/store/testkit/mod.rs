@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Acquire, AcquireRequest, Capabilities, Claim, HandOver, Lease, LockToken, LossSignal, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, HandOver, Lease, LockToken, LossSignal, Meeting,
+    Store,
 };
 
 mod cases;
@@ -103,7 +104,7 @@ impl Clients {
 }
 
 /// Every case of the contract, as `store_contract!` expands them.
-pub const CASES: [&str; 19] = [
+pub const CASES: [&str; 20] = [
     "acquire_is_exclusive",
     "racing_clients_never_both_win",
     "an_expired_lease_is_free_and_stale",
@@ -115,18 +116,19 @@ pub const CASES: [&str; 19] = [
     "a_forced_release_frees_the_key_and_tells_the_holder",
     "a_forced_release_is_pushed_to_the_holder",
     "an_abandoned_acquire_leaves_no_lease",
+    "an_abandoned_waiter_leaves_nothing_queued",
     "inspect_reports_the_holder",
     "the_capabilities_are_consistent",
     "shares_hold_together_and_an_exclusive_claim_alone",
     "a_semaphore_admits_up_to_its_limit",
     "each_permit_expires_renews_and_fences_alone",
-    "a_claim_of_another_kind_is_an_error_naming_both",
+    "the_claim_rule_holds_for_every_pair",
     "a_forced_release_frees_every_share",
     "a_waiting_exclusive_claim_stops_new_shares",
 ];
 
 /// The cases that check an ability a store may lack.
-pub const SKIPPABLE: [&str; 11] = [
+pub const SKIPPABLE: [&str; 10] = [
     "a_lingering_release_keeps_the_lease_that_long",
     "fencing_tokens_increase_across_holders",
     "a_hand_over_moves_the_lease_to_a_new_token",
@@ -135,7 +137,6 @@ pub const SKIPPABLE: [&str; 11] = [
     "a_semaphore_admits_up_to_its_limit",
     "a_watch_fires_on_release_and_only_then",
     "each_permit_expires_renews_and_fences_alone",
-    "a_claim_of_another_kind_is_an_error_naming_both",
     "a_forced_release_frees_every_share",
     "a_waiting_exclusive_claim_stops_new_shares",
 ];
@@ -156,7 +157,6 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "a_forced_release_frees_every_share" | "a_waiting_exclusive_claim_stops_new_shares" => {
             caps.shares
         }
-        "a_claim_of_another_kind_is_an_error_naming_both" => caps.shares && caps.permits,
         "a_watch_fires_on_release_and_only_then" => caps.release_poll.is_none(),
         "a_hand_over_moves_the_lease_to_a_new_token" => {
             let key = unique_key("contract");

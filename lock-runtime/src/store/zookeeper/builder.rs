@@ -8,7 +8,7 @@ use super::session::{Digest, Session};
 use super::shared::{Failed, Shared, watch_session};
 use super::shared::{deletions, dues};
 use super::{ZooKeeperStore, capabilities};
-use crate::error::{BackendError, LockError};
+use crate::error::{LockError, StoreError};
 use crate::store::support::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects a [`ZooKeeperStore`].
@@ -113,7 +113,7 @@ impl ZooKeeperStoreBuilder {
         Ok(())
     }
 
-    async fn open(self) -> Result<ZooKeeperStore, BackendError> {
+    async fn open(self) -> Result<ZooKeeperStore, StoreError> {
         let shown = self.connect_string.clone();
         let (servers, chroot) = self.servers_and_chroot();
         let settings = Session {
@@ -137,14 +137,14 @@ impl ZooKeeperStoreBuilder {
             Ok(Err(err)) => {
                 return Err(format!(
                     "cannot create the ZooKeeper root `{full_root}`: {}",
-                    BackendError::from(Failed::Refused(err))
+                    StoreError::from(Failed::Refused(err))
                 )
                 .into());
             }
             Err(_) => {
                 return Err(format!(
                     "cannot create the ZooKeeper root `{full_root}`: {}",
-                    BackendError::from(Failed::Timeout(self.timeouts.response))
+                    StoreError::from(Failed::Timeout(self.timeouts.response))
                 )
                 .into());
             }

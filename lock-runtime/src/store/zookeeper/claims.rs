@@ -6,18 +6,18 @@ use super::ZooKeeperStore;
 use super::keys::claim_of;
 use super::lease::ZooKeeperLease;
 use super::queue::Enqueued;
-use crate::error::BackendError;
-use crate::store::support::claims::{fits_behind, holding};
-use crate::store::support::queue::Place;
-use crate::store::{Acquire, AcquireRequest, Claim};
+use crate::error::StoreError;
+use crate::store::support::queue::{Place, holding};
+use crate::store::{Acquire, AcquireRequest, Claim, ClaimMismatch};
 
 /// Whether the child at `at` of `queue` (sorted by sequence) holds the
-/// key; the mismatch when a child ahead claims it another way.
-pub(super) fn holds(queue: &[String], at: usize) -> Result<bool, String> {
+/// key; the mismatch when a child ahead claims it as another kind of lock
+/// ([`Claim::meets`]).
+pub(super) fn holds(queue: &[String], at: usize) -> Result<bool, ClaimMismatch> {
     let claims: Vec<Claim> = queue.iter().map(|name| claim_of(name)).collect();
     let ours = claims[at];
     for &ahead in &claims[..at] {
-        fits_behind(ahead, ours)?;
+        ours.fits(ahead)?;
     }
     Ok(at < holding(&claims))
 }
@@ -25,7 +25,7 @@ pub(super) fn holds(queue: &[String], at: usize) -> Result<bool, String> {
 impl ZooKeeperStore {
     /// The children of `parent` that hold its key, in sequence order: the
     /// first, and the shares or permits that hold beside it.
-    pub(super) async fn holders(&self, parent: &str) -> Result<Vec<String>, BackendError> {
+    pub(super) async fn holders(&self, parent: &str) -> Result<Vec<String>, StoreError> {
         let mut queue = self.shared.queue(parent).await?;
         let claims: Vec<Claim> = queue.iter().map(|name| claim_of(name)).collect();
         queue.truncate(holding(&claims));
@@ -34,14 +34,15 @@ impl ZooKeeperStore {
 
     /// One look at `parent`'s queue for `request`: our child queued (or
     /// the one a waiter has), and whether it holds. Alone in the queue it
-    /// is one request; behind others, a share or permit reads the queue
-    /// unless the waiter's watch knows where ours stands. A share or permit
-    /// queued behind another kind is withdrawn and an error naming both.
+    /// is one request; behind others, the queue is read unless the
+    /// waiter's watch knows where ours stands (its first look checked it).
+    /// A child queued behind another kind of lock is withdrawn, and the
+    /// answer is the mismatch naming both.
     pub(super) async fn attempt(
         &self,
         parent: &str,
         request: &AcquireRequest<'_>,
-    ) -> Result<Attempt, BackendError> {
+    ) -> Result<Attempt, StoreError> {
         let shared = &self.shared;
         let (token, asked) = (request.token, (request.claim, request.ttl));
         let known = shared.created().get(&token).cloned().flatten();
@@ -57,7 +58,7 @@ impl ZooKeeperStore {
         if found.first {
             return Ok(Attempt::Holds(found));
         }
-        if request.claim == Claim::Exclusive || placed == Some(Place::Behind) {
+        if placed == Some(Place::Behind) {
             return Ok(Attempt::Behind(found.queue));
         }
         // The queue as enqueuing read it, if it did.
@@ -89,7 +90,7 @@ impl ZooKeeperStore {
         request: &AcquireRequest<'_>,
         found: Enqueued,
         mut sent_at: tokio::time::Instant,
-    ) -> Result<Option<Acquire>, BackendError> {
+    ) -> Result<Option<Acquire>, StoreError> {
         let shared = &self.shared;
         let child = found.child;
         if !found.fresh {
@@ -149,6 +150,17 @@ mod tests {
             .collect();
         assert_eq!(holds(&permits, 1), Ok(true));
         assert_eq!(holds(&permits, 2), Ok(false));
-        assert!(holds(&permits, 3).unwrap_err().contains("3 permits"));
+        assert!(
+            holds(&permits, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("3 permits")
+        );
+        let mixed: Vec<String> = ["a-p2-1", "b-2", "c-s-3"]
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
+        assert!(holds(&mixed, 1).is_err(), "a mutex behind permits");
+        assert!(holds(&mixed, 2).is_err(), "a share behind permits");
     }
 }

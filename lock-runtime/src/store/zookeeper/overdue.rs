@@ -21,9 +21,9 @@ use zookeeper_client::Error as ZkError;
 
 use super::keys::{claim_of, ttl_data, ttl_of};
 use super::shared::{Failed, Shared};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::Claim;
-use crate::store::support::claims::holding;
+use crate::store::support::queue::holding;
 
 /// How long past its ttl, by the ensemble's clock, a holder's child is
 /// left before others delete it: covers the skew between the clocks of
@@ -35,7 +35,7 @@ impl Shared {
     /// Writes our child at `path` again (its ttl), so its `mtime` is the
     /// ensemble's now; `Ok(false)` if it is gone. A holder's lease counts
     /// from before this call.
-    pub(super) async fn touch(&self, path: &str, ttl: Duration) -> Result<bool, BackendError> {
+    pub(super) async fn touch(&self, path: &str, ttl: Duration) -> Result<bool, StoreError> {
         let client = self.client();
         match self.call(client.set_data(path, &ttl_data(ttl), None)).await {
             Ok(stat) => {
@@ -54,7 +54,7 @@ impl Shared {
         self: &Arc<Self>,
         parent: &str,
         queue: Option<Vec<String>>,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         if self
             .overdue
             .due(parent)

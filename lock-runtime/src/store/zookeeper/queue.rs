@@ -9,7 +9,7 @@ use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, MultiWrite
 use super::keys;
 use super::shared::deletions;
 use super::shared::{Child, Failed, Shared};
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::queue::Place;
 use crate::store::{Claim, LockToken};
 
@@ -44,7 +44,7 @@ impl Shared {
         parent: &str,
         token: LockToken,
         (claim, ttl): (Claim, Duration),
-    ) -> Result<Option<Enqueued>, BackendError> {
+    ) -> Result<Option<Enqueued>, StoreError> {
         let known = self.created().get(&token).cloned();
         match known {
             Some(Some(child)) if child.place != Place::Unknown => {
@@ -124,7 +124,7 @@ impl Shared {
         parent: &str,
         token: LockToken,
         (claim, ttl): (Claim, Duration),
-    ) -> Result<Result<(Child, bool), ()>, BackendError> {
+    ) -> Result<Result<(Child, bool), ()>, StoreError> {
         let options = CreateMode::EphemeralSequential.with_acls(self.settings.acls());
         let hex = token.hex();
         let mut prefix = String::with_capacity(parent.len() + hex.len() + 2);
@@ -182,7 +182,7 @@ impl Shared {
 
     /// Creates the key's node (a container: the ensemble removes it once
     /// it has no children left).
-    pub(super) async fn make_parent(&self, parent: &str) -> Result<(), BackendError> {
+    pub(super) async fn make_parent(&self, parent: &str) -> Result<(), StoreError> {
         let container = CreateMode::Container.with_acls(self.settings.acls());
         let client = self.client();
         let made = self.call(client.create(parent, &[], &container)).await;
@@ -193,7 +193,7 @@ impl Shared {
     }
 
     /// The key's children, sorted by sequence; empty if it has no node.
-    pub(super) async fn queue(&self, parent: &str) -> Result<Vec<String>, BackendError> {
+    pub(super) async fn queue(&self, parent: &str) -> Result<Vec<String>, StoreError> {
         let client = self.client();
         match self.call(client.list_children(parent)).await {
             Ok(mut queue) => {
@@ -207,7 +207,7 @@ impl Shared {
 
     /// Deletes `path`, in one request with the deletions asked for
     /// meanwhile (see [`deletions`]); `Ok(false)` if it was gone.
-    pub(super) async fn delete(self: &Arc<Self>, path: &str) -> Result<bool, BackendError> {
+    pub(super) async fn delete(self: &Arc<Self>, path: &str) -> Result<bool, StoreError> {
         Ok(deletions::delete(self, path).await?)
     }
 
@@ -216,7 +216,7 @@ impl Shared {
     /// queue (or the lock itself) for as long as the session lives, which
     /// outlasts a leader election or a lost connection. `Ok(false)` if it
     /// was gone. Retrying by path is safe: the name holds our token.
-    pub(super) async fn discard(self: &Arc<Self>, path: &str) -> Result<bool, BackendError> {
+    pub(super) async fn discard(self: &Arc<Self>, path: &str) -> Result<bool, StoreError> {
         let deleted = self.delete(path).await;
         if deleted.is_err() {
             self.discard_later(path.to_owned());
@@ -273,7 +273,7 @@ impl Shared {
         self: &Arc<Self>,
         parent: &str,
         token: LockToken,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<bool, StoreError> {
         let known = self.created().remove(&token).flatten();
         let path = match known {
             Some(child) => child.path().to_owned(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use zookeeper_client::{Acls, Client, CreateMode};
 
-use crate::error::BackendError;
+use crate::error::StoreError;
 
 /// How to open a session, again after one expired.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub(super) struct Session {
 
 impl Session {
     /// A session outside the chroot (see [`Session::confine`]).
-    pub(super) async fn open(&self) -> Result<Client, BackendError> {
+    pub(super) async fn open(&self) -> Result<Client, StoreError> {
         let shown = &self.servers;
         let within = self.connection_timeout + self.response_timeout;
         let mut connector = Client::connector()
@@ -43,7 +43,7 @@ impl Session {
     }
 
     /// `client` confined to the chroot, if one is set.
-    pub(super) fn confine(&self, client: Client) -> Result<Client, BackendError> {
+    pub(super) fn confine(&self, client: Client) -> Result<Client, StoreError> {
         match &self.chroot {
             None => Ok(client),
             Some(chroot) => client

@@ -12,7 +12,9 @@
 -- answer 1: granted, value the fencing value (a repeat by the same token
 -- renews and answers as the first run did); 0: refused, value how many ms
 -- until it could be granted, the row marked for a notification when p_mark;
--- 2: the key serves another claim, held says which.
+-- 2: the key serves another claim, held says which (the claim rule,
+-- `Claim::meets` in the crate: a mismatch, answered at once and leaving
+-- nothing behind).
 CREATE OR REPLACE FUNCTION {t}_claim(
     p_id bytea, p_key bytea, p_token text, p_ttl bigint, p_claim text,
     p_limit integer, p_turn integer, p_mark boolean,
@@ -36,7 +38,13 @@ BEGIN
     END LOOP;
     now_ := clock_timestamp();
     IF k.expires_at > now_ AND left(k.token, 1) <> '*' THEN
-        -- A mutex or a writer holds it.
+        -- A mutex or a writer holds it: a share waits, a permit is a
+        -- mismatch.
+        IF p_claim <> '*shared' THEN
+            answer := 2;
+            held := k.token;
+            RETURN;
+        END IF;
         answer := 0;
         value := ceil(extract(epoch FROM (k.expires_at - now_)) * 1000);
         IF p_mark AND NOT k.waiting THEN

@@ -1,7 +1,9 @@
--- KEYS: lock, counter, writer. ARGV: token, ttl ms, the counter's life in
--- ms (0: no fencing), '1' when the caller waits ('2' when it waits and
--- marked the key before). Returns {1, fencing} when acquired (the token as
--- a string of digits), {0, pttl} when held. Run again by the same token (a
+-- KEYS: lock, counter, writer, kind. ARGV: token, ttl ms, the counter's
+-- life in ms (0: no fencing), '1' when the caller waits ('2' when it waits
+-- and marked the key before). Returns {1, fencing} when acquired (the token
+-- as a string of digits), {0, pttl} when held, {2, kind} when a semaphore's
+-- permits hold the key (the claim rule, `Claim::meets` in the crate: a
+-- mismatch, answered at once and leaving nothing behind). Run again by the same token (a
 -- retry after a dropped reply), it answers as the first run did. Held by
 -- shares (a sorted set), a caller that waits marks the key so that no new
 -- share joins while it waits, and says so ({0, pttl, 1}); granted, a caller
@@ -17,6 +19,10 @@ local held = redis.pcall('GET', KEYS[1])
 if holds(held, ARGV[1]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}
+end
+if type(held) == 'table' then
+  local served = redis.call('GET', KEYS[4])
+  if served and served ~= 'shared' then return {2, served} end
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if type(held) == 'table' and ARGV[4] ~= '0' then

@@ -6,8 +6,14 @@
 -- Otherwise {0, pttl}, or {0, -3} when the key is free but it is another
 -- waiter's turn; a caller that waits is queued (or keeps its place), its
 -- deadline moved to a grant timeout from now. Idempotent, as acquire.lua
--- is. Held by shares or permits (a sorted set), the key is held.
+-- is. Held by shares (a sorted set), the key is held; by a semaphore's
+-- permits, the answer is {2, kind}: a mismatch (the claim rule,
+-- `Claim::meets` in the crate), answered at once.
 local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'table' then
+  local served = redis.call('GET', KEYS[5])
+  if served and served ~= 'shared' then return {2, served} end
+end
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('GET', KEYS[2]) or 0}

@@ -6,7 +6,8 @@
 -- ahead (or a release granted it to this token, which then claims the
 -- full ttl); otherwise a caller that waits is queued, or keeps its place.
 -- Returns {1, fencing}, {0, ms} (-3: room, but another waiter's turn), or
--- {2, kind} when the key serves another claim.
+-- {2, kind} when the key serves another claim (the claim rule,
+-- `Claim::meets` in the crate; kind '1' for a mutex or writer).
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
 local held = redis.pcall('GET', KEYS[1])
@@ -14,6 +15,7 @@ local function wait()
   if ARGV[4] == '1' then enqueue(ARGV[1], ARGV[3] .. ' ' .. ARGV[6], tonumber(ARGV[5])) end
 end
 if held and type(held) ~= 'table' then
+  if ARGV[6] ~= 'shared' then return {2, '1'} end
   wait()
   return {0, redis.call('PTTL', KEYS[1])}
 end

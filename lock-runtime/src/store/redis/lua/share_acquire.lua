@@ -4,15 +4,18 @@
 -- scored by the server-clock millisecond their lease ends; `kind` says
 -- which claim it serves, `tokens` each holder's fencing token. Returns
 -- {1, fencing} when granted; {0, ms} when refused, at least that long; {2,
--- kind} when the key serves another claim. Run again by a holder's token,
--- it renews and answers as the first run did.
+-- kind} when the key serves another claim (the claim rule, `Claim::meets`
+-- in the crate; kind '1' for a mutex or writer). Run again by a holder's
+-- token, it renews and answers as the first run did.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local ttl = tonumber(ARGV[2])
 local held = redis.pcall('GET', KEYS[1])
 if held then
   if type(held) ~= 'table' then
-    -- Held by a lock: its release must wake this claim's waiter.
+    -- Held by a mutex or writer: a share waits, a permit is a mismatch.
+    if ARGV[4] ~= 'shared' then return {2, '1'} end
+    -- Its release must wake this claim's waiter.
     mark_waited(KEYS[1], held)
     return {0, redis.call('PTTL', KEYS[1])}
   end

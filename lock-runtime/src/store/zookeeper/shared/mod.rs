@@ -14,7 +14,7 @@ use super::session::Session;
 
 pub(super) mod deletions;
 pub(super) mod dues;
-use crate::error::BackendError;
+use crate::error::StoreError;
 use crate::store::support::queue::Place;
 use crate::store::{LockToken, LossSignal};
 
@@ -81,8 +81,8 @@ pub(super) enum Failed {
     Timeout(Duration),
 }
 
-impl From<Failed> for BackendError {
-    fn from(failed: Failed) -> BackendError {
+impl From<Failed> for StoreError {
+    fn from(failed: Failed) -> StoreError {
         match failed {
             Failed::Refused(ZkError::NoAuth) => "ZooKeeper refused access (not authorized): \
                  the lock nodes' ACL admits other credentials than this session's \
