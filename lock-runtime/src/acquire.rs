@@ -19,6 +19,7 @@ use crate::local_queue::{Grant, LocalPermit, LocalQueues};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
+    StoreErrorKind,
 };
 use crate::telemetry::{self, Labels, Outcome};
 
@@ -176,6 +177,9 @@ async fn contend(
         // without the lock.
         let mut place = (queue_poll.is_some() && mode == Mode::Wait)
             .then(|| Stake::new(parts.store, &permit, token));
+        // Whether the store answered the last call: if not, undoing the
+        // stakes would wait on it too.
+        let mut answering = true;
         let outcome = async {
             loop {
                 let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
@@ -186,15 +190,22 @@ async fn contend(
                     .fencing(opts.fencing)
                     .contended(*contended);
                 // An attempt given up (the deadline) or failed may still be
-                // granted in the store: undone before the call returns.
+                // granted in the store: undone, before the call returns while
+                // the store answers, in the background while it does not (the
+                // undo would wait as long again; what it left ends with its
+                // lease).
                 let answer = match within(deadline, store.acquire(request)).await {
                     Some(Ok(answer)) => answer,
                     Some(Err(source)) => {
-                        attempt.undo().await;
+                        if source.kind() == StoreErrorKind::Unavailable {
+                            answering = false;
+                        } else {
+                            attempt.undo().await;
+                        }
                         return Err(LockError::store(key, "acquire", source));
                     }
                     None => {
-                        attempt.undo().await;
+                        answering = false;
                         return Err(timed_out());
                     }
                 };
@@ -233,10 +244,14 @@ async fn contend(
                 let Some(watch) = watch.as_mut() else {
                     // Subscribe, then retry at once: a release that happened
                     // between the attempt and the subscription is not missed.
-                    let subscribed = within(deadline, store.watch(permit.key()))
-                        .await
-                        .ok_or_else(timed_out)?
-                        .map_err(|source| LockError::store(key, "watch", source))?;
+                    let Some(subscribed) = within(deadline, store.watch(permit.key())).await else {
+                        answering = false;
+                        return Err(timed_out());
+                    };
+                    let subscribed = subscribed.map_err(|source| {
+                        answering = source.kind() != StoreErrorKind::Unavailable;
+                        LockError::store(key, "watch", source)
+                    })?;
                     watch = Some(subscribed);
                     tracing::debug!(
                         parent: wait,
@@ -267,9 +282,12 @@ async fn contend(
         }
         .await;
         // A waiter that leaves without the lock (timed out, failed) takes its
-        // place in the store's queue with it before the call returns; one
-        // cancelled meanwhile is undone in the background (`Stake`'s drop).
-        if let Some(place) = place {
+        // place in the store's queue with it before the call returns, while
+        // the store answers; otherwise, and when the call is cancelled
+        // meanwhile, it is undone in the background (`Stake`'s drop).
+        if let Some(place) = place
+            && answering
+        {
             place.undo().await;
         }
         outcome

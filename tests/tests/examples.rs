@@ -49,6 +49,17 @@ fn flash_sale_in_memory_sells_exactly_the_stock() {
     assert!(out.contains("OK: every item sold exactly once."), "{out}");
 }
 
+/// The store written from the contract's docs serves its semaphore of 2
+/// to four tasks and its mutex (its contract suite runs as the example's
+/// own tests).
+#[test]
+fn custom_store_serves_a_semaphore_and_a_mutex() {
+    let (ok, out) = run("custom_store", &[]);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("holds one of 2 permits").count(), 4, "{out}");
+    assert!(out.contains("the ledger's mutex: fencing 5"), "{out}");
+}
+
 #[test]
 fn flash_sale_without_the_lock_shows_the_oversell() {
     let (ok, out) = run(

@@ -48,7 +48,7 @@ pub struct Capabilities {
     /// next renewal.
     pub pushes_loss: bool,
     /// Whether a refused attempt of a waiter (one that
-    /// [waits](super::AcquireRequest::waits)) keeps a place for its token in a
+    /// [waits](super::Hints::waits)) keeps a place for its token in a
     /// queue in the store, and if so how often the waiter must ask again to
     /// keep it: the runtime's waiters then never sleep longer between
     /// attempts. A waiter that stops waiting without the lock (a timeout, a
@@ -69,8 +69,10 @@ pub struct Capabilities {
 impl Capabilities {
     /// A store that honours exclusive claims and ttls from 1 ms in whole
     /// milliseconds, with no linger, no shares or permits, no pushed losses,
-    /// a 2 ms safety margin and no fencing promise: change what yours does
-    /// better.
+    /// no fencing promise, and the safety margin of a store on another
+    /// machine ([`SafetyMargin::NETWORKED`]): change what yours does better.
+    /// A store that keeps time by the holder's own clock (in the same
+    /// process) says so with [`with_shared_clock`](Self::with_shared_clock).
     pub const fn new(store: &'static str) -> Self {
         Capabilities {
             store,
@@ -83,9 +85,18 @@ impl Capabilities {
             pushes_loss: false,
             waiter_queue: None,
             release_poll: None,
-            margin: SafetyMargin::new(Duration::from_millis(2), 0),
+            margin: SafetyMargin::NETWORKED,
             fencing: FencingPromise::NONE,
         }
+    }
+
+    /// Says that the store counts leases by the holder's own clock (it
+    /// lives in the holder's process): the margin then covers only the
+    /// timer's granularity and the time to cancel a body
+    /// ([`SafetyMargin::SHARED_CLOCK`]).
+    pub const fn with_shared_clock(mut self) -> Self {
+        self.margin = SafetyMargin::SHARED_CLOCK;
+        self
     }
 
     /// Sets the shortest ttl and the unit ttls are counted in.
@@ -141,7 +152,8 @@ impl Capabilities {
         self
     }
 
-    /// Sets the safety margin.
+    /// Sets the safety margin, for a store whose expiry needs more than
+    /// [`SafetyMargin::NETWORKED`] (a clock-drift allowance of its own).
     pub const fn with_margin(mut self, margin: SafetyMargin) -> Self {
         self.margin = margin;
         self
@@ -237,6 +249,15 @@ pub struct SafetyMargin {
 }
 
 impl SafetyMargin {
+    /// The margin of a store on another machine, which expires leases by
+    /// its own clock: 10 ms for timers and cancelling the body, and 0.2 %
+    /// of the ttl for the two clocks' rates. The default.
+    pub const NETWORKED: SafetyMargin = SafetyMargin::new(Duration::from_millis(10), 2_000);
+
+    /// The margin of a store that expires leases by the holder's own clock
+    /// (the memory store): 2 ms for timers and cancelling the body.
+    pub const SHARED_CLOCK: SafetyMargin = SafetyMargin::new(Duration::from_millis(2), 0);
+
     /// A margin of `fixed` plus `parts_per_million` millionths of the ttl.
     pub const fn new(fixed: Duration, parts_per_million: u32) -> Self {
         SafetyMargin {

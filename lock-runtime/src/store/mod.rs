@@ -53,7 +53,7 @@ pub use capabilities::{Capabilities, FencingPromise, SafetyMargin};
 pub use claim::{Claim, ClaimMismatch, Meeting};
 pub(crate) use loss::LossListener;
 pub use loss::LossSignal;
-pub use request::{Acquire, AcquireRequest, HandOver, LeaseInfo};
+pub use request::{Acquire, AcquireRequest, HandOver, Hints, LeaseInfo};
 pub use token::LockToken;
 pub use watch::ReleaseWatch;
 
@@ -118,6 +118,29 @@ pub trait Lease: Send + Sync + fmt::Debug {
 
 /// A lock store.
 ///
+/// # The rules every store keeps
+///
+/// 1. **A retried acquire gets the same answer.** The runtime sends an
+///    attempt again with the same [token](AcquireRequest::token) when its
+///    answer was lost (a dropped connection, a timeout): a store that
+///    granted the first must grant the repeat (the same lease, its ttl
+///    counted again from now, the same fencing token), so a retry never
+///    locks its own sender out.
+/// 2. **One claim rule.** Whether a claim is granted, waits or is a
+///    mismatch follows [`Claim::meets`]; a mismatch is answered at once
+///    with the [`ClaimMismatch`] and leaves nothing on the key.
+/// 3. **Only the owner renews or releases**, by its token: a lease that
+///    expired and was taken by another is never touched by its old handle
+///    ([`Lease`]).
+/// 4. **The store expires a lease no sooner than its ttl after the request
+///    was sent**, give or take the [margin](Capabilities::margin) it
+///    declares; the runtime gives the lease up first.
+/// 5. **An error says its kind** ([`StoreError`]): unavailable (the same
+///    call may succeed later), misuse (never will), lost.
+///
+/// The contract suite, `store::testkit` (feature `testkit`), checks each
+/// rule on a store.
+///
 /// `key` is always the full key, namespace included.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// What this store can do; the same value for the store's whole life.
@@ -150,9 +173,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Who holds `key` right now, as the store sees it: `None` when it is
     /// free (never taken, released, or expired). A read only: it changes
-    /// nothing and wakes no one. The default says the store cannot tell.
-    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        let _ = key;
-        Box::pin(async { Err("this store cannot inspect its locks".into()) })
-    }
+    /// nothing and wakes no one.
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>>;
 }

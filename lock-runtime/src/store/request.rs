@@ -48,6 +48,15 @@ impl LeaseInfo {
 }
 
 /// One acquire attempt, as the runtime asks it of a store.
+///
+/// Its fields are of two kinds. What the store must honour: the
+/// [`key`](Self::key), the [`claim`](Self::claim) (by the claim rule,
+/// [`Claim::meets`]), the [`token`](Self::token) (a retry with the same
+/// token gets the same answer: see [`Store`](super::Store)), the
+/// [`ttl`](Self::ttl) and the [`loss`](Self::loss) signal of a store that
+/// pushes losses. And [`hints`](Self::hints): what the caller knows, which
+/// a store may use to do less work and may ignore without breaking
+/// anything.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct AcquireRequest<'a> {
@@ -66,26 +75,47 @@ pub struct AcquireRequest<'a> {
     /// that [pushes losses](super::Capabilities::pushes_loss) keeps a clone in
     /// its handle.
     pub loss: &'a LossSignal,
-    /// Whether the caller waits for a release if the key is held (wait
-    /// mode), rather than giving up at once: a store whose release
-    /// notifications cost something can send them only when someone waits.
-    pub waits: bool,
-    /// Whether the caller wants a fencing token (the default). When not, a
-    /// store may skip the work of making one and answer 0.
-    pub fenced: bool,
-    /// Whether the caller knows the key to be in demand: an earlier attempt
-    /// by this token was refused, or the caller queued behind another task
-    /// of this process. Others are then likely to wait on the lease too: a
-    /// store with a cheaper release for a key nobody waits on may keep its
-    /// general one for this lease.
-    pub contended: bool,
+    /// What the caller knows that may save the store work.
+    pub hints: Hints,
     /// `key`, shared, when the caller has it so: see
     /// [`owned_key`](Self::owned_key).
     shared_key: Option<&'a Arc<str>>,
 }
 
+/// What the caller of an acquire knows that may save a store work: each may
+/// be ignored, and a store that ignores them all is still correct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Hints {
+    /// Whether the caller waits for a release if the key is held (wait
+    /// mode), rather than giving up at once: a store whose release
+    /// notifications cost something can send them only when someone waits,
+    /// and a store that queues waiters queues only these. Default: false.
+    pub waits: bool,
+    /// Whether the caller wants a fencing token. When not, a store may skip
+    /// the work of making one and answer 0. Default: true.
+    pub fenced: bool,
+    /// Whether the caller knows the key to be in demand: an earlier attempt
+    /// by this token was refused, or the caller queued behind another task
+    /// of this process. Others are then likely to wait on the lease too: a
+    /// store with a cheaper release for a key nobody waits on may keep its
+    /// general one for this lease. Default: false.
+    pub contended: bool,
+}
+
+impl Default for Hints {
+    fn default() -> Self {
+        Hints {
+            waits: false,
+            fenced: true,
+            contended: false,
+        }
+    }
+}
+
 impl<'a> AcquireRequest<'a> {
-    /// An exclusive attempt at `key` by `token` for a lease of `ttl`.
+    /// An exclusive attempt at `key` by `token` for a lease of `ttl`, with
+    /// the default [`Hints`].
     pub fn new(key: &'a str, token: LockToken, ttl: Duration, loss: &'a LossSignal) -> Self {
         AcquireRequest {
             key,
@@ -93,9 +123,7 @@ impl<'a> AcquireRequest<'a> {
             token,
             ttl,
             loss,
-            waits: false,
-            fenced: true,
-            contended: false,
+            hints: Hints::default(),
             shared_key: None,
         }
     }
@@ -115,21 +143,23 @@ impl<'a> AcquireRequest<'a> {
         }
     }
 
-    /// Says whether the caller waits for a release if the key is held.
+    /// Says whether the caller waits for a release if the key is held
+    /// ([`Hints::waits`]).
     pub fn waiting(mut self, waits: bool) -> Self {
-        self.waits = waits;
+        self.hints.waits = waits;
         self
     }
 
-    /// Says whether the caller wants a fencing token.
+    /// Says whether the caller wants a fencing token ([`Hints::fenced`]).
     pub fn fencing(mut self, fenced: bool) -> Self {
-        self.fenced = fenced;
+        self.hints.fenced = fenced;
         self
     }
 
-    /// Says whether the caller knows the key to be in demand.
+    /// Says whether the caller knows the key to be in demand
+    /// ([`Hints::contended`]).
     pub fn contended(mut self, contended: bool) -> Self {
-        self.contended = contended;
+        self.hints.contended = contended;
         self
     }
 

@@ -24,6 +24,8 @@ enum Notices {
     Released(watch::Receiver<()>),
     /// The token the release granted the key to, if any.
     Granted(watch::Receiver<Option<LockToken>>),
+    /// None: the store cannot tell.
+    Never,
 }
 
 impl ReleaseWatch {
@@ -50,14 +52,26 @@ impl ReleaseWatch {
         }
     }
 
+    /// A watch that never fires, for a store that cannot tell of releases
+    /// (it says how often its waiters ask again instead:
+    /// [`Capabilities::with_polled_releases`](super::Capabilities::with_polled_releases)).
+    pub fn never() -> Self {
+        ReleaseWatch {
+            rx: Notices::Never,
+            _hold: None,
+        }
+    }
+
     /// Completes at the next release after the previous call (or after the
-    /// subscription was made). Never completes if the store stopped sending.
+    /// subscription was made). Never completes if the store stopped sending,
+    /// or for a [`never`](Self::never) watch.
     pub async fn released(&mut self) {
-        let changed = match &mut self.rx {
-            Notices::Released(rx) => rx.changed().await,
-            Notices::Granted(rx) => rx.changed().await,
+        let sending = match &mut self.rx {
+            Notices::Released(rx) => rx.changed().await.is_ok(),
+            Notices::Granted(rx) => rx.changed().await.is_ok(),
+            Notices::Never => false,
         };
-        if changed.is_err() {
+        if !sending {
             std::future::pending::<()>().await;
         }
     }
@@ -69,7 +83,7 @@ impl ReleaseWatch {
         loop {
             self.released().await;
             let granted = match &mut self.rx {
-                Notices::Released(_) => None,
+                Notices::Released(_) | Notices::Never => None,
                 Notices::Granted(rx) => *rx.borrow_and_update(),
             };
             if granted.is_none_or(|granted| granted == token) {

@@ -33,7 +33,7 @@ impl EtcdStore {
             tries += 1;
             // A first attempt's entry, named by a lease nobody else uses,
             // does not exist yet: it is put without looking.
-            let flat = request.waits && known.is_none();
+            let flat = request.hints.waits && known.is_none();
             let (spare, entry) = match &known {
                 Some(known) => (known.lease, known.entry.clone()),
                 None => {
@@ -59,7 +59,7 @@ impl EtcdStore {
                         first(),
                     ]);
                 }
-                let otherwise = if request.waits {
+                let otherwise = if request.hints.waits {
                     // Queue ours, or find it queued already.
                     TxnOp::txn(
                         Txn::new()
@@ -174,7 +174,12 @@ impl EtcdStore {
                 // lost, or a waiter whose watch has not told it yet.
                 return self.resume(&request, queue, &holder, secs).await;
             }
-            let Some(mine) = read.first().cloned().flatten().filter(|_| request.waits) else {
+            let Some(mine) = read
+                .first()
+                .cloned()
+                .flatten()
+                .filter(|_| request.hints.waits)
+            else {
                 return Ok(Acquire::Held {
                     remaining: self.remaining(holder.lease()).await?,
                 });

@@ -142,7 +142,7 @@ impl EtcdStore {
                 lease: Box::new(lease.one_of_many()),
             });
         }
-        if misfit.is_some() || !request.waits {
+        if misfit.is_some() || !request.hints.waits {
             self.inner.shared.queued().remove(&request.token);
             let drop_ours = Txn::new()
                 .when([owned(&ours.entry, &token)])

@@ -109,7 +109,7 @@ use tokio::sync::watch;
 
 use super::{
     Acquire, AcquireRequest, Capabilities, Claim, FencingPromise, LeaseInfo, LockToken,
-    ReleaseWatch, Reply, SafetyMargin, Store,
+    ReleaseWatch, Reply, Store,
 };
 
 use crate::store::support::queue::Place;
@@ -140,7 +140,11 @@ const WATCH_RETRY: Duration = Duration::from_millis(100);
 /// How long a call no member could take waits before it is sent again.
 const RETRY: Duration = Duration::from_millis(10);
 
-/// What the etcd store can do, given the cluster's shortest lease.
+/// What the etcd store can do, given the cluster's shortest lease. The
+/// margin is the networked default: the leader expires leases by its
+/// clock, counted from when it received the grant or keep-alive (after we
+/// sent it); a new leader extends every lease. Left: clock rate and timer
+/// slack.
 fn capabilities(min_ttl: Duration) -> Capabilities {
     Capabilities::new("etcd")
         .with_ttl(min_ttl, Duration::from_secs(1))
@@ -148,10 +152,6 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
         .with_pushed_losses()
         // A waiter's entry lives on its lease, kept alive as it asks again.
         .with_waiter_queue(min_ttl.checked_div(4).unwrap_or_default())
-        // The leader expires leases by its clock, counted from when it
-        // received the grant or keep-alive (after we sent it); a new leader
-        // extends every lease. Left: clock rate and timer slack.
-        .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
         .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
         .with_shares()
         .with_permits()

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, HandOver, Lease, LeaseInfo, LockToken,
-    LossSignal, ReleaseWatch, Reply, SafetyMargin, Store,
+    LossSignal, ReleaseWatch, Reply, Store,
 };
 use crate::error::StoreError;
 use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
@@ -31,7 +31,7 @@ const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .with_shares()
     .with_permits()
     .with_pushed_losses()
-    .with_margin(SafetyMargin::new(Duration::from_millis(2), 0))
+    .with_shared_clock()
     .with_fencing(FencingPromise::INCREASING);
 
 /// An in-process lock store.
@@ -111,7 +111,7 @@ impl MemoryStore {
         let admission = slot.admit(
             request.claim,
             request.token,
-            request.waits,
+            request.hints.waits,
             request.ttl,
             now,
         )?;

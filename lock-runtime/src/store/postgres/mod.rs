@@ -124,7 +124,7 @@ use std::time::Duration;
 
 use super::{
     Acquire, AcquireRequest, Capabilities, Claim, ClaimMismatch, FencingPromise, LeaseInfo,
-    LockToken, ReleaseWatch, Reply, SafetyMargin, Store,
+    LockToken, ReleaseWatch, Reply, Store,
 };
 use crate::error::StoreError;
 use listener::Listener;
@@ -133,7 +133,6 @@ use listener::Listener;
 const CAPABILITIES: Capabilities = Capabilities::new("postgres")
     .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
     .with_linger()
-    .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
     .with_fencing(FencingPromise::INCREASING)
     .with_shares()
     .with_permits();
@@ -232,9 +231,9 @@ impl Store for PostgresStore {
                     });
                 }
                 // Marked rows notify on release: only worth it to listeners.
-                let mark = request.waits && matches!(self.waking, Waking::Listen(_));
+                let mark = request.hints.waits && matches!(self.waking, Waking::Listen(_));
                 if let Some((remaining, held)) =
-                    self.shared.refused(&id, mark, request.waits).await?
+                    self.shared.refused(&id, mark, request.hints.waits).await?
                 {
                     request.claim.fits(held)?;
                     return Ok(Acquire::Held {
@@ -261,9 +260,8 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let id = row_id(key);
             let Waking::Listen(listener) = &self.waking else {
-                // No notifications: a watch that never fires; waiters poll.
-                let (tx, rx) = tokio::sync::watch::channel(());
-                return Ok(ReleaseWatch::new(rx, Some(Box::new(tx))));
+                // No notifications: waiters poll.
+                return Ok(ReleaseWatch::never());
             };
             let watch = listener.watch(hex(&id)).await?;
             // Listening first: a release after the mark is not missed.
@@ -321,7 +319,7 @@ impl PostgresStore {
         let key = request.key.as_bytes();
         let (token, ttl) = (request.token.to_string(), millis(request.ttl));
         let (asked, limit) = claims::text(request.claim);
-        let mark = request.waits && matches!(self.waking, Waking::Listen(_));
+        let mark = request.hints.waits && matches!(self.waking, Waking::Listen(_));
         let row = self
             .shared
             .query_opt(

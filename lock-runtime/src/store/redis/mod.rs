@@ -227,8 +227,7 @@ pub use owner_checks::OwnerChecks;
 use subscriber::Subscriber;
 
 use super::{
-    Acquire, AcquireRequest, Capabilities, Claim, LeaseInfo, LockToken, ReleaseWatch, Reply,
-    SafetyMargin, Store,
+    Acquire, AcquireRequest, Capabilities, Claim, LeaseInfo, LockToken, ReleaseWatch, Reply, Store,
 };
 use crate::error::{LockError, StoreError};
 
@@ -316,7 +315,6 @@ where
         let capabilities = Capabilities::new("redis")
             .with_ttl(Duration::from_millis(50), Duration::from_millis(1))
             .with_linger()
-            .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
             .with_fencing(commands.fencing.promise());
         // A queued waiter asks again within a third of the grant timeout,
         // to keep its place with room to spare.
@@ -420,16 +418,16 @@ where
             let token = request.token;
             let answer = match request.claim {
                 Claim::Exclusive => {
-                    let marked = request.waits && self.marks.contains(token);
+                    let marked = request.hints.waits && self.marks.contains(token);
                     let answer = self
                         .commands
                         .acquire(
                             &lock,
                             token,
                             request.ttl,
-                            request.waits,
+                            request.hints.waits,
                             marked,
-                            request.fenced,
+                            request.hints.fenced,
                         )
                         .await?;
                     match answer {
@@ -449,7 +447,13 @@ where
                 }
                 claim => {
                     self.commands
-                        .share_acquire(&lock, request.token, request.ttl, claim, request.waits)
+                        .share_acquire(
+                            &lock,
+                            request.token,
+                            request.ttl,
+                            claim,
+                            request.hints.waits,
+                        )
                         .await?
                 }
             };
@@ -462,7 +466,7 @@ where
                         token: request.token,
                         ttl: request.ttl,
                         exclusive: request.claim == Claim::Exclusive,
-                        contended: request.contended,
+                        contended: request.hints.contended,
                     }),
                 },
                 Err(remaining) => Acquire::Held { remaining },

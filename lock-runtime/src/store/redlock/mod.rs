@@ -271,9 +271,10 @@ impl Store for RedlockStore {
             key,
             token,
             ttl,
-            waits,
+            hints,
             ..
         } = request;
+        let waits = hints.waits;
         Box::pin(async move {
             let started = Instant::now();
             let limit = self.node_timeout(ttl);

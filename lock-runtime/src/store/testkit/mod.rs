@@ -36,6 +36,7 @@ use super::{
 };
 
 mod cases;
+#[macro_use]
 mod expand;
 
 pub use cases::*;
@@ -103,29 +104,9 @@ impl Clients {
     }
 }
 
-/// Every case of the contract, as `store_contract!` expands them.
-pub const CASES: [&str; 20] = [
-    "acquire_is_exclusive",
-    "racing_clients_never_both_win",
-    "an_expired_lease_is_free_and_stale",
-    "only_the_holder_renews_or_releases",
-    "a_lingering_release_keeps_the_lease_that_long",
-    "fencing_tokens_increase_across_holders",
-    "a_watch_fires_on_release_and_only_then",
-    "a_hand_over_moves_the_lease_to_a_new_token",
-    "a_forced_release_frees_the_key_and_tells_the_holder",
-    "a_forced_release_is_pushed_to_the_holder",
-    "an_abandoned_acquire_leaves_no_lease",
-    "an_abandoned_waiter_leaves_nothing_queued",
-    "inspect_reports_the_holder",
-    "the_capabilities_are_consistent",
-    "shares_hold_together_and_an_exclusive_claim_alone",
-    "a_semaphore_admits_up_to_its_limit",
-    "each_permit_expires_renews_and_fences_alone",
-    "the_claim_rule_holds_for_every_pair",
-    "a_forced_release_frees_every_share",
-    "a_waiting_exclusive_claim_stops_new_shares",
-];
+/// Every case of the contract, as `store_contract!` expands them (both
+/// made from the one list in `__contract_cases!`).
+pub const CASES: &[&str] = &__contract_cases!(names);
 
 /// The cases that check an ability a store may lack.
 pub const SKIPPABLE: [&str; 10] = [

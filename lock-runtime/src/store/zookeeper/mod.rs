@@ -77,7 +77,7 @@ use tokio::time::Instant;
 
 use super::{
     Acquire, AcquireRequest, Capabilities, FencingPromise, LeaseInfo, LockToken, ReleaseWatch,
-    Reply, SafetyMargin, Store,
+    Reply, Store,
 };
 
 mod builder;
@@ -96,16 +96,16 @@ use follow::{LeaveQueue, follow};
 use shared::Shared;
 
 /// What the ZooKeeper store can do, given the session timeout granted.
+///
+/// The margin is the networked default: the holder counts its lock from
+/// before its request; the ensemble expires a session no sooner than its
+/// timeout after it last heard from the client, which is after that.
 fn capabilities(session_timeout: Duration) -> Capabilities {
     Capabilities::new("zookeeper")
         .with_ttl(Duration::from_millis(100), Duration::from_millis(1))
         .with_max_ttl(session_timeout)
         .with_linger()
         .with_pushed_losses()
-        // The holder counts its lock from before its request; the ensemble
-        // expires a session no sooner than its timeout after it last heard
-        // from the client, which is after that.
-        .with_margin(SafetyMargin::new(Duration::from_millis(10), 2_000))
         .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
         .with_shares()
         .with_permits()
@@ -156,7 +156,7 @@ impl Store for ZooKeeperStore {
                     }
                 }
             }
-            if !request.waits {
+            if !request.hints.waits {
                 shared.withdraw(&parent, request.token).await?;
             }
             Ok(Acquire::Held { remaining: None })
