@@ -215,9 +215,13 @@ impl Lease for TableLease {
     }
 }
 
-/// Four tasks through a semaphore of 2 on the table, then a mutex.
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
+    demo().await
+}
+
+/// Four tasks through a semaphore of 2 on the table, then a mutex.
+async fn demo() -> Result<(), LockError> {
     let locks = LockRegistry::new(TableStore::default());
     let tasks = (0..4).map(|task| {
         let locks = locks.clone();
@@ -249,6 +253,12 @@ mod tests {
     async fn table() -> Clients {
         let store = TableStore::default();
         Clients::new(Arc::new(store.clone()), Arc::new(store), ())
+    }
+
+    /// The demo `main` runs.
+    #[tokio::test]
+    async fn the_demo_runs() {
+        demo().await.expect("the demo");
     }
 
     lock_runtime::store_contract!(table_contract, table, skip: [

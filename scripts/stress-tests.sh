@@ -20,6 +20,7 @@ mkdir -p "$clone/stress"
 echo "stress: $runs runs of scripts/test.sh in $clone (HEAD $(git rev-parse --short HEAD)), load: $load" >&2
 
 load_pid=""
+run_pid=""
 stop_load() {
     if [ -n "$load_pid" ]; then
         # The load runs in a process group of its own: end all of it.
@@ -28,7 +29,16 @@ stop_load() {
         load_pid=""
     fi
 }
-trap stop_load EXIT
+# Stopped early (Ctrl-C, kill): the run in progress ends too, with every
+# server its tests started (they are in its process group).
+stop_all() {
+    if [ -n "$run_pid" ]; then
+        kill -9 -- "-$run_pid" 2>/dev/null || true
+    fi
+    stop_load
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
 
 case "$load" in
     spin)
@@ -58,12 +68,16 @@ failed_runs=0
 for run in $(seq 1 "$runs"); do
     log="$clone/stress/run-$run.log"
     started=$(date +%s)
-    if (cd "$clone" && ./scripts/test.sh >"$log" 2>&1); then
+    # In a process group of its own, so that stopping the script stops it.
+    (cd "$clone" && exec setsid ./scripts/test.sh >"$log" 2>&1) &
+    run_pid=$!
+    if wait "$run_pid"; then
         outcome=passed
     else
         outcome=FAILED
         failed_runs=$((failed_runs + 1))
     fi
+    run_pid=""
     # What the run counted: the sum of cargo test's result lines.
     counts=$(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d ignored", p, f, i }' "$log")
     echo "stress: run $run/$runs $outcome in $(($(date +%s) - started)) s ($counts); log $log" >&2

@@ -1,6 +1,7 @@
 //! Runs every example with small parameters, in memory, over Redis, over
 //! PostgreSQL, over etcd and over ZooKeeper, so none of them can rot. `cargo test --workspace` builds the examples before
-//! it runs any test.
+//! it runs any test. `custom_store` is the exception: it is built as a
+//! test of its own (its contract suite and its demo), not as a program.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -47,17 +48,6 @@ fn flash_sale_in_memory_sells_exactly_the_stock() {
     assert!(out.contains("oversold    0"), "{out}");
     assert!(out.contains("lock waits  p50"), "{out}");
     assert!(out.contains("OK: every item sold exactly once."), "{out}");
-}
-
-/// The store written from the contract's docs serves its semaphore of 2
-/// to four tasks and its mutex (its contract suite runs as the example's
-/// own tests).
-#[test]
-fn custom_store_serves_a_semaphore_and_a_mutex() {
-    let (ok, out) = run("custom_store", &[]);
-    assert!(ok, "{out}");
-    assert_eq!(out.matches("holds one of 2 permits").count(), 4, "{out}");
-    assert!(out.contains("the ledger's mutex: fencing 5"), "{out}");
 }
 
 #[test]
