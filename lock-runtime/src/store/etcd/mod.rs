@@ -64,8 +64,12 @@
 //! while the cluster lets the lease expire. Another caller can then be
 //! granted the key before the deletion reaches the holder's watch, which
 //! cancels its body (177 ms later in the soak that found it). This is a
-//! lease the store loses, as in the guarantees' "Data loss"; fencing
-//! tokens keep rising across it.
+//! lease the store loses, as in the guarantees' "Data loss". Fencing
+//! tokens are the entries' create revisions, so the stale holder's is the
+//! older one: when it takes the key before the next holder, tokens rise in
+//! grant order; when after (a soak saw it 14 ms after), its token is the
+//! lower, and a resource that checks tokens refuses its writes once it has
+//! seen the next holder's.
 //!
 //! # Semaphores and read-write locks
 //!
