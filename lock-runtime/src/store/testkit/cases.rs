@@ -231,21 +231,31 @@ pub async fn an_abandoned_acquire_leaves_no_lease(store: &Clients) {
 /// the key is free at once for anyone else.
 pub async fn an_abandoned_waiter_leaves_nothing_queued(store: &Clients) {
     let key = unique_key("contract");
-    let (mut holder, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    let (holder, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
     let waiter = LockToken::random();
     refused(waiting_attempt(&store.b, &key, waiter, TTL).await);
     assert!(
         !store.b.abandon(&key, waiter).await.unwrap(),
         "a waiter that never held the key released it"
     );
+    let left = "the abandoned waiter is still on the key";
+    released_leaves_it_free(store, holder, &key, (&store.a, Claim::Exclusive), left).await;
+}
+
+/// Releases `holder`'s lease on `key`, then checks that nothing is left on
+/// the key (`left` says what that would mean) and that `next` takes it at
+/// once as its claim, and releases that.
+async fn released_leaves_it_free(
+    store: &Clients,
+    mut holder: Box<dyn Lease>,
+    key: &str,
+    next: (&Arc<dyn Store>, Claim),
+    left: &str,
+) {
     assert!(holder.release(Duration::ZERO).await.unwrap());
-    assert_eq!(
-        store.a.inspect(&key).await.unwrap(),
-        None,
-        "the abandoned waiter is still on the key"
-    );
-    let (mut next, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
-    assert!(next.release(Duration::ZERO).await.unwrap());
+    assert_eq!(store.a.inspect(key).await.unwrap(), None, "{left}");
+    let (mut after, _) = granted(claim(next.0, key, next.1).await);
+    assert!(after.release(Duration::ZERO).await.unwrap());
 }
 
 /// Inspection reports the live holder from either client (its token, its
@@ -420,7 +430,7 @@ pub async fn the_claim_rule_holds_for_every_pair(store: &Clients) {
 /// [`the_claim_rule_holds_for_every_pair`] checks it; what happened.
 async fn meet_held(store: &Clients, held: Claim, asked: Claim) -> &'static str {
     let key = unique_key("contract");
-    let (mut holder, _) = granted(claim(&store.a, &key, held).await);
+    let (holder, _) = granted(claim(&store.a, &key, held).await);
     let outcome = match asked.meets(held) {
         Meeting::Joins => {
             let (mut joined, _) = granted(claim(&store.b, &key, asked).await);
@@ -457,14 +467,8 @@ async fn meet_held(store: &Clients, held: Claim, asked: Claim) -> &'static str {
             "mismatch"
         }
     };
-    assert!(holder.release(Duration::ZERO).await.unwrap());
-    assert_eq!(
-        store.a.inspect(&key).await.unwrap(),
-        None,
-        "{asked} against {held}: something was left on the key"
-    );
-    let (mut after, _) = granted(claim(&store.b, &key, asked).await);
-    assert!(after.release(Duration::ZERO).await.unwrap());
+    let left = format!("{asked} against {held}: something was left on the key");
+    released_leaves_it_free(store, holder, &key, (&store.b, asked), &left).await;
     outcome
 }
 
