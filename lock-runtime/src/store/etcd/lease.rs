@@ -48,24 +48,32 @@ impl EtcdLease {
         self
     }
 
-    /// A keep-alive of our lease and a check that the entry is still ours,
-    /// sent together.
+    /// A keep-alive of our lease, then, once it is answered, a check that
+    /// the entry is still ours.
+    ///
+    /// The check comes second because a keep-alive is answered from the
+    /// leader's own lease clock, without a quorum: a leader paused and
+    /// deposed may answer it as it resumes while the cluster lets the
+    /// lease expire (see the module docs). The check is a linearizable
+    /// read: when it finds our entry, the cluster had not expired the
+    /// lease when the keep-alive was answered, so nobody else can have
+    /// been granted the key before ours. A lock granted through here (a
+    /// waiter that reached the head of its queue) is thus granted before
+    /// the next holder's, and its fencing token, the older, comes first.
     pub(super) async fn refresh(&mut self) -> Result<bool, StoreError> {
         let sent_at = Instant::now();
         let store = &self.store;
-        let txn = Txn::new().when([owned(&self.key, &self.token.to_string())]);
         let id = self.lease.id;
-        let (alive, ours) = tokio::join!(
-            store.lease_call(|mut c| async move { c.keep_alive(id).await }),
-            store.txn(&txn)
-        );
-        let ours = ours?;
-        match alive {
+        match store
+            .lease_call(|mut c| async move { c.keep_alive(id).await })
+            .await
+        {
             Ok(_) => {}
             Err(err) if lease_gone(&err) => return Ok(false),
             Err(err) => return Err(err),
         }
-        if !ours.succeeded() {
+        let txn = Txn::new().when([owned(&self.key, &self.token.to_string())]);
+        if !store.txn(&txn).await?.succeeded() {
             return Ok(false);
         }
         self.lease.fresh_at = sent_at;

@@ -42,10 +42,11 @@
 //! - **Losses are pushed**: an entry held for a moment is watched for a
 //!   deletion its holder did not make (a revoked or expired lease, a deleted
 //!   entry), which cancels the body at once (see `held.rs`).
-//! - **Renew** sends a keep-alive for the lease and checks, in the same round
-//!   trip, that the entry still holds our token: a revoked lease, an expired
-//!   one or an entry deleted under the holder is a lost lock, and the body
-//!   is cancelled.
+//! - **Renew** sends a keep-alive for the lease and, once it is answered,
+//!   checks that the entry still holds our token (a linearizable read): a
+//!   revoked lease, an expired one or an entry deleted under the holder
+//!   is a lost lock, and the body is cancelled. A waiter that finds its
+//!   entry at the head of the queue takes the lock the same way.
 //! - **Release** deletes the entry if it holds our token. `hold_at_least`
 //!   moves the entry to a new lease of what is left instead (an entry keeps
 //!   its place in the queue when it is written again).
@@ -65,11 +66,11 @@
 //! granted the key before the deletion reaches the holder's watch, which
 //! cancels its body (177 ms later in the soak that found it). This is a
 //! lease the store loses, as in the guarantees' "Data loss". Fencing
-//! tokens are the entries' create revisions, so the stale holder's is the
-//! older one: when it takes the key before the next holder, tokens rise in
-//! grant order; when after (a soak saw it 14 ms after), its token is the
-//! lower, and a resource that checks tokens refuses its writes once it has
-//! seen the next holder's.
+//! tokens still rise from holder to holder: the tokens are the entries'
+//! create revisions, so the stale holder's is the older one, and a lock
+//! taken by a keep-alive is taken only once a linearizable read after
+//! the keep-alive's answer found the entry still there, that is before
+//! the cluster could expire its lease and grant the key to anyone else.
 //!
 //! # Semaphores and read-write locks
 //!
