@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -27,6 +27,8 @@ struct Shared {
     stop: AtomicBool,
     /// Both ends of every connection, to close them on drop.
     streams: Mutex<Vec<TcpStream>>,
+    /// Chunks read while black-holed, held back.
+    held: AtomicUsize,
 }
 
 /// What a proxy black-holes.
@@ -111,6 +113,12 @@ impl Proxy {
         for stream in self.shared.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
+    }
+
+    /// How many chunks of data (in either direction) were read and held
+    /// back while black-holed: a signal that a request is on its way.
+    pub fn held_back(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
     }
 
     /// Forwards again, for everyone; what was held back goes through.
@@ -255,6 +263,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, client: u16, shared: &Shared) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if shared.cut.lock().unwrap().holds(client) {
+            shared.held.fetch_add(1, Ordering::SeqCst);
+        }
         if !shared.wait_forwarding(client) || to.write_all(&buf[..n]).is_err() {
             break;
         }

@@ -537,6 +537,40 @@ async fn a_release_lost_on_the_way_frees_the_lock_once_the_client_is_back() {
     next.release().await.unwrap();
 }
 
+/// A connection that breaks under an acquire (its request on the way, a
+/// server's connection closed, as a restart or a server dropping out of
+/// its quorum closes them) is not the caller's error: the session lives
+/// on, the client connects again, and the acquire is made again there,
+/// within the response timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_whose_connection_breaks_is_made_again_on_the_next() {
+    let zk = ZooKeeperEnsemble::single();
+    let proxy = Proxy::start(zk.client_port(0));
+    let registry = registry_at(&format!("127.0.0.1:{}", proxy.port()), SESSION).await;
+    let key = unique_key("reconnected");
+    proxy.black_hole();
+    let held_before = proxy.held_back();
+    let attempt = tokio::spawn({
+        let (registry, key) = (registry.clone(), key.clone());
+        let options = LockOptions::default().ttl(Duration::from_secs(10));
+        async move { registry.lock(&key, options).await }
+    });
+    // The acquire's request is on its way: held back by the proxy.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.held_back() == held_before {
+        assert!(Instant::now() < deadline, "no request reached the proxy");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.reset();
+    proxy.forward();
+    let guard = attempt
+        .await
+        .unwrap()
+        .expect("the acquire was made again once the client was back");
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+}
+
 /// The holder's connection is cut, and while it is away its node is
 /// deleted by hand. The session lives on, so nothing expires; once the
 /// client is back within the session, the holder checks its node, finds it

@@ -2,6 +2,8 @@
 //! mutex's, whose names say what they claim; who holds follows from their
 //! sequence, as in Curator's recipes.
 
+use tokio::time::Instant;
+
 use super::ZooKeeperStore;
 use super::keys::claim_of;
 use super::lease::ZooKeeperLease;
@@ -23,6 +25,37 @@ pub(super) fn holds(queue: &[String], at: usize) -> Result<bool, ClaimMismatch> 
 }
 
 impl ZooKeeperStore {
+    /// One acquire of `request` on `parent`'s queue (see the module docs),
+    /// once more after a holder ahead was found overdue and deleted, or
+    /// ours found gone at its grant.
+    pub(super) async fn attempt_acquire(
+        &self,
+        parent: &str,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Acquire, StoreError> {
+        let shared = &self.shared;
+        for _ in 0..3 {
+            let sent_at = Instant::now();
+            match self.attempt(parent, request).await? {
+                Attempt::Holds(found) => {
+                    if let Some(granted) = self.grant(request, found, sent_at).await? {
+                        return Ok(granted);
+                    }
+                }
+                Attempt::Behind(queue) => {
+                    if !shared.reap_overdue(parent, queue).await? {
+                        break;
+                    }
+                    shared.unplace(request.token);
+                }
+            }
+        }
+        if !request.hints.waits {
+            shared.withdraw(parent, request.token).await?;
+        }
+        Ok(Acquire::Held { remaining: None })
+    }
+
     /// The children of `parent` that hold its key, in sequence order: the
     /// first, and the shares or permits that hold beside it.
     pub(super) async fn holders(&self, parent: &str) -> Result<Vec<String>, StoreError> {

@@ -47,6 +47,12 @@
 //!   session is pushed to every holder (body cancelled, `Lost`). The
 //!   ensemble's servers' clocks are assumed to agree within the 1 s margin
 //!   (writes are stamped by the leader, and a new leader uses its own).
+//! - **A connection that breaks** under an acquire (a server restarted,
+//!   or dropping out of its quorum, closes its clients' connections) is
+//!   not the caller's error: the client takes the session to another
+//!   server, and the acquire is made again there within the response
+//!   timeout, finding the child the first one may have created by its
+//!   name.
 //! - **Release** deletes our child; `hold_at_least` deletes it later (if
 //!   the session dies first, it goes with it). Deletions asked for while
 //!   one is in flight go together, as one transaction (a group commit).
@@ -91,9 +97,12 @@ mod session;
 mod shared;
 
 pub use builder::ZooKeeperStoreBuilder;
-use claims::Attempt;
 use follow::{LeaveQueue, follow};
-use shared::Shared;
+use shared::{Shared, disconnected};
+
+/// How long an acquire whose connection broke waits for the client to
+/// reach another server before it is made again.
+const RECONNECT: Duration = Duration::from_millis(50);
 
 /// What the ZooKeeper store can do, given the session timeout granted.
 ///
@@ -136,30 +145,22 @@ impl Store for ZooKeeperStore {
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Box::pin(async move {
-            let shared = &self.shared;
-            let parent = shared.parent(request.key);
-            // Once more after a holder ahead was found overdue and
-            // deleted, or ours found gone at its grant.
-            for _ in 0..3 {
-                let sent_at = Instant::now();
-                match self.attempt(&parent, &request).await? {
-                    Attempt::Holds(found) => {
-                        if let Some(granted) = self.grant(&request, found, sent_at).await? {
-                            return Ok(granted);
-                        }
+            let parent = self.shared.parent(request.key);
+            // A connection that breaks under the attempt (a server
+            // restarted or out of its quorum for a moment) leaves the
+            // session to another server: the attempt is made again there,
+            // within the response timeout. A retried attempt by the same
+            // token finds what the first one did (its child, by name).
+            let deadline = Instant::now() + self.shared.timeout;
+            loop {
+                match self.attempt_acquire(&parent, &request).await {
+                    Err(err) if disconnected(&err) && Instant::now() + RECONNECT < deadline => {
+                        tracing::debug!(%err, "ZooKeeper: the connection broke under an acquire; again");
+                        tokio::time::sleep(RECONNECT).await;
                     }
-                    Attempt::Behind(queue) => {
-                        if !shared.reap_overdue(&parent, queue).await? {
-                            break;
-                        }
-                        shared.unplace(request.token);
-                    }
+                    answer => return answer,
                 }
             }
-            if !request.hints.waits {
-                shared.withdraw(&parent, request.token).await?;
-            }
-            Ok(Acquire::Held { remaining: None })
         })
     }
 

@@ -81,9 +81,34 @@ pub(super) enum Failed {
     Timeout(Duration),
 }
 
+/// A call whose connection broke under it (reset, closed, silent): the
+/// client connects to another server and the session lives on, so the
+/// call may or may not have been carried out, and may be made again.
+#[derive(Debug)]
+pub(super) struct Disconnected(ZkError);
+
+impl std::fmt::Display for Disconnected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ZooKeeper: {}", self.0)
+    }
+}
+
+impl std::error::Error for Disconnected {}
+
+/// Whether `err` is a [`Disconnected`] call.
+pub(super) fn disconnected(err: &StoreError) -> bool {
+    err.get_ref().downcast_ref::<Disconnected>().is_some()
+}
+
 impl From<Failed> for StoreError {
     fn from(failed: Failed) -> StoreError {
         match failed {
+            // The client's own: the connection was lost (`ConnectionLoss`)
+            // or failed under the call (an I/O error, no answer within the
+            // connection timeout).
+            Failed::Refused(err @ (ZkError::ConnectionLoss | ZkError::Custom(_))) => {
+                StoreError::unavailable(Disconnected(err))
+            }
             Failed::Refused(ZkError::NoAuth) => "ZooKeeper refused access (not authorized): \
                  the lock nodes' ACL admits other credentials than this session's \
                  (see the builder's `digest`)"
