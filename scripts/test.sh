@@ -29,9 +29,20 @@ if [ "$status" -ne 0 ]; then
         /^test .* \.\.\. FAILED$/ { sub(/^test /, ""); sub(/ \.\.\. FAILED$/, ""); print "  " binary ": " $0; n++ }
         /^error: (could not compile|test failed|[0-9]+ targets? failed)/ { errors = errors "  " $0 "\n" }
         /^ +`-p / { errors = errors "  " $0 "\n" }
+        # Each failed test'"'"'s panic message (its first 25 lines), so the
+        # cause is at the end of the output, however long the rest is.
+        /^---- .* stdout ----$/ { test = $2; taking = 0 }
+        /^thread .* panicked at / && test != "" {
+            why = why "\n  " test " panicked at " $NF "\n"; taking = 25; test = ""; next
+        }
+        taking > 0 {
+            if ($0 ~ /^note: run with `RUST_BACKTRACE/ || $0 ~ /^stack backtrace:/) { taking = 0; next }
+            why = why "    " $0 "\n"; taking--
+        }
         END {
             if (n == 0) print "  (no single test reported FAILED: a build error, a crash or a time-out; see above)"
             printf "%s", errors
+            if (why != "") printf "\nwhy, as each failed test said it:%s", why
         }
     ' "$log"
 fi
