@@ -18,8 +18,9 @@
 //! A body holding several keys at once writes a `start` and an `end` line
 //! per key, under one holder. `start` lines also say when their attempt
 //! began (`asked_us`). The runner appends `killed pid=P at_us=T` for each
-//! worker it SIGKILLs (a body of that worker with no `end` line may have
-//! acted until then), `frozen pid=P from_us=F to_us=T` for each it froze,
+//! worker it SIGKILLs, `T` just after the signal was sent (a body of that
+//! worker with no `end` line may have acted until then, and no later: a
+//! process runs none of its code once SIGKILL is pending), `frozen pid=P from_us=F to_us=T` for each it froze,
 //! `cut pid=P from_us=F to_us=T` for each whose connections to the store
 //! it black-holed, and `outage kind=K from_us=F to_us=T lossy=L
 //! lost_until_us=U` for each fault of the store's own (a server

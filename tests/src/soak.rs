@@ -367,8 +367,12 @@ impl Soak {
             let (worker, proxies) = &mut workers[at];
             let pid = worker.pid();
             if kind == 0 {
+                // The time it ran its last code: when the signal was sent,
+                // not when its exit was seen (later, on a busy machine).
+                worker.send_kill();
+                let killed_at = now_us();
                 worker.kill();
-                runner.line(&format!("killed pid={pid} at_us={}", now_us()));
+                runner.line(&format!("killed pid={pid} at_us={killed_at}"));
                 kills += 1;
                 workers[at] = spawn();
             } else if kind == 1 || (proxies.is_empty() && self.switches.is_empty()) {

@@ -183,8 +183,17 @@ impl Worker {
 
     /// Kills the process (SIGKILL): a crash, no clean-up runs.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
+        self.send_kill();
         let _ = self.child.wait();
+    }
+
+    /// Sends SIGKILL, and returns without waiting for the process to end:
+    /// from then on it runs none of its own code (a running process is
+    /// stopped at once; one waiting for a core dies before it gets one),
+    /// though its exit, and so [`kill`](Self::kill), may take a while on
+    /// a busy machine.
+    pub fn send_kill(&mut self) {
+        let _ = self.child.kill();
     }
 }
 
