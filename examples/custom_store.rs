@@ -79,7 +79,7 @@ impl Store for TableStore {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             let now = Instant::now();
             let mut table = self.lock();
             let rows = table.live(request.key, now);
@@ -123,20 +123,20 @@ impl Store for TableStore {
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move { Ok(self.delete(key, Some(token)) > 0) })
+        Reply::new(async move { Ok(self.delete(key, Some(token)) > 0) })
     }
 
     fn watch<'a>(&'a self, _key: &'a str) -> Reply<'a, ReleaseWatch> {
         // No notifications: waiters ask again every 50 ms.
-        Box::pin(async { Ok(ReleaseWatch::never()) })
+        Reply::ready(Ok(ReleaseWatch::never()))
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move { Ok(self.delete(key, None) > 0) })
+        Reply::new(async move { Ok(self.delete(key, None) > 0) })
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let now = Instant::now();
             let mut table = self.lock();
             let rows = table.live(key, now);
@@ -199,11 +199,11 @@ struct TableLease {
 impl Lease for TableLease {
     fn renew(&mut self) -> Reply<'_, bool> {
         let ends = Instant::now() + self.ttl;
-        Box::pin(async move { Ok(self.store.extend(&self.key, self.token, ends)) })
+        Reply::ready(Ok(self.store.extend(&self.key, self.token, ends)))
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             Ok(match linger.is_zero() {
                 true => self.store.delete(&self.key, Some(self.token)) > 0,
                 false => {

@@ -19,11 +19,11 @@ pub(crate) async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::O
 
 /// The re-entrancy frame of a held lock.
 pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
-    let (registry, full_key) = guard.owner();
+    let (registry, full_key, prefix_len) = guard.owner();
     Frame {
         registry,
-        key: guard.key().into(),
         full_key: full_key.clone(),
+        prefix_len,
         fencing: guard.fencing_token(),
         loss: guard.loss().clone(),
         claim: guard.claim(),
@@ -123,13 +123,14 @@ pub(crate) async fn run_locked<F: Future>(
             body
         )
     );
-    let key = guard.key().to_owned();
     match outcome {
         Some(output) if guard.is_held() => settle(output, guard.release().await),
         output => {
+            let (_, full_key, prefix_len) = guard.owner();
+            let full_key = full_key.clone();
             // Owner-checked: a lease already taken over is left alone.
             let _ = guard.release().await;
-            lost_under(&key, output, failed)
+            lost_under(&full_key[prefix_len..], output, failed)
         }
     }
 }

@@ -7,16 +7,61 @@ use std::sync::Arc;
 use crate::store::{Claim, LossSignal};
 
 tokio::task_local! {
-    static HELD: Vec<Frame>;
+    static HELD: Frames;
+}
+
+/// The locks the current task holds, outermost first: one inline (an
+/// annotated body that nests none allocates no list), more in a list.
+#[derive(Clone, Debug, Default)]
+struct Frames {
+    one: Option<Frame>,
+    more: Vec<Frame>,
+}
+
+impl Frames {
+    fn as_slice(&self) -> &[Frame] {
+        match &self.one {
+            Some(one) => std::slice::from_ref(one),
+            None => &self.more,
+        }
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Frame> {
+        self.as_slice().iter()
+    }
+
+    fn last(&self) -> Option<&Frame> {
+        self.as_slice().last()
+    }
+
+    /// These frames, and `inner` within them.
+    fn with(mut self, inner: impl IntoIterator<Item = Frame>) -> Frames {
+        let mut inner = inner.into_iter();
+        if self.one.is_none() && self.more.is_empty() {
+            let Some(first) = inner.next() else {
+                return self;
+            };
+            let Some(second) = inner.next() else {
+                self.one = Some(first);
+                return self;
+            };
+            self.more.extend([first, second]);
+        } else if let Some(one) = self.one.take() {
+            self.more.push(one);
+        }
+        self.more.extend(inner);
+        self
+    }
 }
 
 /// One lock held by the current task.
 #[derive(Clone, Debug)]
 pub(crate) struct Frame {
     pub(crate) registry: usize,
-    /// The key as the caller gave it (for [`fencing_token_for`]).
-    pub(crate) key: Arc<str>,
     pub(crate) full_key: Arc<str>,
+    /// Where the key as the caller gave it starts in `full_key` (for
+    /// [`fencing_token_for`]).
+    pub(crate) prefix_len: usize,
     pub(crate) fencing: u64,
     /// Raised when the lease is lost.
     pub(crate) loss: LossSignal,
@@ -80,7 +125,7 @@ pub fn fencing_token_for(key: &str) -> Option<u64> {
     HELD.try_with(|held| {
         held.iter()
             .rev()
-            .find(|frame| &*frame.key == key)
+            .find(|frame| &frame.full_key[frame.prefix_len..] == key)
             .map(|frame| frame.fencing)
     })
     .ok()
@@ -153,7 +198,6 @@ pub(crate) async fn with_frames<F: Future>(
     frames: impl IntoIterator<Item = Frame>,
     body: F,
 ) -> F::Output {
-    let mut held = HELD.try_with(Clone::clone).unwrap_or_default();
-    held.extend(frames);
-    HELD.scope(held, body).await
+    let held = HELD.try_with(Clone::clone).unwrap_or_default();
+    HELD.scope(held.with(frames), body).await
 }

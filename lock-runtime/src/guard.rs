@@ -17,7 +17,7 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
 use crate::options::Access;
 use crate::options::LockOptions;
-use crate::renewal::{Renewable, Renewal, Schedule};
+use crate::renewal::{Entry, Renewable, Renewal, Schedule};
 use crate::store::{Claim, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
@@ -50,8 +50,9 @@ struct Holding {
     linger_unit: Duration,
     /// Hand-overs in a row that led to this lease.
     chain: u32,
-    state: Arc<State>,
-    renewal: Renewal,
+    /// The lease's renewal, and the state the guard shares with it and
+    /// the loss signal: one allocation.
+    renewal: Renewal<State>,
 }
 
 /// What the guard shares with the renewal and the loss signal.
@@ -117,7 +118,7 @@ impl Renewable for State {
     }
 
     fn renew(&self) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             match self.lease.lock().await.as_mut() {
                 Some(lease) => lease.renew().await,
                 // Released meanwhile; the renewal is stopped and ignores this.
@@ -159,7 +160,7 @@ impl LockGuard {
         permit: LocalPermit,
     ) -> LockGuard {
         let caps = parts.capabilities;
-        let state = Arc::new(State {
+        let state = State {
             full_key: permit.key().clone(),
             prefix_len: parts.prefix_len,
             lease: AsyncMutex::new(Some(grant.lease)),
@@ -169,9 +170,7 @@ impl LockGuard {
             labels: parts.labels,
             acquired_at: grant.sent_at,
             ended: AtomicBool::new(false),
-        });
-        let listener: Weak<dyn LossListener> = Arc::downgrade(&state) as Weak<State>;
-        state.loss.listen(listener);
+        };
         let renewal = Renewal::start(
             parts.renewal_owner,
             Schedule {
@@ -181,8 +180,10 @@ impl LockGuard {
                 max_hold: opts.max_hold,
                 acquired_at: grant.sent_at,
             },
-            state.clone(),
+            state,
         );
+        let listener: Weak<Entry<State>> = Arc::downgrade(renewal.entry());
+        renewal.held().loss.listen(listener);
         LockGuard {
             held: Some(Holding {
                 registry: parts.registry,
@@ -193,7 +194,6 @@ impl LockGuard {
                 hold_at_least: opts.hold_at_least,
                 linger_unit: caps.ttl_granularity,
                 chain: grant.chain,
-                state,
                 renewal,
             }),
         }
@@ -206,7 +206,7 @@ impl LockGuard {
 
     /// The key this lock was taken on, without the namespace.
     pub fn key(&self) -> &str {
-        self.held().state.key()
+        self.held().state().key()
     }
 
     /// The fencing token of this lease: larger than that of every earlier
@@ -245,7 +245,7 @@ impl LockGuard {
     /// did not get through in time, `max_hold` passed, (watchdog off) the
     /// ttl passed, or the store said so.
     pub fn is_held(&self) -> bool {
-        !self.held().state.loss.is_raised()
+        !self.held().state().loss.is_raised()
     }
 
     /// Completes when the lease is known to be lost (see
@@ -269,18 +269,23 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) {
-        self.held().state.loss.raised().await;
+        self.held().state().loss.raised().await;
     }
 
     /// The lease's loss signal, for the re-entrancy record.
     pub(crate) fn loss(&self) -> &LossSignal {
-        &self.held().state.loss
+        &self.held().state().loss
     }
 
-    /// The registry and full key, for the re-entrancy record.
-    pub(crate) fn owner(&self) -> (usize, &Arc<str>) {
+    /// The registry, the full key and where the caller's key starts in
+    /// it, for the re-entrancy record.
+    pub(crate) fn owner(&self) -> (usize, &Arc<str>, usize) {
         let held = self.held();
-        (held.registry, &held.state.full_key)
+        (
+            held.registry,
+            &held.state().full_key,
+            held.state().prefix_len,
+        )
     }
 
     /// Releases the lock (or, with `hold_at_least`, shortens the lease to
@@ -303,14 +308,18 @@ impl LockGuard {
     /// see the crate's docs on observability): instrument work done under
     /// the lock with it to see that work inside the lock in traces.
     pub fn span(&self) -> &Span {
-        &self.held().state.span
+        &self.held().state().span
     }
 }
 
 impl Holding {
+    fn state(&self) -> &State {
+        self.renewal.held()
+    }
+
     async fn release(self) -> Result<(), LockError> {
         self.renewal.stop();
-        let state = &self.state;
+        let state = self.state();
         let key = state.key();
         let was_held = !state.loss.is_raised();
         // Waits for a renewal in flight, so it cannot outlive the release.
@@ -399,7 +408,7 @@ impl Drop for LockGuard {
         held.renewal.stop();
         match Handle::try_current() {
             Ok(runtime) => {
-                let span = held.state.span.clone();
+                let span = held.state().span.clone();
                 runtime.spawn(
                     async move {
                         if let Err(error) = held.release().await {
@@ -411,7 +420,7 @@ impl Drop for LockGuard {
             }
             Err(_) => {
                 tracing::debug!(
-                    key = held.state.key(),
+                    key = held.state().key(),
                     "guard dropped outside a runtime; the lease ends at its ttl"
                 );
             }
@@ -424,9 +433,9 @@ impl fmt::Debug for LockGuard {
         match &self.held {
             Some(held) => f
                 .debug_struct("LockGuard")
-                .field("key", &held.state.key())
+                .field("key", &held.state().key())
                 .field("fencing_token", &held.fencing)
-                .field("is_held", &!held.state.loss.is_raised())
+                .field("is_held", &!held.state().loss.is_raised())
                 .finish(),
             None => f.write_str("LockGuard(released)"),
         }

@@ -29,64 +29,86 @@ pub(crate) const MAX_HAND_OVERS: u32 = 8;
 /// The local queues of one registry, by full key.
 #[derive(Clone, Default)]
 pub(crate) struct LocalQueues {
-    map: Arc<Mutex<KeyMap<Arc<Slot>>>>,
+    map: Arc<Mutex<Queues>>,
     /// The map's hashing: each key is hashed once per lock.
     hashing: KeyHashing,
+}
+
+#[derive(Default)]
+struct Queues {
+    map: KeyMap<Arc<Slot>>,
+    /// The queue the last key left behind, empty, for the next key to
+    /// take rather than allocate one.
+    spare: Option<Arc<Slot>>,
 }
 
 impl LocalQueues {
     /// Gets or creates the queue for `full_key`, and joins it.
     pub(crate) fn slot(&self, full_key: &Arc<str>) -> LocalSlot {
         let key = self.hashing.key(full_key.clone());
-        let mut map = self.map();
+        let mut queues = self.queues();
+        let Queues { map, spare } = &mut *queues;
         let slot = map
             .entry(key)
-            .or_insert_with_key(|key| Arc::new(Slot::new(key.clone())))
+            .or_insert_with_key(|key| match spare.take() {
+                Some(mut slot) => {
+                    if let Some(empty) = Arc::get_mut(&mut slot) {
+                        *empty = Slot::new(key.clone());
+                    }
+                    slot
+                }
+                None => Arc::new(Slot::new(key.clone())),
+            })
             .clone();
         // Counted under the map's lock, as leaving is.
         slot.users.fetch_add(1, Ordering::Relaxed);
-        drop(map);
+        drop(queues);
         LocalSlot {
             queues: self.clone(),
-            slot,
-            left: false,
+            slot: Some(slot),
         }
     }
 
     /// How many keys have a queue.
     pub(crate) fn len(&self) -> usize {
-        self.map().len()
+        self.queues().map.len()
     }
 
     /// How many tasks hold or wait for `full_key` in this registry.
     pub(crate) fn queued(&self, full_key: &str) -> usize {
         let key = self.hashing.key(full_key.into());
-        self.map()
+        self.queues()
+            .map
             .get(&key)
             .map_or(0, |slot| slot.users.load(Ordering::Relaxed))
     }
 
-    /// `slot`'s user leaves it; the last one removes it from the map and
-    /// releases a lease handed over to a waiter that went away.
-    fn leave(&self, slot: &Slot) {
-        let mut map = self.map();
+    /// `slot`'s user leaves it; the last one removes it from the map,
+    /// releases a lease handed over to a waiter that went away, and keeps
+    /// the slot for the next key. The slot back while others stay in it.
+    fn leave(&self, mut slot: Arc<Slot>) -> Option<Arc<Slot>> {
+        let mut queues = self.queues();
         if slot.users.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return;
+            return Some(slot);
         }
-        map.remove(&slot.key);
-        drop(map);
+        queues.map.remove(&slot.key);
         // Rather than let it block other processes until its ttl.
-        let Some(mut handed) = slot.handed().take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let handed = slot.handed().take();
+        if Arc::get_mut(&mut slot).is_some() {
+            queues.spare = Some(slot);
+        }
+        drop(queues);
+        if let Some(mut handed) = handed
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
             runtime.spawn(async move {
                 let _ = handed.lease.release(Duration::ZERO).await;
             });
         }
+        None
     }
 
-    fn map(&self) -> MutexGuard<'_, KeyMap<Arc<Slot>>> {
+    fn queues(&self) -> MutexGuard<'_, Queues> {
         // Every update under this lock is a single map operation, so the map
         // is consistent even if a holder panicked.
         self.map.lock().unwrap_or_else(|poison| poison.into_inner())
@@ -143,17 +165,24 @@ impl Slot {
 /// A place in one key's queue; leaves it when dropped.
 pub(crate) struct LocalSlot {
     queues: LocalQueues,
-    slot: Arc<Slot>,
-    /// Whether this place has left the queue (a permit's, on its drop).
-    left: bool,
+    /// The queue; `None` once this place has left it (a permit's, on its
+    /// drop).
+    slot: Option<Arc<Slot>>,
 }
 
 impl LocalSlot {
+    fn slot(&self) -> &Slot {
+        // Taken only by `leave`, on the way out.
+        self.slot
+            .as_deref()
+            .expect("a local slot used after it left")
+    }
+
     /// Waits for the front of the queue.
     pub(crate) async fn lock(self) -> LocalPermit {
         // Dropped while waiting, `self` leaves the queue; the semaphore is
         // never closed.
-        if let Ok(turn) = self.slot.queue.acquire().await {
+        if let Ok(turn) = self.slot().queue.acquire().await {
             turn.forget();
         }
         LocalPermit::queued(self)
@@ -161,17 +190,16 @@ impl LocalSlot {
 
     /// The front of the queue if nobody is ahead; else the place back.
     pub(crate) fn try_lock(self) -> Result<LocalPermit, LocalSlot> {
-        let Ok(turn) = self.slot.queue.try_acquire() else {
+        let Ok(turn) = self.slot().queue.try_acquire() else {
             return Err(self);
         };
         turn.forget();
         Ok(LocalPermit::queued(self))
     }
 
-    fn leave(&mut self) {
-        if !std::mem::replace(&mut self.left, true) {
-            self.queues.leave(&self.slot);
-        }
+    /// Leaves the queue; the queue back while others stay in it.
+    fn leave(&mut self) -> Option<Arc<Slot>> {
+        self.queues.leave(self.slot.take()?)
     }
 }
 
@@ -196,8 +224,10 @@ impl Drop for LocalPermit {
         // holder's `has_waiters` counts only real waiters, not this permit
         // (it would hand its lease over to nobody).
         if let Some(slot) = &mut self.slot {
-            slot.leave();
-            slot.slot.queue.add_permits(1);
+            // The last one out leaves nobody to go ahead.
+            if let Some(queue) = slot.leave() {
+                queue.queue.add_permits(1);
+            }
         }
     }
 }
@@ -213,7 +243,7 @@ impl LocalPermit {
 
     fn queued(slot: LocalSlot) -> LocalPermit {
         LocalPermit {
-            key: slot.slot.key.key().clone(),
+            key: slot.slot().key.key().clone(),
             slot: Some(slot),
         }
     }
@@ -227,12 +257,12 @@ impl LocalPermit {
     pub(crate) fn has_waiters(&self) -> bool {
         self.slot
             .as_ref()
-            .is_some_and(|slot| slot.slot.users.load(Ordering::Relaxed) > 1)
+            .is_some_and(|slot| slot.slot().users.load(Ordering::Relaxed) > 1)
     }
 
     /// Takes up the lease the previous holder handed over, if any.
     pub(crate) fn take_handed(&self) -> Option<Grant> {
-        self.slot.as_ref()?.slot.handed().take()
+        self.slot.as_ref()?.slot().handed().take()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
@@ -267,7 +297,7 @@ impl LocalPermit {
             // Never asked of an unqueued permit, which has no waiters.
             return Ok(HandOver::Released);
         };
-        *slot.slot.handed() = Some(Grant {
+        *slot.slot().handed() = Some(Grant {
             lease,
             loss,
             fencing,

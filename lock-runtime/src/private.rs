@@ -3,8 +3,10 @@
 //! What `#[distributed_lock]` expansions call. It may change in any release,
 //! which is why the macro crate is pinned to an exact version.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::body;
@@ -15,10 +17,34 @@ use crate::options::{Access, LockOptions, Mode, OnLost};
 use crate::registry::LockRegistry;
 use crate::telemetry;
 
-/// Renders a key template's arguments (no allocation beyond the result).
+/// Renders a key template's arguments: the key, shared from here on by
+/// the local queue, the guard and the store's calls (one allocation: it is
+/// written in a buffer this thread keeps).
 #[doc(hidden)]
-pub fn render_key(args: fmt::Arguments<'_>) -> String {
-    fmt::format(args)
+pub fn render_key(args: fmt::Arguments<'_>) -> Arc<str> {
+    /// Past this, the buffer is not kept for the next key.
+    const KEPT: usize = 4096;
+    thread_local! {
+        static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+    }
+    if let Some(key) = args.as_str() {
+        return key.into();
+    }
+    BUFFER
+        .try_with(|buffer| {
+            // A `Display` that renders another key meanwhile gets its own.
+            let Ok(mut buffer) = buffer.try_borrow_mut() else {
+                return fmt::format(args).into();
+            };
+            buffer.clear();
+            let _ = fmt::Write::write_fmt(&mut *buffer, args);
+            let key: Arc<str> = buffer.as_str().into();
+            if buffer.capacity() > KEPT {
+                *buffer = String::new();
+            }
+            key
+        })
+        .unwrap_or_else(|_| fmt::format(args).into())
 }
 
 /// Builds the options the attribute's arguments describe (literals made
@@ -81,7 +107,7 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 /// Wait mode: waits for the lock, runs `body` under it, releases.
 #[doc(hidden)]
 pub async fn run_wait<F: Future>(
-    key: String,
+    key: Arc<str>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -93,18 +119,21 @@ pub async fn run_wait<F: Future>(
 #[doc(hidden)]
 pub async fn run_wait_in<F: Future>(
     registry: &LockRegistry,
-    key: String,
+    key: Arc<str>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    registry.run_waiting(&key, opts, failed, body).await
+    let full_key = registry.full_key_of(&key)?;
+    registry
+        .run_waiting(&key, full_key, opts, failed, body)
+        .await
 }
 
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.
 #[doc(hidden)]
 pub async fn run_skip<F: Future>(
-    key: String,
+    key: Arc<str>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -116,12 +145,12 @@ pub async fn run_skip<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip_in<F: Future>(
     registry: &LockRegistry,
-    key: String,
+    key: Arc<str>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let full_key = registry.full_key(&key)?;
+    let full_key = registry.full_key_of(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         body::check_reentry(&key, frame.claim, opts.claim())?;
         return Ok(Some(body::reenter(&key, frame, body).await));
@@ -140,12 +169,12 @@ pub async fn run_skip_in<F: Future>(
 #[doc(hidden)]
 pub async fn run_wait_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<String>,
+    keys: Vec<Arc<str>>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let first = keys.first().cloned().unwrap_or_default();
+    let first = keys.first().map(ToString::to_string).unwrap_or_default();
     match run_all(registry, keys, opts, Mode::Wait, failed, body).await? {
         Some(output) => Ok(output),
         None => Err(LockError::Timeout {
@@ -159,7 +188,7 @@ pub async fn run_wait_all<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<String>,
+    keys: Vec<Arc<str>>,
     opts: LockOptions,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -171,7 +200,7 @@ pub async fn run_skip_all<F: Future>(
 /// lease (cancelled when any is lost), releases what it took.
 async fn run_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<String>,
+    keys: Vec<Arc<str>>,
     opts: LockOptions,
     mode: Mode,
     failed: fn(&F::Output) -> bool,
@@ -181,6 +210,7 @@ async fn run_all<F: Future>(
         Some(registry) => registry,
         None => crate::registry()?,
     };
+    let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
     let span = telemetry::locks_span(&keys, mode);
     let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, failed, body));
     let outcome = match &result {

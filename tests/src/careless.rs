@@ -28,7 +28,7 @@ impl Lease for CarelessLease {
     }
 
     fn release(&mut self, _linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             self.store.force_release(&self.key).await?;
             Ok(true)
         })
@@ -41,7 +41,7 @@ impl Store for Careless {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             let key = request.key.to_owned();
             Ok(match self.0.acquire(request).await? {
                 Acquire::Acquired { fencing, lease } => Acquire::Acquired {

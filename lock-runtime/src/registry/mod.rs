@@ -233,19 +233,21 @@ impl LockRegistry {
         opts: LockOptions,
         body: F,
     ) -> Result<F::Output, LockError> {
-        self.run_waiting(key, opts, |_| false, body).await
+        let full_key = self.full_key(key)?;
+        self.run_waiting(key, full_key, opts, |_| false, body).await
     }
 
-    /// [`with_lock`](Self::with_lock), for the attribute too: `failed`
-    /// tells whether the body's output is its own error.
+    /// [`with_lock`](Self::with_lock) on the namespaced `full_key`, for the
+    /// attribute too: `failed` tells whether the body's output is its own
+    /// error.
     pub(crate) async fn run_waiting<F: Future>(
         &self,
         key: &str,
+        full_key: Arc<str>,
         opts: LockOptions,
         failed: fn(&F::Output) -> bool,
         body: F,
     ) -> Result<F::Output, LockError> {
-        let full_key = self.full_key(key)?;
         if let Some(frame) = context::held_by_task(self.id(), &full_key) {
             body::check_reentry(key, frame.claim, opts.claim())?;
             return Ok(body::reenter(key, frame, body).await);
@@ -396,6 +398,16 @@ impl LockRegistry {
 
     /// Validates `key` and puts the namespace in front of it.
     pub(crate) fn full_key(&self, key: &str) -> Result<Arc<str>, LockError> {
+        self.namespaced(key, None)
+    }
+
+    /// [`full_key`](Self::full_key) of a shared key: the same key, shared,
+    /// when there is no namespace.
+    pub(crate) fn full_key_of(&self, key: &Arc<str>) -> Result<Arc<str>, LockError> {
+        self.namespaced(key, Some(key))
+    }
+
+    fn namespaced(&self, key: &str, shared: Option<&Arc<str>>) -> Result<Arc<str>, LockError> {
         let reason = if key.is_empty() {
             "a key must not be empty".to_owned()
         } else if key.len() > MAX_KEY_LEN {
@@ -408,7 +420,7 @@ impl LockRegistry {
             // store's calls. Not `format!`: its machinery cost more than the
             // rest of building the key.
             if self.inner.prefix.is_empty() {
-                return Ok(key.into());
+                return Ok(shared.cloned().unwrap_or_else(|| key.into()));
             }
             let mut full = String::with_capacity(self.inner.prefix.len() + key.len());
             full.push_str(&self.inner.prefix);

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
-use crate::store::Reply;
+use crate::store::{LossListener, Reply};
 use crate::telemetry::reason;
 
 /// The lease a renewal looks after: renews it, and hears its verdict.
@@ -80,17 +80,24 @@ impl Due {
     }
 }
 
-/// One lease in a renewer's slab.
-struct Entry {
+/// One lease in a renewer's slab, and its holder's state (`R`), in one
+/// allocation that the holder and the renewer share.
+pub(crate) struct Entry<R: ?Sized = dyn Renewable> {
     schedule: Schedule,
-    lease: Arc<dyn Renewable>,
     /// Set when the guard releases: no more renewals, no verdicts.
     stopped: AtomicBool,
     /// Until when the lease is known valid (local clock, margin deducted).
     valid_until: Mutex<Instant>,
+    lease: R,
 }
 
-impl Entry {
+impl<R: LossListener + ?Sized> LossListener for Entry<R> {
+    fn lease_lost(&self, reason: &'static str) {
+        self.lease.lease_lost(reason);
+    }
+}
+
+impl<R: Renewable + ?Sized> Entry<R> {
     fn interval(&self) -> Duration {
         (self.schedule.ttl / 3).max(Duration::from_millis(1))
     }
@@ -210,29 +217,41 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
     });
 }
 
-/// The renewal of one held lease; stopping it (or dropping it) ends it.
-pub(crate) struct Renewal {
+/// The renewal of one held lease, with its holder's state; stopping it
+/// (or dropping it) ends the renewal.
+pub(crate) struct Renewal<R: Renewable + 'static> {
     renewer: Arc<Renewer>,
     id: usize,
-    entry: Arc<Entry>,
+    entry: Arc<Entry<R>>,
 }
 
-impl Renewal {
-    /// Starts looking after `lease` on `schedule`; when it is lost, its
-    /// [`Renewable::lose`] is called. `owner` identifies the registry.
-    pub(crate) fn start(owner: &Arc<()>, schedule: Schedule, lease: Arc<dyn Renewable>) -> Renewal {
+impl<R: Renewable + 'static> Renewal<R> {
+    /// Starts looking after the lease `held` holds on `schedule`; when it
+    /// is lost, its [`Renewable::lose`] is called. `owner` identifies the
+    /// registry.
+    pub(crate) fn start(owner: &Arc<()>, schedule: Schedule, held: R) -> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
         let acquired_at = schedule.acquired_at;
         let entry = Arc::new(Entry {
             valid_until: Mutex::new(acquired_at + schedule.valid_for),
             schedule,
-            lease,
             stopped: AtomicBool::new(false),
+            lease: held,
         });
         entry.tell_deadline();
         let due = entry.next_due(acquired_at);
         let id = renewer.add(entry.clone(), due);
         Renewal { renewer, id, entry }
+    }
+
+    /// The holder's state.
+    pub(crate) fn held(&self) -> &R {
+        &self.entry.lease
+    }
+
+    /// The allocation the holder's state is in.
+    pub(crate) fn entry(&self) -> &Arc<Entry<R>> {
+        &self.entry
     }
 
     /// Stops renewing; no verdict is given after this.
@@ -243,7 +262,7 @@ impl Renewal {
     }
 }
 
-impl Drop for Renewal {
+impl<R: Renewable + 'static> Drop for Renewal<R> {
     fn drop(&mut self) {
         self.stop();
     }

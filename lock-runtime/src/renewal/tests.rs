@@ -3,7 +3,9 @@
 use super::renewer::IDLE_LINGER;
 use super::*;
 
-/// A lease that is always renewed, counting its renewals and losses.
+/// A lease that is always renewed, counting its renewals and losses
+/// (clones count together).
+#[derive(Clone)]
 struct Held {
     span: tracing::Span,
     renewals: Arc<std::sync::atomic::AtomicUsize>,
@@ -30,7 +32,7 @@ impl Renewable for Held {
 
     fn renew(&self) -> Reply<'_, bool> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async { Ok(true) })
+        Reply::ready(Ok(true))
     }
 
     fn lose(&self, _: &'static str) {
@@ -59,8 +61,8 @@ fn schedule() -> Schedule {
     }
 }
 
-fn hold(owner: &Arc<()>) -> Renewal {
-    Renewal::start(owner, schedule(), Arc::new(Held::default()))
+fn hold(owner: &Arc<()>) -> Renewal<Held> {
+    Renewal::start(owner, schedule(), Held::default())
 }
 
 /// Short locks taken after the renewer went idle wake its task once,
@@ -95,7 +97,7 @@ async fn short_locks_after_an_idle_spell_wake_the_task_once() {
 #[tokio::test(start_paused = true)]
 async fn freed_places_are_taken_again_and_a_burst_gives_them_back() {
     let owner = Arc::new(());
-    let burst: Vec<Renewal> = (0..64).map(|_| hold(&owner)).collect();
+    let burst: Vec<Renewal<Held>> = (0..64).map(|_| hold(&owner)).collect();
     let renewer = burst[0].renewer.clone();
     let places = || lock(&renewer.state).places.len();
     assert_eq!(places(), 64);
@@ -130,7 +132,6 @@ async fn many_leases_are_renewed_in_batches() {
     let owner = Arc::new(());
     let held = Held::default();
     let (renewals, losses) = (held.renewals.clone(), held.losses.clone());
-    let held: Arc<dyn Renewable> = Arc::new(held);
     let mut leases = Vec::new();
     for _ in 0..1_000 {
         leases.push(Renewal::start(&owner, schedule(), held.clone()));
@@ -158,7 +159,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let held = Held::default();
     let ends = held.ends.clone();
     let start = Instant::now();
-    let renewal = Renewal::start(&owner, schedule(), Arc::new(held));
+    let renewal = Renewal::start(&owner, schedule(), held);
     let told = || *ends.lock().unwrap();
     assert_eq!(
         told(),
@@ -174,7 +175,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let ends = capped.ends.clone();
     let mut schedule = schedule();
     schedule.max_hold = Some(Duration::from_secs(5));
-    let _renewal = Renewal::start(&owner, schedule, Arc::new(capped));
+    let _renewal = Renewal::start(&owner, schedule, capped);
     let told = *ends.lock().unwrap();
     assert_eq!(
         told,

@@ -62,8 +62,90 @@ pub use watch::ReleaseWatch;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the contract's methods return: the store's answer, or its error,
-/// later.
-pub type Reply<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+/// either known at once ([`Reply::ready`]: nothing is allocated, as for a
+/// store in this process) or later ([`Reply::new`]: a boxed future, as for
+/// a round trip).
+///
+/// # Examples
+///
+/// ```
+/// use lock_runtime::store::{Reply, StoreError};
+///
+/// fn at_once(held: bool) -> Reply<'static, bool> {
+///     Reply::ready(Ok(held))
+/// }
+///
+/// fn later(held: bool) -> Reply<'static, bool> {
+///     Reply::new(async move {
+///         tokio::task::yield_now().await;
+///         Ok::<_, StoreError>(held)
+///     })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// assert!(at_once(true).await?);
+/// assert!(!later(false).await?);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a reply does nothing unless it is awaited"]
+pub struct Reply<'a, T>(Answer<'a, T>);
+
+enum Answer<'a, T> {
+    /// Known at once; taken by the first poll.
+    Ready(Option<Result<T, StoreError>>),
+    Later(BoxFuture<'a, Result<T, StoreError>>),
+}
+
+impl<'a, T> Reply<'a, T> {
+    /// An answer known now: awaiting it returns it at once.
+    pub fn ready(answer: Result<T, StoreError>) -> Self {
+        Reply(Answer::Ready(Some(answer)))
+    }
+
+    /// An answer `future` will give.
+    pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
+        Reply(Answer::Later(Box::pin(future)))
+    }
+}
+
+impl<'a, T> From<BoxFuture<'a, Result<T, StoreError>>> for Reply<'a, T> {
+    fn from(future: BoxFuture<'a, Result<T, StoreError>>) -> Self {
+        Reply(Answer::Later(future))
+    }
+}
+
+// Neither state is pinned in place: the answer is moved out whole, the
+// future is boxed.
+impl<T> Unpin for Reply<'_, T> {}
+
+impl<T> Future for Reply<'_, T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Answer::Ready(answer) => std::task::Poll::Ready(
+                answer
+                    .take()
+                    .expect("a ready `Reply` polled after it answered"),
+            ),
+            Answer::Later(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Reply<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            Answer::Ready(_) => "Reply(ready)",
+            Answer::Later(_) => "Reply(later)",
+        })
+    }
+}
 
 /// One held lease: the per-holder state a store keeps, and the operations
 /// on it. Returned by [`Store::acquire`].
@@ -95,7 +177,7 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// ([`HandOver::Released`], or [`HandOver::Lost`] when it was no longer
     /// ours): the next holder then acquires as usual, in more round trips.
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        Box::pin(async {
+        Reply::new(async {
             let released = self.release(Duration::ZERO).await?;
             Ok(if released {
                 HandOver::Released

@@ -150,11 +150,11 @@ impl EtcdLease {
 
 impl Lease for EtcdLease {
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(self.refresh())
+        Reply::new(self.refresh())
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let store = self.store.clone();
             let token = self.token.to_string();
             // Our own deletion (or move) is no loss.
@@ -191,7 +191,7 @@ impl Lease for EtcdLease {
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        Box::pin(async move {
+        Reply::new(async move {
             if !self.one_of_many {
                 return self.move_or_release().await;
             }

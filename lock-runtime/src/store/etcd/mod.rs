@@ -205,7 +205,7 @@ impl Store for EtcdStore {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             let queue = self.queue_of(request.key);
             let secs = whole_seconds(request.ttl);
             // A waiter asks again with the entry it has.
@@ -237,7 +237,7 @@ impl Store for EtcdStore {
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let queue = self.queue_of(key);
             let waiting = self.inner.shared.queued().remove(&token);
             let entries = match &waiting {
@@ -270,7 +270,7 @@ impl Store for EtcdStore {
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(async move {
+        Reply::new(async move {
             let queue = self.queue_of(key);
             let (tx, rx) = watch::channel(());
             let (placed, first) = tokio::sync::oneshot::channel();
@@ -296,7 +296,7 @@ impl Store for EtcdStore {
     /// shares or permits that hold beside it), each only if it is the
     /// entry that was read.
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let queue = self.queue_of(key);
             let holders = self.holders(&queue).await?;
             if holders.is_empty() {
@@ -323,7 +323,7 @@ impl Store for EtcdStore {
     /// permits holding, the latest's); the remaining time is what etcd says
     /// of its lease, in whole seconds rounded down.
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let queue = self.queue_of(key);
             let holders = self.holders(&queue).await?;
             let Some(holder) = holders.last() else {

@@ -253,7 +253,7 @@ impl Lease for MemoryLease {
         let renewed = self
             .with_holder(|holder, now| holder.expires = now + ttl)
             .is_some();
-        Box::pin(async move { Ok(renewed) })
+        Reply::ready(Ok(renewed))
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
@@ -265,7 +265,7 @@ impl Lease for MemoryLease {
             self.with_holder(|holder, now| holder.expires = now + linger)
                 .is_some()
         };
-        Box::pin(async move { Ok(released) })
+        Reply::ready(Ok(released))
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
@@ -287,7 +287,7 @@ impl Lease for MemoryLease {
             self.token = next;
         }
         let answer = handed.map(|()| fencing).into();
-        Box::pin(async move { Ok(answer) })
+        Reply::ready(Ok(answer))
     }
 }
 
@@ -333,11 +333,11 @@ impl Store for MemoryStore {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move { self.try_acquire(&request) })
+        Reply::ready(self.try_acquire(&request))
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
@@ -346,11 +346,11 @@ impl Store for MemoryStore {
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(async move { Ok(self.subscribe(key)) })
+        Reply::ready(Ok(self.subscribe(key)))
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);
@@ -365,7 +365,7 @@ impl Store for MemoryStore {
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let now = Instant::now();
             let mut table = self.table();
             let key = table.key(key);

@@ -20,7 +20,7 @@ pub(super) struct PostgresLease {
 
 impl Lease for PostgresLease {
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             if self.one_of_many {
                 let ttl = millis(self.ttl);
                 return self.shared.unclaim(&self.id, self.token, ttl, false).await;
@@ -37,16 +37,16 @@ impl Lease for PostgresLease {
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         if self.one_of_many {
             let release = linger.is_zero();
-            return Box::pin(
+            return Reply::new(
                 self.shared
                     .unclaim(&self.id, self.token, millis(linger), release),
             );
         }
-        Box::pin(self.shared.release(&self.id, self.token, linger))
+        Reply::new(self.shared.release(&self.id, self.token, linger))
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        Box::pin(async move {
+        Reply::new(async move {
             if self.one_of_many {
                 // A share is not moved: released, the next holder claims anew.
                 let released = self.release(Duration::ZERO).await?;

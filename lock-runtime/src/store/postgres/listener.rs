@@ -99,7 +99,7 @@ impl Listener {
     /// Boxed: the reader may reconnect, which calls this again, and only a
     /// named future type lets the compiler see that the cycle is `Send`.
     fn connect(self: &Arc<Self>) -> Reply<'_, AbortHandle> {
-        Box::pin(self.connect_now())
+        Reply::new(self.connect_now())
     }
 
     async fn connect_now(self: &Arc<Self>) -> Result<AbortHandle, StoreError> {

@@ -203,7 +203,7 @@ impl Store for PostgresStore {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             if request.claim != Claim::Exclusive {
                 return self.claim(request).await;
             }
@@ -248,7 +248,7 @@ impl Store for PostgresStore {
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             // The claim is not known here: the key's lease, else a share.
             let id = row_id(key);
             Ok(self.shared.release(&id, token, Duration::ZERO).await?
@@ -257,7 +257,7 @@ impl Store for PostgresStore {
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(async move {
+        Reply::new(async move {
             let id = row_id(key);
             let Waking::Listen(listener) = &self.waking else {
                 // No notifications: waiters poll.
@@ -271,7 +271,7 @@ impl Store for PostgresStore {
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let id = row_id(key);
             let row = self
                 .shared
@@ -282,7 +282,7 @@ impl Store for PostgresStore {
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let id = row_id(key);
             let row = self.shared.query_opt(&id, |s| &s.inspect, &[&id]).await?;
             let Some(row) = row else {

@@ -33,14 +33,14 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(
+        Reply::new(
             self.commands
                 .renew(&self.lock, self.token, self.ttl, self.plain()),
         )
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(self.commands.release(
+        Reply::new(self.commands.release(
             &self.lock,
             self.token,
             linger,
@@ -50,7 +50,7 @@ where
     }
 
     fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        Box::pin(async move {
+        Reply::new(async move {
             let next = LockToken::random();
             let handed = self
                 .commands

@@ -413,7 +413,7 @@ where
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             let lock = lock_name(request.key);
             let token = request.token;
             let answer = match request.claim {
@@ -477,18 +477,18 @@ where
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         // A writer giving up takes its mark off the key (release.lua).
         self.marks.remove(token);
-        Box::pin(self.release_token(key, token, Duration::ZERO))
+        Reply::new(self.release_token(key, token, Duration::ZERO))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(
+        Reply::new(
             self.subscriber
                 .watch(suffixed(&lock_name(key), b":released")),
         )
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let lock = lock_name(key);
             let call = Call::new(
                 &scripts::FORCE_RELEASE,
@@ -501,7 +501,7 @@ where
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let lock = lock_name(key);
             let call = Call::new(
                 &scripts::INSPECT,

@@ -49,7 +49,7 @@ impl RedlockLease {
 
 impl Lease for RedlockLease {
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
             let redlock = &self.redlock;
             let started = Instant::now();
@@ -92,7 +92,7 @@ impl Lease for RedlockLease {
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let (key, token) = (self.key.as_str(), self.token);
             let redlock = &self.redlock;
             let was_valid = self.is_valid();

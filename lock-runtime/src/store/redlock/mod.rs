@@ -275,7 +275,7 @@ impl Store for RedlockStore {
             ..
         } = request;
         let waits = hints.waits;
-        Box::pin(async move {
+        Reply::new(async move {
             let started = Instant::now();
             let limit = self.node_timeout(ttl);
             let results = self
@@ -329,14 +329,14 @@ impl Store for RedlockStore {
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let ttl = Duration::from_secs(1);
             Ok(self.release_everywhere(key, token, ttl).await > 0)
         })
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(async move {
+        Reply::new(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.watch(key))
                 .await;
@@ -356,7 +356,7 @@ impl Store for RedlockStore {
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.force_release(key))
                 .await;
@@ -372,7 +372,7 @@ impl Store for RedlockStore {
     /// stands while a majority still has it, and its fencing token is the
     /// largest those nodes issued.
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let results = self
                 .on_all(Duration::from_secs(1), |node| node.inspect(key))
                 .await;

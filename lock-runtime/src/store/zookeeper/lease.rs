@@ -153,7 +153,7 @@ impl Lease for ZooKeeperLease {
     /// Writes the child again: its `mtime`, which others judge it by, is
     /// now (see [`overdue`](super::overdue)).
     fn renew(&mut self) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let sent_at = Instant::now();
             let path = self.child.path();
             let held = || self.shared.held().contains_key(path);
@@ -171,7 +171,7 @@ impl Lease for ZooKeeperLease {
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let path = self.child.path.clone();
             if !self.forget() {
                 // Lost already: no round trip to a store that may not

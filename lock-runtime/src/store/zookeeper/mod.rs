@@ -144,7 +144,7 @@ impl Store for ZooKeeperStore {
     }
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
-        Box::pin(async move {
+        Reply::new(async move {
             let parent = self.shared.parent(request.key);
             // A connection that breaks under the attempt (a server
             // restarted or out of its quorum for a moment) leaves the
@@ -165,7 +165,7 @@ impl Store for ZooKeeperStore {
     }
 
     fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let parent = self.shared.parent(key);
             // Granted to an attempt nobody heard: its child is held.
             let known = self.shared.created().get(&token).cloned().flatten();
@@ -178,7 +178,7 @@ impl Store for ZooKeeperStore {
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Box::pin(async move {
+        Reply::new(async move {
             let parent = self.shared.parent(key);
             let (tx, rx) = watch::channel(());
             let (placed, first) = tokio::sync::oneshot::channel();
@@ -203,7 +203,7 @@ impl Store for ZooKeeperStore {
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        Box::pin(async move {
+        Reply::new(async move {
             let parent = self.shared.parent(key);
             let mut deleted = false;
             for holder in self.holders(&parent).await? {
@@ -219,7 +219,7 @@ impl Store for ZooKeeperStore {
     /// known outside the holder (the lock lasts while its session does and
     /// its holder renews it).
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        Box::pin(async move {
+        Reply::new(async move {
             let parent = self.shared.parent(key);
             // The head may leave between the listing and its stat: look again.
             for _ in 0..3 {
