@@ -1,7 +1,7 @@
 //! The signal that one lease is lost.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
@@ -22,13 +22,18 @@ pub struct LossSignal {
     shared: Arc<LossShared>,
 }
 
-#[derive(Default)]
 struct LossShared {
     raised: AtomicBool,
     notify: Notify,
-    /// When the holder stops counting on the lease, and why: looked at
-    /// whenever the holder's task wakes (see [`LossSignal::raised`]).
-    deadline: Mutex<Option<(Instant, &'static str)>>,
+    /// When the signal was made: what `deadline` counts from.
+    made_at: Instant,
+    /// When the holder stops counting on the lease, in nanoseconds from
+    /// `made_at` (`u64::MAX`: no deadline): looked at whenever the
+    /// holder's task wakes (see [`LossSignal::raised`]), so an atomic, not
+    /// a lock.
+    deadline: AtomicU64,
+    /// Why the lease is lost at its deadline; read only then.
+    deadline_reason: Mutex<&'static str>,
     /// Told once when the signal is raised; the runtime's holder of the lease.
     listener: Mutex<Option<Weak<dyn LossListener>>>,
 }
@@ -36,6 +41,31 @@ struct LossShared {
 /// Reacts when a lease is lost (the runtime's guard state).
 pub(crate) trait LossListener: Send + Sync {
     fn lease_lost(&self, reason: &'static str);
+}
+
+impl Default for LossShared {
+    fn default() -> Self {
+        LossShared {
+            raised: AtomicBool::new(false),
+            notify: Notify::new(),
+            made_at: Instant::now(),
+            deadline: AtomicU64::new(NO_DEADLINE),
+            deadline_reason: Mutex::new(""),
+            listener: Mutex::new(None),
+        }
+    }
+}
+
+/// The deadline of a signal that has none.
+const NO_DEADLINE: u64 = u64::MAX;
+
+impl LossShared {
+    /// `at` in nanoseconds from when the signal was made; 0 for an
+    /// instant before (already past, as the clock never goes back).
+    fn since_made(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.made_at).as_nanos();
+        u64::try_from(since).unwrap_or(NO_DEADLINE - 1)
+    }
 }
 
 impl LossSignal {
@@ -93,27 +123,30 @@ impl LossSignal {
     /// Sets when the holder stops counting on the lease (its ttl less the
     /// margin, or `max_hold`), and the reason it is lost then.
     pub(crate) fn ends_at(&self, at: Instant, reason: &'static str) {
-        *self.deadline() = Some((at, reason));
-    }
-
-    /// Raises the signal if its deadline has passed; whether it did.
-    fn past_deadline(&self) -> bool {
-        let deadline = *self.deadline();
-        match deadline {
-            Some((at, reason)) if Instant::now() >= at => {
-                self.raise(reason);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn deadline(&self) -> std::sync::MutexGuard<'_, Option<(Instant, &'static str)>> {
-        // One assignment or copy per use: consistent after a panic.
+        *self
+            .shared
+            .deadline_reason
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = reason;
         self.shared
             .deadline
+            .store(self.shared.since_made(at), Ordering::Release);
+    }
+
+    /// Raises the signal if its deadline has passed; whether it did. One
+    /// atomic load and a clock read.
+    fn past_deadline(&self) -> bool {
+        let deadline = self.shared.deadline.load(Ordering::Acquire);
+        if deadline == NO_DEADLINE || self.shared.since_made(Instant::now()) < deadline {
+            return false;
+        }
+        let reason = *self
+            .shared
+            .deadline_reason
             .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+            .unwrap_or_else(|poison| poison.into_inner());
+        self.raise(reason);
+        true
     }
 
     /// Completes once any of `signals` is raised; never, if there are
