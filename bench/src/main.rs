@@ -59,6 +59,7 @@ use redis::aio::MultiplexedConnection;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+mod allocations;
 mod claims;
 mod contenders;
 mod floors;
@@ -70,6 +71,9 @@ mod system;
 mod wake;
 
 use claims::*;
+
+#[global_allocator]
+static ALLOCATOR: allocations::Counting = allocations::Counting;
 use contenders::*;
 use floors::*;
 use measure::*;
@@ -156,11 +160,12 @@ async fn profile(args: &[String]) -> Result<(), Error> {
             let per_op = (cpu_time() - cpu) / locks;
             let servers = (servers_cpu_time() - servers) / locks;
             println!(
-                "{name}: {:.0}/s, client CPU {:.1} µs per lock, server CPU {:.1} µs, wait p50 {}",
+                "{name}: {:.0}/s, client CPU {:.1} µs per lock, server CPU {:.1} µs, wait p50 {}, {} allocations per lock",
                 m.throughput(),
                 per_op.as_secs_f64() * 1e6,
                 servers.as_secs_f64() * 1e6,
-                fmt_d(m.pct(50.0))
+                fmt_d(m.pct(50.0)),
+                report::fmt_allocations(m.allocations),
             );
             if let Some(server) = &redis {
                 println!("  {}", server_time_per_lock(server, locks)?);
@@ -474,9 +479,9 @@ async fn main() -> Result<(), Error> {
     let mut table = String::new();
     writeln!(
         table,
-        "| scenario | library | sections/s | wait p50 | wait p99 | wait max | vs floor |"
+        "| scenario | library | sections/s | wait p50 | wait p99 | wait max | vs floor | allocations per section |"
     )?;
-    writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|")?;
     for m in &results {
         let (rate, ratio) = match &m.note {
             Some(note) if m.scenario.contains("hand-off") => {
@@ -509,14 +514,15 @@ async fn main() -> Result<(), Error> {
         };
         writeln!(
             table,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             m.scenario,
             m.lib,
             rate,
             waits(m.pct(50.0)),
             waits(m.pct(99.0)),
             waits(m.waits.last().copied().unwrap_or_default()),
-            ratio
+            ratio,
+            report::fmt_allocations(m.allocations),
         )?;
     }
     let uncontended_floor = floor_of("1. 1 task, uncontended").unwrap_or(0.0);

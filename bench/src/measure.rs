@@ -21,6 +21,8 @@ pub(crate) struct Measured {
     /// median over the rounds of its throughput over the floor's in the
     /// same round (both met the same state of the store's disk).
     pub(crate) paired: Option<f64>,
+    /// Allocations the process made per section while the row ran.
+    pub(crate) allocations: Option<f64>,
 }
 
 impl Measured {
@@ -42,6 +44,7 @@ impl Measured {
             note: None,
             round_trip: None,
             paired: None,
+            allocations: None,
         }
     }
 
@@ -111,20 +114,19 @@ where
     Fut: Future<Output = Result<Vec<Duration>, Error>> + Send + 'static,
 {
     let started = Instant::now();
+    let allocated = allocations::so_far();
     let handles: Vec<_> = (0..tasks).map(|t| tokio::spawn(task(t))).collect();
     let mut waits = Vec::new();
     for handle in handles {
         waits.extend(handle.await??);
     }
     let elapsed = started.elapsed();
+    let allocated = allocations::so_far() - allocated;
     waits.sort_unstable();
-    Ok(Measured::new(
-        scenario,
-        name,
-        tasks as u64 * ops,
-        elapsed,
-        waits,
-    ))
+    let sections = tasks as u64 * ops;
+    let mut row = Measured::new(scenario, name, sections, elapsed, waits);
+    row.allocations = Some(allocated as f64 / sections.max(1) as f64);
+    Ok(row)
 }
 
 pub(crate) fn now_ns() -> u128 {

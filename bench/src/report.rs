@@ -68,6 +68,16 @@ pub(crate) fn chart(
     Ok(())
 }
 
+/// Allocations per section as the tables show them (`-` where not
+/// counted: hand-offs, memory growth, rows of other processes).
+pub(crate) fn fmt_allocations(allocations: Option<f64>) -> String {
+    match allocations {
+        Some(n) if n < 100.0 => format!("{n:.1}"),
+        Some(n) => format!("{n:.0}"),
+        None => "-".to_owned(),
+    }
+}
+
 /// One row as printed while the benchmark runs.
 pub(crate) fn row_line(m: &Measured) -> String {
     // A hand-off row counts hand-offs, not a rate.
@@ -77,13 +87,14 @@ pub(crate) fn row_line(m: &Measured) -> String {
         format!("{:.0}/s", m.throughput())
     };
     format!(
-        "{:<48} {:<14} {:>12}  p50 {:>9}  p99 {:>9}  max {:>9} {}",
+        "{:<48} {:<14} {:>12}  p50 {:>9}  p99 {:>9}  max {:>9}  allocs {:>5} {}",
         m.scenario,
         m.lib,
         rate,
         fmt_d(m.pct(50.0)),
         fmt_d(m.pct(99.0)),
         fmt_d(m.waits.last().copied().unwrap_or_default()),
+        fmt_allocations(m.allocations),
         match m.paired.filter(|_| m.lib != "floor") {
             Some(paired) => format!("paired {paired:.2}x"),
             None => m.note.clone().unwrap_or_default(),
