@@ -31,7 +31,9 @@
 //!   ahead of it is deleted; the runtime's next attempt is answered from
 //!   that. A waiter keeps its
 //!   entry's lease alive as it asks again (every quarter of the cluster's
-//!   shortest lease), and gives its entry up when it stops waiting.
+//!   shortest lease), reading the queue with it, so a deletion its watch
+//!   missed does not hold it up for longer; and it gives its entry up
+//!   when it stops waiting.
 //! - **Leases are prepared ahead** so the common path is that one round
 //!   trip: a released lock's lease, still fresh, waits in a small pool per
 //!   ttl for the next acquire with the same ttl, and only the first acquire
@@ -225,12 +227,18 @@ impl Store for EtcdStore {
                     lease: Box::new(lease),
                 });
             }
-            if let Some(entry) = known.as_mut().filter(|e| placed(e, Place::Behind)) {
-                if self.keep_queued(request.token, entry).await? {
-                    return Ok(Acquire::Held { remaining: None });
-                }
-                // Its lease ended (and it is forgotten): queue again.
-                known = None;
+            // Behind others, as the waiter's watch last placed it: no
+            // round trip while its entry's lease is fresh. Once the lease
+            // needs keeping alive, the queue is read too (the attempt
+            // below, which keeps a queued entry alive), so a deletion the
+            // watch missed holds a waiter up for one keep-alive period at
+            // most, not until it gives up.
+            let poll = self.capabilities.waiter_queue.unwrap_or_default();
+            if known
+                .as_ref()
+                .is_some_and(|e| placed(e, Place::Behind) && e.lease.fresh_at.elapsed() < poll / 2)
+            {
+                return Ok(Acquire::Held { remaining: None });
             }
             self.attempt(request, queue, secs, known).await
         })
