@@ -189,6 +189,13 @@ impl EtcdStore {
         .await
     }
 
+    /// Whether a waiting entry's lease was renewed less than an eighth of
+    /// the cluster's shortest lease ago: not yet due to be kept alive.
+    pub(super) fn fresh_in_queue(&self, entry: &Queued) -> bool {
+        let poll = self.capabilities.waiter_queue.unwrap_or_default();
+        entry.lease.fresh_at.elapsed() < poll / 2
+    }
+
     /// Keeps `token`'s waiting entry alive if its lease was last renewed
     /// an eighth of the cluster's shortest lease ago or longer; `false` if
     /// the lease (and with it the entry) is gone.
@@ -197,8 +204,7 @@ impl EtcdStore {
         token: LockToken,
         entry: &mut Queued,
     ) -> Result<bool, StoreError> {
-        let poll = self.capabilities.waiter_queue.unwrap_or_default();
-        if entry.lease.fresh_at.elapsed() < poll / 2 {
+        if self.fresh_in_queue(entry) {
             return Ok(true);
         }
         let sent_at = Instant::now();

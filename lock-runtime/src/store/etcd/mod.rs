@@ -233,10 +233,9 @@ impl Store for EtcdStore {
             // below, which keeps a queued entry alive), so a deletion the
             // watch missed holds a waiter up for one keep-alive period at
             // most, not until it gives up.
-            let poll = self.capabilities.waiter_queue.unwrap_or_default();
             if known
                 .as_ref()
-                .is_some_and(|e| placed(e, Place::Behind) && e.lease.fresh_at.elapsed() < poll / 2)
+                .is_some_and(|e| placed(e, Place::Behind) && self.fresh_in_queue(e))
             {
                 return Ok(Acquire::Held { remaining: None });
             }
