@@ -9,7 +9,7 @@ use syn::{ReturnType, Token, Type, parse_quote};
 
 use crate::input::{Body, LockFn};
 use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
-use crate::valid::{Config, validate};
+use crate::valid::{self, Config, validate};
 
 /// Entry point: never panics. On error it emits the error next to the
 /// function with the signature a correct attribute would have given it
@@ -330,10 +330,16 @@ fn finish(
     }
 }
 
-/// Builds `__private::options(ttl, wait_timeout, hold_at_least, watchdog, max_hold, name, notify_on_lost, permits, read, fencing)`:
-/// a literal becomes `Duration::from_millis(N)`, an expression is used as
-/// it is, typed `Duration` at its own span (so a wrong type is reported
-/// there).
+/// Builds the call site's spec from `__private::Args { ttl, .. }`: a
+/// literal duration becomes `Duration::from_millis(N)`, an expression is
+/// used as it is, typed `Duration` at its own span (so a wrong type is
+/// reported there).
+//
+// Input:  ttl = "10s", mode = "skip"
+// Output: { const __LOCK_SPEC: Spec = Args { ttl: Duration::from_millis(10000), .. }.checked(true); __LOCK_SPEC }
+//
+// With any expression among the options, `Args { .. }.unchecked()`: the
+// runtime checks it when the call runs.
 fn options(config: &Config) -> TokenStream {
     let krate = &config.krate;
     let duration = |value: &DurationArg| match value {
@@ -364,7 +370,11 @@ fn options(config: &Config) -> TokenStream {
     let hold_at_least = optional(&config.hold_at_least);
     let max_hold = optional(&config.max_hold);
     let name = &config.name;
-    let notify_on_lost = config.notify_on_lost;
+    let on_lost = if config.notify_on_lost {
+        quote!(#krate::OnLost::Notify)
+    } else {
+        quote!(#krate::OnLost::Cancel)
+    };
     let permits = match &config.permits {
         Some(expr) => quote_spanned! {expr.span()=> {
             let __lock_permits: u32 = #expr;
@@ -372,10 +382,34 @@ fn options(config: &Config) -> TokenStream {
         }},
         None => quote!(1u32),
     };
-    let read = config.read;
+    let access = if config.read {
+        quote!(#krate::Access::Read)
+    } else {
+        quote!(#krate::Access::Write)
+    };
     let fencing = config.fencing;
-    quote! {
-        #krate::__private::options(#ttl, #wait_timeout, #hold_at_least, #watchdog, #max_hold, #name, #notify_on_lost, #permits, #read, #fencing)
+    let args = quote! {
+        #krate::__private::Args {
+            ttl: #ttl,
+            wait_timeout: #wait_timeout,
+            hold_at_least: #hold_at_least,
+            watchdog: #watchdog,
+            max_hold: #max_hold,
+            name: #name,
+            on_lost: #on_lost,
+            permits: #permits,
+            access: #access,
+            fencing: #fencing,
+        }
+    };
+    if valid::all_literal(config) {
+        let single_attempt = config.mode == Mode::Skip;
+        quote! {{
+            const __LOCK_SPEC: #krate::__private::Spec = #args.checked(#single_attempt);
+            __LOCK_SPEC
+        }}
+    } else {
+        quote!(#args.unchecked())
     }
 }
 

@@ -63,7 +63,7 @@ use proc_macro::TokenStream;
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `on_lost = "notify"` | `"cancel"` | when the lease is lost while the body runs: `"cancel"` drops the body at its next `.await`; `"notify"` lets it run to its end, told by `lock_runtime::lost()` / `is_lost()`, for a body that must finish or undo a step. Either way the call then returns `LockError::Lost` (with `errors = "into"`, the body's own error if it returns one) |
 /// | `permits = 3` | `1` | a semaphore: at most this many bodies run at once per key, across every process (an integer literal or any `u32` expression); every caller of the key must give the same number |
-/// | `access = "read"` or `"write"` | `"write"` | a read-write lock: `"read"` bodies run together, a `"write"` body alone; a waiting writer holds new readers off; not with `permits` |
+/// | `access = "read"` or `"write"` | `"write"` | a read-write lock: `"read"` bodies run together, a `"write"` body alone; a waiting writer holds new readers off; `"read"` not with `permits` above 1 |
 /// | `registry = expr` | the global registry | the registry to lock in: an expression giving a `LockRegistry`, a reference to one or an `Arc` of one (`registry = self.locks`) |
 /// | `errors = "into"` | `"nested"` | for a body returning `Result<T, E>` with `E: From<LockError>`: wait mode returns `Result<T, E>` and skip mode `Result<Option<T>, E>`, the lock's errors converted into `E` (a missing `From` is one compile error at `E`); `"nested"` gives `Result<Result<T, E>, LockError>` |
 /// | `name = "stock"` | the key template(s) | the lock's name in metrics (the `lock` label) and spans: a fixed name, so a template's values do not make one series per key |
@@ -71,14 +71,18 @@ use proc_macro::TokenStream;
 ///
 /// Every argument is checked at compile time: an unknown or duplicate
 /// argument, a bad mode or duration, a placeholder that is not a parameter,
-/// unbalanced braces, `wait_timeout` in skip mode, `hold_at_least` longer than
-/// `ttl`, `max_hold` shorter than `ttl` or without the watchdog, and a
-/// non-`async` function are all errors that point at the offending token.
-/// Durations are at most ten years.
+/// unbalanced braces and a non-`async` function are errors that point at
+/// the offending token, and so is every option rule the runtime applies to
+/// `LockOptions`, with its message: a `ttl` under 1 ms, a duration over ten
+/// years, `permits = 0`, `permits` above 1 with `access = "read"`,
+/// `wait_timeout` in skip mode, `hold_at_least` longer than `ttl`,
+/// `max_hold` shorter than `ttl` or without the watchdog. Options that are
+/// all literals are then not checked again when the function runs.
 ///
-/// The four durations also take any expression of type
-/// [`Duration`](std::time::Duration), evaluated at each call: those are
-/// checked when the call runs (`LockError::InvalidOptions`).
+/// The four durations and `permits` also take any expression of type
+/// [`Duration`](std::time::Duration) (`u32` for `permits`), evaluated at
+/// each call: those are checked when the call runs
+/// (`LockError::InvalidOptions`).
 ///
 /// ```
 /// use std::time::Duration;

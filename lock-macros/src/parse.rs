@@ -35,10 +35,6 @@ pub(crate) const ARGUMENTS: &[&str] = &[
     "crate",
 ];
 
-/// The longest duration any argument accepts, in milliseconds: the
-/// runtime's bound on `LockOptions`.
-pub(crate) const MAX_MILLIS: u64 = lock_limits::MAX_DURATION.as_millis() as u64;
-
 /// The lease length when `ttl` is not given, in milliseconds: the
 /// runtime's default.
 pub(crate) const DEFAULT_TTL_MILLIS: u64 = lock_limits::DEFAULT_TTL.as_millis() as u64;
@@ -97,14 +93,6 @@ impl DurationArg {
         match self {
             DurationArg::Literal(millis) => Some(millis.millis),
             DurationArg::Expr(_) => None,
-        }
-    }
-
-    /// How an error message shows it.
-    pub(crate) fn shown(&self) -> String {
-        match self {
-            DurationArg::Literal(millis) => format!("{:?}", millis.lit.value()),
-            DurationArg::Expr(expr) => quote::ToTokens::to_token_stream(expr).to_string(),
         }
     }
 }
@@ -355,9 +343,10 @@ impl LockArgs {
     }
 }
 
-/// Refuses a `permits` literal that is not a number from 1 to `u32::MAX`;
-/// any other expression is checked by the compiler (its type) and the
-/// runtime (its value).
+/// Refuses a `permits` literal that is not a `u32`; its value's rules
+/// (`lock_limits::check`) are applied in `valid.rs`, and any other
+/// expression is checked by the compiler (its type) and the runtime (its
+/// value).
 fn check_permits(expr: &syn::Expr) -> syn::Result<()> {
     let syn::Expr::Lit(syn::ExprLit {
         lit: syn::Lit::Int(lit),
@@ -367,8 +356,8 @@ fn check_permits(expr: &syn::Expr) -> syn::Result<()> {
         return Ok(());
     };
     match lit.base10_parse::<u32>() {
-        Ok(n) if n >= 1 => Ok(()),
-        _ => Err(syn::Error::new(
+        Ok(_) => Ok(()),
+        Err(_) => Err(syn::Error::new(
             lit.span(),
             format!(
                 "`permits` must be from 1 to {}, got {}; 1 is a mutex",
@@ -469,19 +458,8 @@ fn parse_duration(lit: &LitStr, name: &str) -> syn::Result<Millis> {
             format!("invalid {name} {text:?}; expected e.g. \"500ms\", \"30s\", \"5m\", \"1m30s\""),
         )
     };
+    // Its value's rules (`lock_limits::check`) are applied in `valid.rs`.
     let millis = duration_millis(&text).ok_or_else(invalid)?;
-    if millis == 0 {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!("{name} {text:?} is zero; it must be at least \"1ms\""),
-        ));
-    }
-    if millis > MAX_MILLIS {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!("{name} {text:?} is too long; the longest accepted is ten years"),
-        ));
-    }
     Ok(Millis {
         millis,
         lit: lit.clone(),
@@ -625,8 +603,6 @@ mod tests {
             r#"unknown mode "block"; expected "wait" or "skip""#
         );
         assert!(error(r#"key = "k", ttl = "30x""#).starts_with(r#"invalid ttl "30x""#));
-        assert!(error(r#"key = "k", ttl = "0s""#).contains("is zero"));
-        assert!(error(r#"key = "k", ttl = "100000h""#).contains("too long"));
         assert!(error(r#"key = "k", crate = "not a path""#).contains("invalid crate path"));
     }
 
@@ -654,7 +630,6 @@ mod tests {
         .unwrap();
         assert!(matches!(args.ttl, Some(DurationArg::Expr(_))));
         assert_eq!(args.ttl_millis(), None);
-        assert_eq!(args.ttl.as_ref().unwrap().shown(), "TTL");
         assert!(matches!(args.wait_timeout, Some(DurationArg::Expr(_))));
         assert_eq!(args.hold_at_least.as_ref().unwrap().millis(), Some(1_000));
         assert!(args.registry.is_some());

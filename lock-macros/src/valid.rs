@@ -9,7 +9,9 @@ use syn::{FnArg, Pat};
 use crate::errors::Errors;
 use crate::input::{Body, LockFn};
 use crate::key::KeyTemplate;
-use crate::parse::{DEFAULT_TTL_MILLIS, DurationArg, LockArgs, Mode};
+use std::time::Duration;
+
+use crate::parse::{DurationArg, LockArgs, Mode};
 
 /// The checked arguments, in the form expansion needs them.
 pub(crate) struct Config {
@@ -130,63 +132,97 @@ fn check_function(func: &LockFn) -> syn::Result<()> {
     Ok(())
 }
 
-/// Adds to `errors` every way the options contradict each other.
+/// Adds to `errors` every rule of `lock_limits::check` the literal
+/// arguments break, with the runtime's message, at the argument the rule
+/// names; what depends on an expression is left to the runtime.
 fn check_options(args: &LockArgs, errors: &mut Errors) {
-    let ttl = args.ttl_millis();
-    if let (Some((_, permits)), Some(_)) = (&args.permits, &args.access) {
-        errors.push(syn::Error::new(
-            *permits,
-            "`permits` and `access` cannot be combined: a key is a semaphore (`permits`) or a read-write lock (`access`)",
-        ));
-    }
-    if let (Mode::Skip, Some(wait)) = (args.mode(), &args.wait_timeout) {
-        errors.push(syn::Error::new(
-            wait.span(),
-            "`wait_timeout` has no effect in skip mode, which never waits; remove it or use `mode = \"wait\"`",
-        ));
-    }
-    // Compared only when both are literals; the runtime checks the rest.
-    let longer = |value: &DurationArg| matches!((value.millis(), ttl), (Some(v), Some(t)) if v > t);
-    let shorter =
-        |value: &DurationArg| matches!((value.millis(), ttl), (Some(v), Some(t)) if v < t);
-    if let Some(hold) = args.hold_at_least.as_ref().filter(|hold| longer(hold)) {
-        errors.push(syn::Error::new(
-            hold.span(),
-            format!(
-                "`hold_at_least` ({}) is longer than `ttl` ({}); the lease would expire before it",
-                show(hold),
-                show_ttl(args)
-            ),
-        ));
-    }
-    if let Some(max_hold) = &args.max_hold {
-        if !args.watchdog() {
+    let permits = args.permits.as_ref().map(|(expr, span)| {
+        let value = match expr {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(lit),
+                ..
+            }) => lit.base10_parse::<u32>().ok().map(|n| (n, lit.span())),
+            _ => None,
+        };
+        value.unwrap_or((1, *span))
+    });
+    let span_of = |option: &str| -> Span {
+        let duration = |arg: &Option<DurationArg>| arg.as_ref().map(DurationArg::span);
+        match option {
+            "ttl" => duration(&args.ttl),
+            "wait_timeout" => duration(&args.wait_timeout),
+            "hold_at_least" => duration(&args.hold_at_least),
+            "max_hold" => duration(&args.max_hold),
+            "permits" => permits.map(|(_, span)| span),
+            _ => None,
+        }
+        .unwrap_or_else(Span::call_site)
+    };
+    let mut report = |rule: Result<(), lock_limits::Problem>| {
+        if let Err(problem) = rule {
             errors.push(syn::Error::new(
-                max_hold.span(),
-                "`max_hold` limits the watchdog's renewals and has no effect with `watchdog = false`; the `ttl` already bounds the hold",
+                span_of(problem.option()),
+                problem.to_string(),
             ));
-        } else if shorter(max_hold) {
-            errors.push(syn::Error::new(
-                max_hold.span(),
-                format!(
-                    "`max_hold` ({}) is shorter than `ttl` ({}); use a shorter `ttl` instead",
-                    show(max_hold),
-                    show_ttl(args)
-                ),
-            ));
+        }
+    };
+    let literal = |arg: &Option<DurationArg>| {
+        arg.as_ref()
+            .and_then(DurationArg::millis)
+            .map(Duration::from_millis)
+    };
+    let ttl = args.ttl_millis().map(Duration::from_millis);
+    for (option, value) in [
+        ("ttl", &args.ttl),
+        ("wait_timeout", &args.wait_timeout),
+        ("hold_at_least", &args.hold_at_least),
+        ("max_hold", &args.max_hold),
+    ] {
+        report(lock_limits::within_limit(option, literal(value)));
+    }
+    if let Some(ttl) = literal(&args.ttl) {
+        report(lock_limits::ttl_long_enough(ttl));
+    }
+    if let Some((permits, _)) = permits {
+        report(lock_limits::permits_fit(permits, args.read_access()));
+    }
+    // Only whether a wait timeout is given matters, not its value.
+    let wait_given = args.wait_timeout.as_ref().map(|_| Duration::ZERO);
+    report(lock_limits::waits_only_when_waiting(
+        args.mode() == Mode::Skip,
+        wait_given,
+    ));
+    if let (Some(hold), Some(ttl)) = (literal(&args.hold_at_least), ttl) {
+        report(lock_limits::hold_fits(hold, ttl));
+    }
+    if args.max_hold.is_some() {
+        let watchdog = lock_limits::max_hold_has_a_watchdog(args.watchdog());
+        let watchdog_missing = watchdog.is_err();
+        report(watchdog);
+        if let (false, Some(max_hold), Some(ttl)) = (watchdog_missing, literal(&args.max_hold), ttl)
+        {
+            report(lock_limits::max_hold_fits(max_hold, ttl));
         }
     }
 }
 
-fn show(value: &DurationArg) -> String {
-    value.shown()
-}
-
-fn show_ttl(args: &LockArgs) -> String {
-    args.ttl.as_ref().map_or_else(
-        || format!("default \"{}s\"", DEFAULT_TTL_MILLIS / 1000),
-        show,
-    )
+/// Whether every option is known at compile time (literals, or not
+/// given): then the whole spec is checked there.
+pub(crate) fn all_literal(config: &Config) -> bool {
+    let literal = |arg: &Option<DurationArg>| arg.as_ref().is_none_or(|arg| arg.millis().is_some());
+    literal(&config.ttl)
+        && literal(&config.wait_timeout)
+        && literal(&config.hold_at_least)
+        && literal(&config.max_hold)
+        && config.permits.as_ref().is_none_or(|expr| {
+            matches!(
+                expr,
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(_),
+                    ..
+                })
+            )
+        })
 }
 
 /// Every placeholder root must be `self` (on a method) or a name a
@@ -260,4 +296,68 @@ fn list(names: &[String]) -> String {
         .map(|name| format!("`{name}`"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::expand::distributed_lock;
+
+    /// The compile errors `args` on a plain `async fn run(id: u64)` give.
+    fn errors(args: &str) -> String {
+        let item = "async fn run(id: u64) {}";
+        distributed_lock(args.parse().unwrap(), item.parse().unwrap()).to_string()
+    }
+
+    #[test]
+    fn literal_options_break_the_runtimes_rules_with_its_messages() {
+        for (args, message) in [
+            (r#"key = "k", ttl = "0s""#, "`ttl` 0ns is shorter than 1ms"),
+            (
+                r#"key = "k", ttl = "100000h""#,
+                "`ttl` is longer than ten years",
+            ),
+            (r#"key = "k", permits = 0"#, "`permits` must be at least 1"),
+            (
+                r#"key = "k", permits = 3, access = "read""#,
+                "`permits` (3) and read access cannot be combined",
+            ),
+            (
+                r#"key = "k", mode = "skip", wait_timeout = "1s""#,
+                "`wait_timeout` has no effect on a single attempt",
+            ),
+            (
+                r#"key = "k", ttl = "10s", hold_at_least = "1m""#,
+                "`hold_at_least` 60s is longer than `ttl` 10s",
+            ),
+            (
+                r#"key = "k", max_hold = "1m", watchdog = false"#,
+                "`max_hold` limits the watchdog's renewals",
+            ),
+            (
+                r#"key = "k", max_hold = "10s""#,
+                "`max_hold` 10s is shorter than `ttl` 30s",
+            ),
+        ] {
+            let out = errors(args);
+            assert!(out.contains("compile_error"), "{args}: {out}");
+            assert!(out.contains(message), "{args}: {out}");
+        }
+    }
+
+    #[test]
+    fn what_the_rules_allow_compiles_to_a_spec_checked_once() {
+        for args in [
+            r#"key = "k", permits = 3, access = "write""#,
+            r#"key = "k", wait_timeout = "0s", hold_at_least = "0s""#,
+            r#"key = "k", ttl = "10s", hold_at_least = "10s", max_hold = "10s""#,
+        ] {
+            let out = errors(args);
+            assert!(!out.contains("compile_error"), "{args}: {out}");
+            assert!(out.contains("const __LOCK_SPEC"), "{args}: {out}");
+        }
+        // An expression is the runtime's to check, when the call runs.
+        let out = errors(r#"key = "k", ttl = TTL"#);
+        assert!(!out.contains("__LOCK_SPEC"), "{out}");
+        assert!(out.contains(". unchecked ()"), "{out}");
+    }
 }

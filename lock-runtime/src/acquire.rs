@@ -112,7 +112,6 @@ async fn contend(
     contended: &mut bool,
     wait: &Span,
 ) -> Result<Option<Granted>, LockError> {
-    opts.validate(key, mode)?;
     let claim = opts.claim();
     parts
         .capabilities

@@ -120,6 +120,7 @@ impl LockRegistry {
         opts: LockOptions,
     ) -> Result<LockGuards, LockError> {
         let keys = self.canonical(keys.iter().map(|key| (*key).to_owned()))?;
+        opts.validate(&keys[0].0, Mode::Wait)?;
         match self.acquire_all(&keys, &opts, Mode::Wait).await? {
             Some(guards) => Ok(LockGuards { guards }),
             None => Err(LockError::Timeout {
@@ -141,6 +142,7 @@ impl LockRegistry {
         opts: LockOptions,
     ) -> Result<Option<LockGuards>, LockError> {
         let keys = self.canonical(keys.iter().map(|key| (*key).to_owned()))?;
+        opts.validate(&keys[0].0, Mode::Skip)?;
         Ok(self
             .acquire_all(&keys, &opts, Mode::Skip)
             .await?
@@ -168,7 +170,8 @@ impl LockRegistry {
         Ok(pairs)
     }
 
-    /// Takes `keys` (in that order); `None` in skip mode when one is held.
+    /// Takes `keys` (in that order), `opts` checked for `mode`; `None` in
+    /// skip mode when one is held.
     /// Whatever was taken is released on a failure or a refusal.
     pub(crate) async fn acquire_all(
         &self,

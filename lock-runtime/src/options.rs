@@ -209,56 +209,26 @@ impl LockOptions {
         self
     }
 
-    /// Checks ranges and combinations; the error names `key` and the problem.
+    /// Checks the options' rules (`lock_limits::check`, which the
+    /// attribute applies to its literals too); the error names `key` and
+    /// the rule broken.
     pub(crate) fn validate(&self, key: &str, mode: Mode) -> Result<(), LockError> {
-        let invalid = |reason: String| Err(LockError::invalid_options(key, reason));
-        for (name, value) in [
-            ("ttl", Some(self.ttl)),
-            ("wait_timeout", self.wait_timeout),
-            ("hold_at_least", self.hold_at_least),
-            ("max_hold", self.max_hold),
-        ] {
-            if value.is_some_and(|v| v > MAX_DURATION) {
-                return invalid(format!("{name} is longer than ten years"));
-            }
+        lock_limits::check(&self.rule_values(mode))
+            .map_err(|problem| LockError::invalid_options(key, problem.to_string()))
+    }
+
+    /// What the rules read, for calls in `mode`.
+    pub(crate) const fn rule_values(&self, mode: Mode) -> lock_limits::Options {
+        lock_limits::Options {
+            ttl: self.ttl,
+            wait_timeout: self.wait_timeout,
+            hold_at_least: self.hold_at_least,
+            max_hold: self.max_hold,
+            watchdog: self.watchdog,
+            permits: self.permits,
+            read: matches!(self.access, Access::Read),
+            single_attempt: matches!(mode, Mode::Skip),
         }
-        if self.ttl < Duration::from_millis(1) {
-            return invalid(format!("ttl {:?} is shorter than 1ms", self.ttl));
-        }
-        if self.permits == 0 {
-            return invalid("permits must be at least 1".into());
-        }
-        if self.permits > 1 && self.access == Access::Read {
-            return invalid(format!(
-                "permits ({}) and read access cannot be combined: a key is a semaphore or a read-write lock",
-                self.permits
-            ));
-        }
-        if mode == Mode::Skip && self.wait_timeout.is_some() {
-            return invalid(
-                "wait_timeout has no effect on a single attempt (skip mode, try_lock)".into(),
-            );
-        }
-        if let Some(hold) = self.hold_at_least.filter(|&hold| hold > self.ttl) {
-            return invalid(format!(
-                "hold_at_least {hold:?} is longer than ttl {:?}; the lease would expire before it",
-                self.ttl
-            ));
-        }
-        if let Some(max_hold) = self.max_hold {
-            if !self.watchdog {
-                return invalid(
-                    "max_hold limits the watchdog and has no effect with the watchdog off".into(),
-                );
-            }
-            if max_hold < self.ttl {
-                return invalid(format!(
-                    "max_hold {max_hold:?} is shorter than ttl {:?}; use a shorter ttl instead",
-                    self.ttl
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -309,19 +279,19 @@ mod tests {
         let zero = check(LockOptions::default().ttl(Duration::ZERO), Mode::Wait);
         assert_eq!(
             zero,
-            "invalid options for lock `k:1`: ttl 0ns is shorter than 1ms"
+            "invalid options for lock `k:1`: `ttl` 0ns is shorter than 1ms"
         );
         let huge = check(LockOptions::default().ttl(Duration::MAX), Mode::Wait);
         assert_eq!(
             huge,
-            "invalid options for lock `k:1`: ttl is longer than ten years"
+            "invalid options for lock `k:1`: `ttl` is longer than ten years, the longest a duration may be"
         );
         let wait = check(
             LockOptions::default().wait_timeout(Duration::MAX),
             Mode::Wait,
         );
         assert!(
-            wait.contains("wait_timeout is longer than ten years"),
+            wait.contains("`wait_timeout` is longer than ten years"),
             "{wait}"
         );
     }
@@ -332,16 +302,19 @@ mod tests {
         let base = LockOptions::default().ttl(ttl);
         let skip_wait = check(base.clone().wait_timeout(ttl), Mode::Skip);
         assert!(
-            skip_wait.contains("wait_timeout has no effect"),
+            skip_wait.contains("`wait_timeout` has no effect"),
             "{skip_wait}"
         );
         let hold = check(base.clone().hold_at_least(ttl * 2), Mode::Skip);
         assert!(
-            hold.contains("hold_at_least 20s is longer than ttl 10s"),
+            hold.contains("`hold_at_least` 20s is longer than `ttl` 10s"),
             "{hold}"
         );
         let max = check(base.clone().max_hold(ttl / 2), Mode::Wait);
-        assert!(max.contains("max_hold 5s is shorter than ttl 10s"), "{max}");
+        assert!(
+            max.contains("`max_hold` 5s is shorter than `ttl` 10s"),
+            "{max}"
+        );
         let no_dog = check(base.clone().watchdog(false).max_hold(ttl * 2), Mode::Wait);
         assert!(no_dog.contains("watchdog off"), "{no_dog}");
         assert_eq!(

@@ -47,40 +47,89 @@ pub fn render_key(args: fmt::Arguments<'_>) -> Arc<str> {
         .unwrap_or_else(|_| fmt::format(args).into())
 }
 
-/// Builds the options the attribute's arguments describe (literals made
+/// The attribute's arguments, by name: a literal duration made
 /// `Duration::from_millis(..)` at compile time, or the user's `Duration`
-/// expressions, checked when the call runs); `name` labels its metrics;
-/// `permits` and `read` make a semaphore or a read lock; `fencing` is
-/// `false` for `fencing = false`.
+/// expression; `name` labels its metrics.
 #[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub const fn options(
-    ttl: Duration,
-    wait_timeout: Option<Duration>,
-    hold_at_least: Option<Duration>,
-    watchdog: bool,
-    max_hold: Option<Duration>,
-    name: &'static str,
-    notify_on_lost: bool,
-    permits: u32,
-    read: bool,
-    fencing: bool,
-) -> LockOptions {
-    LockOptions {
-        fencing,
-        permits,
-        access: if read { Access::Read } else { Access::Write },
-        ttl,
-        wait_timeout,
-        hold_at_least,
-        watchdog,
-        max_hold,
-        name: Some(name),
-        on_lost: if notify_on_lost {
-            OnLost::Notify
+#[derive(Clone, Copy, Debug)]
+pub struct Args {
+    pub ttl: Duration,
+    pub wait_timeout: Option<Duration>,
+    pub hold_at_least: Option<Duration>,
+    pub watchdog: bool,
+    pub max_hold: Option<Duration>,
+    pub name: &'static str,
+    pub on_lost: OnLost,
+    pub permits: u32,
+    pub access: Access,
+    pub fencing: bool,
+}
+
+/// One call site's options, and whether their rules were checked already.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct Spec {
+    options: LockOptions,
+    checked: bool,
+}
+
+impl Args {
+    /// The spec of arguments that are all literals, checked here, at
+    /// compile time (the attribute emits it as a `const`): the rules are
+    /// `lock_limits::check`'s, which the attribute applied already to
+    /// report the argument at fault, so this panic is only a backstop.
+    /// `single_attempt` for skip mode.
+    pub const fn checked(self, single_attempt: bool) -> Spec {
+        let options = self.options();
+        let mode = if single_attempt {
+            Mode::Skip
         } else {
-            OnLost::Cancel
-        },
+            Mode::Wait
+        };
+        if lock_limits::check(&options.rule_values(mode)).is_err() {
+            panic!(
+                "the options of this `#[distributed_lock]` break a rule of `lock_limits::check`"
+            );
+        }
+        Spec {
+            options,
+            checked: true,
+        }
+    }
+
+    /// The spec of arguments some of which are expressions: checked when
+    /// the call runs.
+    pub const fn unchecked(self) -> Spec {
+        Spec {
+            options: self.options(),
+            checked: false,
+        }
+    }
+
+    const fn options(self) -> LockOptions {
+        LockOptions {
+            fencing: self.fencing,
+            permits: self.permits,
+            access: self.access,
+            ttl: self.ttl,
+            wait_timeout: self.wait_timeout,
+            hold_at_least: self.hold_at_least,
+            watchdog: self.watchdog,
+            max_hold: self.max_hold,
+            name: Some(self.name),
+            on_lost: self.on_lost,
+        }
+    }
+}
+
+impl Spec {
+    /// The options, checked for calls in `mode` unless they were at
+    /// compile time; an error names `key`.
+    fn options(self, key: &str, mode: Mode) -> Result<LockOptions, LockError> {
+        if !self.checked {
+            self.options.validate(key, mode)?;
+        }
+        Ok(self.options)
     }
 }
 
@@ -108,11 +157,11 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 #[doc(hidden)]
 pub async fn run_wait<F: Future>(
     key: Arc<str>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    run_wait_in(crate::registry()?, key, opts, failed, body).await
+    run_wait_in(crate::registry()?, key, spec, failed, body).await
 }
 
 /// [`run_wait`] on the registry of `registry = expr`.
@@ -120,10 +169,11 @@ pub async fn run_wait<F: Future>(
 pub async fn run_wait_in<F: Future>(
     registry: &LockRegistry,
     key: Arc<str>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
+    let opts = spec.options(&key, Mode::Wait)?;
     let full_key = registry.full_key_of(&key)?;
     registry
         .run_waiting(&key, full_key, opts, failed, body)
@@ -134,11 +184,11 @@ pub async fn run_wait_in<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip<F: Future>(
     key: Arc<str>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    run_skip_in(crate::registry()?, key, opts, failed, body).await
+    run_skip_in(crate::registry()?, key, spec, failed, body).await
 }
 
 /// [`run_skip`] on the registry of `registry = expr`.
@@ -146,10 +196,11 @@ pub async fn run_skip<F: Future>(
 pub async fn run_skip_in<F: Future>(
     registry: &LockRegistry,
     key: Arc<str>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
+    let opts = spec.options(&key, Mode::Skip)?;
     let full_key = registry.full_key_of(&key)?;
     if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
         body::check_reentry(&key, frame.claim, opts.claim())?;
@@ -170,12 +221,12 @@ pub async fn run_skip_in<F: Future>(
 pub async fn run_wait_all<F: Future>(
     registry: Option<&LockRegistry>,
     keys: Vec<Arc<str>>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
     let first = keys.first().map(ToString::to_string).unwrap_or_default();
-    match run_all(registry, keys, opts, Mode::Wait, failed, body).await? {
+    match run_all(registry, keys, spec, Mode::Wait, failed, body).await? {
         Some(output) => Ok(output),
         None => Err(LockError::Timeout {
             key: LockError::shown_key(&first),
@@ -189,11 +240,11 @@ pub async fn run_wait_all<F: Future>(
 pub async fn run_skip_all<F: Future>(
     registry: Option<&LockRegistry>,
     keys: Vec<Arc<str>>,
-    opts: LockOptions,
+    spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    run_all(registry, keys, opts, Mode::Skip, failed, body).await
+    run_all(registry, keys, spec, Mode::Skip, failed, body).await
 }
 
 /// Takes the keys this task does not hold yet, runs `body` under every
@@ -201,11 +252,12 @@ pub async fn run_skip_all<F: Future>(
 async fn run_all<F: Future>(
     registry: Option<&LockRegistry>,
     keys: Vec<Arc<str>>,
-    opts: LockOptions,
+    spec: Spec,
     mode: Mode,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
+    let opts = spec.options(keys.first().map_or("", |key| &**key), mode)?;
     let registry = match registry {
         Some(registry) => registry,
         None => crate::registry()?,

@@ -193,6 +193,7 @@ impl LockRegistry {
     /// [`try_lock`](Self::try_lock), [`lock_all`](Self::lock_all) and the
     /// attribute's functions.
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
+        opts.validate(key, Mode::Wait)?;
         let full_key = self.full_key(key)?;
         self.wait_for(key, &full_key, &opts).await
     }
@@ -233,13 +234,14 @@ impl LockRegistry {
         opts: LockOptions,
         body: F,
     ) -> Result<F::Output, LockError> {
+        opts.validate(key, Mode::Wait)?;
         let full_key = self.full_key(key)?;
         self.run_waiting(key, full_key, opts, |_| false, body).await
     }
 
     /// [`with_lock`](Self::with_lock) on the namespaced `full_key`, for the
-    /// attribute too: `failed` tells whether the body's output is its own
-    /// error.
+    /// attribute too, with `opts` checked for wait mode: `failed` tells
+    /// whether the body's output is its own error.
     pub(crate) async fn run_waiting<F: Future>(
         &self,
         key: &str,
@@ -256,7 +258,8 @@ impl LockRegistry {
         body::run_locked(guard, opts.on_lost, failed, body).await
     }
 
-    /// Waits for the lock on an already namespaced key.
+    /// Waits for the lock on an already namespaced key, `opts` checked for
+    /// wait mode.
     pub(crate) async fn wait_for(
         &self,
         key: &str,
@@ -285,6 +288,7 @@ impl LockRegistry {
         key: &str,
         opts: LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
+        opts.validate(key, Mode::Skip)?;
         let full_key = self.full_key(key)?;
         self.acquire(key, &full_key, &opts, Mode::Skip).await
     }
@@ -363,6 +367,8 @@ impl LockRegistry {
         }))
     }
 
+    /// Takes the lock on `full_key` in `mode`, with `opts` checked for it
+    /// (`LockOptions::validate`): `None` when skip mode found it held.
     pub(crate) async fn acquire(
         &self,
         key: &str,

@@ -217,7 +217,7 @@ async fn invalid_options_name_the_key_and_problem() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "invalid options for lock `report`: ttl 0ns is shorter than 1ms"
+        "invalid options for lock `report`: `ttl` 0ns is shorter than 1ms"
     );
     let err = registry
         .try_lock(
