@@ -173,6 +173,7 @@ impl EtcdStoreBuilder {
         // an unreachable cluster shows here.
         let mut store = EtcdStore {
             inner: Arc::new(store),
+            min_ttl: Duration::from_secs(1),
             capabilities: capabilities(Duration::from_secs(1)),
         };
         let min_ttl = store.min_ttl().await.map_err(|err| {
@@ -181,6 +182,7 @@ impl EtcdStoreBuilder {
                 store.inner.shown
             )
         })?;
+        store.min_ttl = min_ttl;
         store.capabilities = capabilities(min_ttl);
         Ok(store)
     }

@@ -192,7 +192,7 @@ impl EtcdStore {
     /// Whether a waiting entry's lease was renewed less than an eighth of
     /// the cluster's shortest lease ago: not yet due to be kept alive.
     pub(super) fn fresh_in_queue(&self, entry: &Queued) -> bool {
-        let poll = self.capabilities.waiter_queue.unwrap_or_default();
+        let poll = super::queue_poll(self.min_ttl);
         entry.lease.fresh_at.elapsed() < poll / 2
     }
 

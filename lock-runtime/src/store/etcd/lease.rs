@@ -164,7 +164,7 @@ impl Lease for EtcdLease {
             } else {
                 // What is left moves to a lease of its own, which expires;
                 // at least the cluster's minimum, which it would grant anyway.
-                let min = whole_seconds(store.capabilities.min_ttl);
+                let min = whole_seconds(store.min_ttl);
                 Some(store.grant(whole_seconds(linger).max(min)).await?)
             };
             let build = || {

@@ -158,10 +158,16 @@ fn capabilities(min_ttl: Duration) -> Capabilities {
         .with_linger()
         .with_pushed_losses()
         // A waiter's entry lives on its lease, kept alive as it asks again.
-        .with_waiter_queue(min_ttl.checked_div(4).unwrap_or_default())
+        .with_waiter_queue(queue_poll(min_ttl))
         .with_fencing(FencingPromise::INCREASING.surviving_data_loss())
         .with_shares()
         .with_permits()
+}
+
+/// How often a waiter asks again, keeping its queued entry's lease alive:
+/// a quarter of the cluster's shortest lease.
+fn queue_poll(min_ttl: Duration) -> Duration {
+    min_ttl.checked_div(4).unwrap_or_default()
 }
 
 /// The etcd store. Cheap to clone; clones share the connection and the
@@ -187,6 +193,8 @@ pub struct EtcdStore {
     /// One allocation for every clone: a held lock keeps a clone, and
     /// cloning the clients themselves allocates.
     inner: Arc<Inner>,
+    /// The cluster's shortest lease, asked at connect.
+    min_ttl: Duration,
     capabilities: Capabilities,
 }
 
@@ -365,7 +373,7 @@ impl fmt::Debug for EtcdStore {
         f.debug_struct("EtcdStore")
             .field("endpoints", &self.inner.shown)
             .field("prefix", &self.inner.prefix)
-            .field("min_ttl", &self.capabilities.min_ttl)
+            .field("min_ttl", &self.min_ttl)
             .finish_non_exhaustive()
     }
 }

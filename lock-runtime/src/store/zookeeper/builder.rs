@@ -162,6 +162,7 @@ impl ZooKeeperStoreBuilder {
                 deletions: deletions::Deletions::default(),
                 overdue: dues::Dues::default(),
             }),
+            session_timeout,
             capabilities: capabilities(session_timeout),
             shown,
         };

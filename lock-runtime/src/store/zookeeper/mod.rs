@@ -124,6 +124,8 @@ fn capabilities(session_timeout: Duration) -> Capabilities {
 #[derive(Clone)]
 pub struct ZooKeeperStore {
     shared: Arc<Shared>,
+    /// The session timeout the ensemble granted: the longest ttl.
+    session_timeout: Duration,
     capabilities: Capabilities,
     shown: String,
 }
@@ -133,7 +135,7 @@ impl fmt::Debug for ZooKeeperStore {
         f.debug_struct("ZooKeeperStore")
             .field("servers", &self.shown)
             .field("root", &self.shared.root)
-            .field("session_timeout", &self.capabilities.max_ttl)
+            .field("session_timeout", &self.session_timeout)
             .finish_non_exhaustive()
     }
 }
