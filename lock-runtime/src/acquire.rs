@@ -17,6 +17,7 @@ use tracing::Span;
 use crate::error::LockError;
 use crate::local_queue::{Grant, LocalPermit, LocalQueues};
 use crate::options::{LockOptions, Mode};
+use crate::registry::LockRegistry;
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
     StoreErrorKind,
@@ -37,10 +38,9 @@ pub(crate) struct Parts<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) local: &'a LocalQueues,
     pub(crate) capabilities: &'a Capabilities,
-    /// Tells registries apart, for re-entrancy.
-    pub(crate) registry: usize,
-    /// Identifies the registry to the per-thread renewers.
-    pub(crate) renewal_owner: &'a Arc<()>,
+    /// The registry taking the lock: its identity tells registries apart
+    /// for re-entrancy and for the per-thread renewers.
+    pub(crate) registry: &'a LockRegistry,
     /// The namespace's length in the full key.
     pub(crate) prefix_len: usize,
     /// The lock's `distributed_lock` span.

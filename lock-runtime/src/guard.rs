@@ -172,7 +172,7 @@ impl LockGuard {
             ended: AtomicBool::new(false),
         };
         let renewal = Renewal::start(
-            parts.renewal_owner,
+            parts.registry.identity(),
             Schedule {
                 ttl: opts.ttl,
                 valid_for: caps.valid_for(opts.ttl),
@@ -186,7 +186,7 @@ impl LockGuard {
         renewal.held().loss.listen(listener);
         LockGuard {
             held: Some(Holding {
-                registry: parts.registry,
+                registry: parts.registry.id(),
                 fencing: grant.fencing,
                 claim: opts.claim(),
                 acquired_at: grant.sent_at,

@@ -87,8 +87,6 @@ struct Inner {
     /// `"ns:"`, or empty without a namespace.
     prefix: String,
     local: LocalQueues,
-    /// Identifies this registry to the per-thread lease renewers.
-    renewal_owner: Arc<()>,
 }
 
 /// Builds a [`LockRegistry`] over any [`Store`].
@@ -153,7 +151,6 @@ impl LockRegistry {
                 store,
                 prefix,
                 local: LocalQueues::default(),
-                renewal_owner: Arc::default(),
             }),
         }
     }
@@ -161,13 +158,6 @@ impl LockRegistry {
     /// The store this registry uses.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
-    }
-
-    /// The store this registry uses.
-    #[doc(hidden)]
-    #[deprecated(since = "0.1.0", note = "renamed to `store()`")]
-    pub fn backend(&self) -> &Arc<dyn Store> {
-        self.store()
     }
 
     /// Waits for the lock on `key` and returns its guard.
@@ -384,8 +374,7 @@ impl LockRegistry {
             store: &inner.store,
             local: &inner.local,
             capabilities,
-            registry: self.id(),
-            renewal_owner: &inner.renewal_owner,
+            registry: self,
             prefix_len: inner.prefix.len(),
             span: &span,
             labels,
@@ -397,7 +386,14 @@ impl LockRegistry {
         Ok(Some(LockGuard::new(&parts, grant, opts, permit)))
     }
 
-    /// An id that tells registries apart (clones share it).
+    /// The registry's identity, which its clones share: its shared state.
+    /// Each thread's lease renewers serve a registry while it lives.
+    pub(crate) fn identity(&self) -> &Arc<impl Send + Sync + 'static> {
+        &self.inner
+    }
+
+    /// The address of [`identity`](Self::identity): how a task's frames
+    /// name the registry that took a key.
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.inner) as *const () as usize
     }

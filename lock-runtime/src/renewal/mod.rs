@@ -229,7 +229,11 @@ impl<R: Renewable + 'static> Renewal<R> {
     /// Starts looking after the lease `held` holds on `schedule`; when it
     /// is lost, its [`Renewable::lose`] is called. `owner` identifies the
     /// registry.
-    pub(crate) fn start(owner: &Arc<()>, schedule: Schedule, held: R) -> Renewal<R> {
+    pub(crate) fn start<T: Send + Sync + 'static>(
+        owner: &Arc<T>,
+        schedule: Schedule,
+        held: R,
+    ) -> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
         let acquired_at = schedule.acquired_at;
         let entry = Arc::new(Entry {

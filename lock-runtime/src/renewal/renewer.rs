@@ -91,22 +91,24 @@ impl Drop for Renewer {
     }
 }
 
+/// A registry's identity, not kept alive by its renewers.
+type RegistryId = Weak<dyn Send + Sync>;
+
 thread_local! {
-    /// This thread's renewers, one per registry (told apart by `owner`).
-    static RENEWERS: RefCell<Vec<(Weak<()>, Arc<Renewer>)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's renewers, one per registry.
+    static RENEWERS: RefCell<Vec<(RegistryId, Arc<Renewer>)>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Renewer {
-    /// This thread's renewer for the registry whose liveness `owner` tracks.
-    pub(super) fn for_this_thread(owner: &Arc<()>) -> Arc<Renewer> {
+    /// This thread's renewer for the registry whose identity is `owner`.
+    pub(super) fn for_this_thread<T: Send + Sync + 'static>(owner: &Arc<T>) -> Arc<Renewer> {
         RENEWERS.with(|renewers| {
             let mut renewers = renewers.borrow_mut();
             renewers.retain(|(registry, _)| registry.strong_count() > 0);
-            if let Some((_, renewer)) = renewers.iter().find(|(registry, _)| {
-                registry
-                    .upgrade()
-                    .is_some_and(|registry| Arc::ptr_eq(&registry, owner))
-            }) {
+            if let Some((_, renewer)) = renewers
+                .iter()
+                .find(|(registry, _)| std::ptr::addr_eq(registry.as_ptr(), Arc::as_ptr(owner)))
+            {
                 return renewer.clone();
             }
             let renewer = Arc::new(Renewer {
@@ -115,7 +117,8 @@ impl Renewer {
                 #[cfg(test)]
                 wakes: Default::default(),
             });
-            renewers.push((Arc::downgrade(owner), renewer.clone()));
+            let registry: Weak<T> = Arc::downgrade(owner);
+            renewers.push((registry as RegistryId, renewer.clone()));
             renewer
         })
     }

@@ -229,7 +229,7 @@ impl EtcdStore {
     }
 }
 
-/// Runs `call` within `timeout`; errors and timeouts as backend errors.
+/// Runs `call` within `timeout`; errors and timeouts as store errors.
 pub(super) async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, etcd_client::Error>>,

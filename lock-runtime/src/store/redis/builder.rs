@@ -111,7 +111,7 @@ impl RedisStoreBuilder {
         if let Err(reason) = self.check() {
             return Err(invalid_settings(shown, reason));
         }
-        connect::opened("redis", shown, self.connect_backend()).await
+        connect::opened("redis", shown, self.connect_store()).await
     }
 
     /// Whether the settings can work together: what makes them unusable.
@@ -131,7 +131,7 @@ impl RedisStoreBuilder {
     }
 
     /// [`connect`](Self::connect), with the store's own error.
-    pub(crate) async fn connect_backend(self) -> Result<RedisStore, StoreError> {
+    pub(crate) async fn connect_store(self) -> Result<RedisStore, StoreError> {
         self.check()?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeouts.response))

@@ -93,13 +93,14 @@ struct Node {
     /// Its URL and connection settings.
     builder: RedisStoreBuilder,
     shown: String,
-    backend: OnceCell<RedisStore>,
+    store: OnceCell<RedisStore>,
 }
 
 impl Node {
-    async fn backend(&self) -> Result<&RedisStore, StoreError> {
-        self.backend
-            .get_or_try_init(|| self.builder.clone().connect_backend())
+    /// Its store, connected now if it was not yet.
+    async fn store(&self) -> Result<&RedisStore, StoreError> {
+        self.store
+            .get_or_try_init(|| self.builder.clone().connect_store())
             .await
     }
 }
@@ -159,30 +160,30 @@ impl RedlockStore {
                 .into());
             }
         }
-        let backend = RedlockStore {
+        let redlock = RedlockStore {
             nodes: urls
                 .iter()
                 .map(|url| Node {
                     builder: node(url),
                     shown: redact(url),
-                    backend: OnceCell::new(),
+                    store: OnceCell::new(),
                 })
                 .collect(),
             capabilities: capabilities(&timing),
             timing,
         };
-        let reached = join_all(backend.nodes.iter().map(|node| async move {
-            timeout(Duration::from_secs(2), node.backend())
+        let reached = join_all(redlock.nodes.iter().map(|node| async move {
+            timeout(Duration::from_secs(2), node.store())
                 .await
                 .map_err(|_| -> StoreError { "timed out".into() })
                 .and_then(|result| result.map(|_| ()))
         }))
         .await;
         let up = reached.iter().filter(|result| result.is_ok()).count();
-        if up < backend.quorum() {
-            return Err(backend.no_quorum("connect", up, &reached).into());
+        if up < redlock.quorum() {
+            return Err(redlock.no_quorum("connect", up, &reached).into());
         }
-        Ok(backend)
+        Ok(redlock)
     }
 
     /// How many nodes must agree: N/2 + 1.
@@ -247,7 +248,7 @@ where
     F: Fn(&'a RedisStore) -> Fut,
     Fut: std::future::Future<Output = NodeResult<T>> + 'a,
 {
-    let call = async move { op(node.backend().await?).await };
+    let call = async move { op(node.store().await?).await };
     match timeout(limit, call).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {limit:?}").into()),

@@ -223,38 +223,38 @@ impl std::fmt::Debug for Clients {
 }
 
 /// One attempt by `token`; panics on a store error.
-async fn attempt(backend: &Arc<dyn Store>, key: &str, token: LockToken, ttl: Duration) -> Acquire {
-    attempt_with(backend, key, token, ttl, &LossSignal::new()).await
+async fn attempt(store: &Arc<dyn Store>, key: &str, token: LockToken, ttl: Duration) -> Acquire {
+    attempt_with(store, key, token, ttl, &LossSignal::new()).await
 }
 
 /// One attempt by a caller that waits if refused.
 async fn waiting_attempt(
-    backend: &Arc<dyn Store>,
+    store: &Arc<dyn Store>,
     key: &str,
     token: LockToken,
     ttl: Duration,
 ) -> Acquire {
     let loss = LossSignal::new();
     let request = AcquireRequest::new(key, token, ttl, &loss).waiting(true);
-    backend.acquire(request).await.expect("acquire")
+    store.acquire(request).await.expect("acquire")
 }
 
 async fn attempt_with(
-    backend: &Arc<dyn Store>,
+    store: &Arc<dyn Store>,
     key: &str,
     token: LockToken,
     ttl: Duration,
     loss: &LossSignal,
 ) -> Acquire {
     let request = AcquireRequest::new(key, token, ttl, loss);
-    backend.acquire(request).await.expect("acquire")
+    store.acquire(request).await.expect("acquire")
 }
 
 /// One attempt claiming `claim`.
-async fn claim(backend: &Arc<dyn Store>, key: &str, claim: Claim) -> Acquire {
+async fn claim(store: &Arc<dyn Store>, key: &str, claim: Claim) -> Acquire {
     let loss = LossSignal::new();
     let request = AcquireRequest::new(key, LockToken::random(), TTL, &loss).claiming(claim);
-    backend.acquire(request).await.expect("acquire")
+    store.acquire(request).await.expect("acquire")
 }
 
 /// The new fencing token of a hand-over that moved the lease (nobody else
