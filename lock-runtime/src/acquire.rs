@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Span;
 
 use crate::error::LockError;
-use crate::local_queue::{Grant, LocalPermit, LocalQueues};
+use crate::local_queue::{Grant, LocalQueues, LocalTurn};
 use crate::options::{LockOptions, Mode};
 use crate::registry::LockRegistry;
 use crate::store::{
@@ -50,7 +50,7 @@ pub(crate) struct Parts<'a> {
 }
 
 /// A lease that is ours, and this process's turn at its key.
-pub(crate) type Granted = (Grant, LocalPermit);
+pub(crate) type Granted = (Grant, LocalTurn);
 
 /// Queues locally, then contends in the store: the lease and the turn,
 /// for the caller to hold; `None` only in skip mode.
@@ -124,22 +124,24 @@ async fn contend(
     };
     // Tasks of this process queue for an exclusive claim, so one of them
     // contends in the store; claims many may hold at once go to the store.
-    let permit = if claim == Claim::Exclusive {
-        match parts.local.slot(full_key).try_lock() {
-            Ok(permit) => permit,
-            Err(slot) => {
+    let turn = if claim == Claim::Exclusive {
+        match parts.local.join(full_key).try_lock() {
+            Ok(turn) => turn,
+            Err(member) => {
                 *contended = true;
                 if mode == Mode::Skip {
                     tracing::debug!(parent: wait, key, "lock held by another task of this process; skipping");
                     return Ok(None);
                 }
-                within(deadline, slot.lock()).await.ok_or_else(timed_out)?
+                within(deadline, member.lock())
+                    .await
+                    .ok_or_else(timed_out)?
             }
         }
     } else {
-        LocalPermit::unqueued(full_key.clone())
+        LocalTurn::unqueued(full_key.clone())
     };
-    if let Some(mut handed) = permit.take_handed() {
+    if let Some(mut handed) = turn.take_handed() {
         if handed.ttl == opts.ttl && !handed.loss.is_raised() {
             if !opts.fencing {
                 handed.fencing = 0;
@@ -151,7 +153,7 @@ async fn contend(
                 waited_ms = started.elapsed().as_millis() as u64,
                 "lock handed over by the previous holder in this process"
             );
-            return Ok(Some((handed, permit)));
+            return Ok(Some((handed, turn)));
         }
         // Handed over with another ttl (or lost meanwhile): give it back
         // and take our own.
@@ -169,21 +171,21 @@ async fn contend(
     // Not queued behind anyone: the first request goes out now, as good as
     // when the call began (a clock read saved on the common path).
     let mut first_sent_at = (!*contended).then_some(started);
-    // The stakes borrow `permit`: they end in this block, before it is
+    // The stakes borrow `turn`: they end in this block, before it is
     // returned.
     let outcome = {
         // A waiter's place in a store's queue: given up if the wait ends
         // without the lock.
         let mut place = (queue_poll.is_some() && mode == Mode::Wait)
-            .then(|| Stake::new(parts.store, &permit, token));
+            .then(|| Stake::new(parts.store, &turn, token));
         // Whether the store answered the last call: if not, undoing the
         // stakes would wait on it too.
         let mut answering = true;
         let outcome = async {
             loop {
                 let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-                let attempt = Stake::new(parts.store, &permit, token);
-                let request = AcquireRequest::with_shared_key(permit.key(), token, opts.ttl, &loss)
+                let attempt = Stake::new(parts.store, &turn, token);
+                let request = AcquireRequest::with_shared_key(turn.key(), token, opts.ttl, &loss)
                     .claiming(claim)
                     .waiting(mode == Mode::Wait)
                     .fencing(opts.fencing)
@@ -222,13 +224,13 @@ async fn contend(
                             "lock acquired"
                         );
                         // A lease the store prepared ahead counts from then.
-                        let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                         let grant = Grant {
                             lease,
                             loss,
                             fencing,
                             ttl: opts.ttl,
-                            sent_at,
+                            started_at,
                             chain: 0,
                         };
                         return Ok(Some(grant));
@@ -243,7 +245,7 @@ async fn contend(
                 let Some(watch) = watch.as_mut() else {
                     // Subscribe, then retry at once: a release that happened
                     // between the attempt and the subscription is not missed.
-                    let Some(subscribed) = within(deadline, store.watch(permit.key())).await else {
+                    let Some(subscribed) = within(deadline, store.watch(turn.key())).await else {
                         answering = false;
                         return Err(timed_out());
                     };
@@ -291,7 +293,7 @@ async fn contend(
         }
         outcome
     };
-    Ok(outcome?.map(|grant| (grant, permit)))
+    Ok(outcome?.map(|grant| (grant, turn)))
 }
 
 /// `token`'s stake in the store, given up there (abandoned) if dropped
@@ -301,16 +303,16 @@ async fn contend(
 /// without the lock.
 struct Stake<'a> {
     store: &'a Arc<dyn Store>,
-    permit: &'a LocalPermit,
+    turn: &'a LocalTurn,
     token: LockToken,
     settled: bool,
 }
 
 impl<'a> Stake<'a> {
-    fn new(store: &'a Arc<dyn Store>, permit: &'a LocalPermit, token: LockToken) -> Self {
+    fn new(store: &'a Arc<dyn Store>, turn: &'a LocalTurn, token: LockToken) -> Self {
         Stake {
             store,
-            permit,
+            turn,
             token,
             settled: false,
         }
@@ -325,7 +327,7 @@ impl<'a> Stake<'a> {
     /// Gives the stake up now, and returns once the store has answered.
     async fn undo(mut self) {
         self.settled = true;
-        abandon(self.store.clone(), self.permit.key().clone(), self.token).await;
+        abandon(self.store.clone(), self.turn.key().clone(), self.token).await;
     }
 }
 
@@ -337,7 +339,7 @@ impl Drop for Stake<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, key) = (self.store.clone(), self.permit.key().clone());
+        let (store, key) = (self.store.clone(), self.turn.key().clone());
         runtime.spawn(abandon(store, key, self.token));
     }
 }

@@ -14,7 +14,7 @@ use tracing::{Instrument, Span};
 
 use crate::acquire::Parts;
 use crate::error::LockError;
-use crate::local_queue::{Grant, LocalPermit, MAX_HAND_OVERS};
+use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
 use crate::options::Access;
 use crate::options::LockOptions;
 use crate::renewal::{Entry, Renewable, Renewal, Schedule};
@@ -43,7 +43,7 @@ struct Holding {
     fencing: u64,
     /// How the lease holds its key.
     claim: Claim,
-    acquired_at: Instant,
+    started_at: Instant,
     ttl: Duration,
     hold_at_least: Option<Duration>,
     /// The unit the store counts lingers in.
@@ -66,12 +66,12 @@ struct State {
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
     /// that no longer holds anything; otherwise at release.
-    permit: Mutex<Option<LocalPermit>>,
+    turn: Mutex<Option<LocalTurn>>,
     /// The lock's span, until the release.
     span: Span,
     labels: Labels,
     /// When the lease was granted, for the hold time.
-    acquired_at: Instant,
+    started_at: Instant,
     /// Whether the hold's end (a release, a hand-over, a loss) was
     /// recorded: once, whichever comes first.
     ended: AtomicBool,
@@ -82,9 +82,9 @@ impl State {
         &self.full_key[self.prefix_len..]
     }
 
-    fn permit(&self) -> MutexGuard<'_, Option<LocalPermit>> {
+    fn turn(&self) -> MutexGuard<'_, Option<LocalTurn>> {
         // `take` is the only operation: the slot is consistent after a panic.
-        self.permit
+        self.turn
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
@@ -98,14 +98,14 @@ impl State {
         if let Some(reason) = lost {
             telemetry::lost(&self.span, self.labels, reason);
         }
-        telemetry::hold_ended(self.labels, self.acquired_at);
+        telemetry::hold_ended(self.labels, self.started_at);
     }
 
-    /// Takes the permit out if `wanted` says so.
-    fn take_permit_if(&self, wanted: impl FnOnce(&LocalPermit) -> bool) -> Option<LocalPermit> {
-        let mut slot = self.permit();
-        if slot.as_ref().is_some_and(wanted) {
-            slot.take()
+    /// Takes the turn out if `wanted` says so.
+    fn take_turn_if(&self, wanted: impl FnOnce(&LocalTurn) -> bool) -> Option<LocalTurn> {
+        let mut turn = self.turn();
+        if turn.as_ref().is_some_and(wanted) {
+            turn.take()
         } else {
             None
         }
@@ -148,7 +148,7 @@ impl LossListener for State {
     fn lease_lost(&self, reason: &'static str) {
         tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
         self.ended(Some(reason));
-        drop(self.take_permit_if(|_| true));
+        drop(self.take_turn_if(|_| true));
     }
 }
 
@@ -157,18 +157,18 @@ impl LockGuard {
         parts: &Parts<'_>,
         grant: Grant,
         opts: &LockOptions,
-        permit: LocalPermit,
+        turn: LocalTurn,
     ) -> LockGuard {
         let caps = parts.capabilities;
         let state = State {
-            full_key: permit.key().clone(),
+            full_key: turn.key().clone(),
             prefix_len: parts.prefix_len,
             lease: AsyncMutex::new(Some(grant.lease)),
             loss: grant.loss,
-            permit: Mutex::new(Some(permit)),
+            turn: Mutex::new(Some(turn)),
             span: parts.span.clone(),
             labels: parts.labels,
-            acquired_at: grant.sent_at,
+            started_at: grant.started_at,
             ended: AtomicBool::new(false),
         };
         let renewal = Renewal::start(
@@ -178,7 +178,7 @@ impl LockGuard {
                 valid_for: caps.valid_for(opts.ttl),
                 renew: opts.watchdog,
                 max_hold: opts.max_hold,
-                acquired_at: grant.sent_at,
+                started_at: grant.started_at,
             },
             state,
         );
@@ -189,7 +189,7 @@ impl LockGuard {
                 registry: parts.registry.id(),
                 fencing: grant.fencing,
                 claim: opts.claim(),
-                acquired_at: grant.sent_at,
+                started_at: grant.started_at,
                 ttl: opts.ttl,
                 hold_at_least: opts.hold_at_least,
                 linger_unit: caps.ttl_granularity,
@@ -330,17 +330,17 @@ impl Holding {
         if was_held
             && linger.is_zero()
             && self.chain < MAX_HAND_OVERS
-            && let Some(permit) = state.take_permit_if(LocalPermit::has_waiters)
+            && let Some(turn) = state.take_turn_if(LocalTurn::has_waiters)
         {
             let grant = Grant {
                 lease,
                 loss: state.loss.clone(),
                 fencing: self.fencing,
                 ttl: self.ttl,
-                sent_at: self.acquired_at,
+                started_at: self.started_at,
                 chain: self.chain,
             };
-            let handed = permit.hand_over(grant).await;
+            let handed = turn.hand_over(grant).await;
             return match handed {
                 Ok(HandOver::Moved { .. }) => {
                     telemetry::handed_over(state.labels);
@@ -365,7 +365,7 @@ impl Holding {
         }
         let released = lease.release(linger).await;
         // The next local waiter goes ahead once the store has the release.
-        drop(state.take_permit_if(|_| true));
+        drop(state.take_turn_if(|_| true));
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;
@@ -393,7 +393,7 @@ impl Holding {
         let Some(hold) = self.hold_at_least else {
             return Duration::ZERO;
         };
-        let left = hold.saturating_sub(self.acquired_at.elapsed()).as_nanos();
+        let left = hold.saturating_sub(self.started_at.elapsed()).as_nanos();
         let unit = self.linger_unit.as_nanos().max(1);
         let rounded = left.div_ceil(unit) * unit;
         Duration::from_nanos(u64::try_from(rounded).unwrap_or(u64::MAX))

@@ -36,36 +36,36 @@ pub(crate) struct LocalQueues {
 
 #[derive(Default)]
 struct Queues {
-    map: KeyMap<Arc<Slot>>,
+    map: KeyMap<Arc<KeyQueue>>,
     /// The queue the last key left behind, empty, for the next key to
     /// take rather than allocate one.
-    spare: Option<Arc<Slot>>,
+    spare: Option<Arc<KeyQueue>>,
 }
 
 impl LocalQueues {
     /// Gets or creates the queue for `full_key`, and joins it.
-    pub(crate) fn slot(&self, full_key: &Arc<str>) -> LocalSlot {
+    pub(crate) fn join(&self, full_key: &Arc<str>) -> QueueMember {
         let key = self.hashing.key(full_key.clone());
         let mut queues = self.queues();
         let Queues { map, spare } = &mut *queues;
-        let slot = map
+        let queue = map
             .entry(key)
             .or_insert_with_key(|key| match spare.take() {
-                Some(mut slot) => {
-                    if let Some(empty) = Arc::get_mut(&mut slot) {
-                        *empty = Slot::new(key.clone());
+                Some(mut queue) => {
+                    if let Some(empty) = Arc::get_mut(&mut queue) {
+                        *empty = KeyQueue::new(key.clone());
                     }
-                    slot
+                    queue
                 }
-                None => Arc::new(Slot::new(key.clone())),
+                None => Arc::new(KeyQueue::new(key.clone())),
             })
             .clone();
         // Counted under the map's lock, as leaving is.
-        slot.users.fetch_add(1, Ordering::Relaxed);
+        queue.users.fetch_add(1, Ordering::Relaxed);
         drop(queues);
-        LocalSlot {
+        QueueMember {
             queues: self.clone(),
-            slot: Some(slot),
+            queue: Some(queue),
         }
     }
 
@@ -80,22 +80,22 @@ impl LocalQueues {
         self.queues()
             .map
             .get(&key)
-            .map_or(0, |slot| slot.users.load(Ordering::Relaxed))
+            .map_or(0, |queue| queue.users.load(Ordering::Relaxed))
     }
 
-    /// `slot`'s user leaves it; the last one removes it from the map,
+    /// `queue`'s user leaves it; the last one removes it from the map,
     /// releases a lease handed over to a waiter that went away, and keeps
-    /// the slot for the next key. The slot back while others stay in it.
-    fn leave(&self, mut slot: Arc<Slot>) -> Option<Arc<Slot>> {
+    /// the queue for the next key. The queue back while others stay in it.
+    fn leave(&self, mut queue: Arc<KeyQueue>) -> Option<Arc<KeyQueue>> {
         let mut queues = self.queues();
-        if slot.users.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return Some(slot);
+        if queue.users.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return Some(queue);
         }
-        queues.map.remove(&slot.key);
+        queues.map.remove(&queue.key);
         // Rather than let it block other processes until its ttl.
-        let handed = slot.handed().take();
-        if Arc::get_mut(&mut slot).is_some() {
-            queues.spare = Some(slot);
+        let handed = queue.handed().take();
+        if Arc::get_mut(&mut queue).is_some() {
+            queues.spare = Some(queue);
         }
         drop(queues);
         if let Some(mut handed) = handed
@@ -123,33 +123,35 @@ pub(crate) struct Grant {
     pub(crate) loss: LossSignal,
     pub(crate) fencing: u64,
     pub(crate) ttl: Duration,
-    /// When the request that granted (or last extended) it was sent: the
-    /// lease is good for `ttl` from then.
-    pub(crate) sent_at: Instant,
+    /// When the lease started: when the request that granted (or last
+    /// extended) it was sent, or earlier if the store says it started
+    /// counting before ([`Lease::started_at`]). Good for `ttl` from then.
+    pub(crate) started_at: Instant,
     /// How many hand-overs in a row led to it.
     pub(crate) chain: u32,
 }
 
 /// One key's queue, and the lease handed along it.
-struct Slot {
+struct KeyQueue {
     /// The full key, as the map holds it (with its hash, to leave it
     /// without hashing it again).
     key: HashedKey,
     /// The tasks that hold or wait for the key; changed under the map's
-    /// lock, so the last one out removes the slot.
+    /// lock, so the last one out removes the queue.
     users: AtomicUsize,
-    /// The turn: one permit, taken by the front of the queue.
-    queue: Semaphore,
+    /// The turn: the semaphore's one permit, taken by the front of the
+    /// queue.
+    turn: Semaphore,
     /// A lease handed over for the next holder, until it takes it up.
     handed: Mutex<Option<Grant>>,
 }
 
-impl Slot {
+impl KeyQueue {
     fn new(key: HashedKey) -> Self {
-        Slot {
+        KeyQueue {
             key,
             users: AtomicUsize::new(0),
-            queue: Semaphore::new(1),
+            turn: Semaphore::new(1),
             handed: Mutex::new(None),
         }
     }
@@ -162,48 +164,48 @@ impl Slot {
     }
 }
 
-/// A place in one key's queue; leaves it when dropped.
-pub(crate) struct LocalSlot {
+/// A task in one key's queue; leaves it when dropped.
+pub(crate) struct QueueMember {
     queues: LocalQueues,
-    /// The queue; `None` once this place has left it (a permit's, on its
+    /// The queue; `None` once the member has left it (a turn's, on its
     /// drop).
-    slot: Option<Arc<Slot>>,
+    queue: Option<Arc<KeyQueue>>,
 }
 
-impl LocalSlot {
-    fn slot(&self) -> &Slot {
+impl QueueMember {
+    fn queue(&self) -> &KeyQueue {
         // Taken only by `leave`, on the way out.
-        self.slot
+        self.queue
             .as_deref()
-            .expect("a local slot used after it left")
+            .expect("a local queue used after it left")
     }
 
     /// Waits for the front of the queue.
-    pub(crate) async fn lock(self) -> LocalPermit {
+    pub(crate) async fn lock(self) -> LocalTurn {
         // Dropped while waiting, `self` leaves the queue; the semaphore is
         // never closed.
-        if let Ok(turn) = self.slot().queue.acquire().await {
+        if let Ok(turn) = self.queue().turn.acquire().await {
             turn.forget();
         }
-        LocalPermit::queued(self)
+        LocalTurn::queued(self)
     }
 
-    /// The front of the queue if nobody is ahead; else the place back.
-    pub(crate) fn try_lock(self) -> Result<LocalPermit, LocalSlot> {
-        let Ok(turn) = self.slot().queue.try_acquire() else {
+    /// The front of the queue if nobody is ahead; else the member back.
+    pub(crate) fn try_lock(self) -> Result<LocalTurn, QueueMember> {
+        let Ok(turn) = self.queue().turn.try_acquire() else {
             return Err(self);
         };
         turn.forget();
-        Ok(LocalPermit::queued(self))
+        Ok(LocalTurn::queued(self))
     }
 
     /// Leaves the queue; the queue back while others stay in it.
-    fn leave(&mut self) -> Option<Arc<Slot>> {
-        self.queues.leave(self.slot.take()?)
+    fn leave(&mut self) -> Option<Arc<KeyQueue>> {
+        self.queues.leave(self.queue.take()?)
     }
 }
 
-impl Drop for LocalSlot {
+impl Drop for QueueMember {
     fn drop(&mut self) {
         self.leave();
     }
@@ -211,40 +213,40 @@ impl Drop for LocalSlot {
 
 /// The front of one key's queue: held from there until the lease is
 /// released (or handed over). A claim many may hold at once (a share, a
-/// permit) does not queue: its permit is outside every queue, and the
-/// store alone decides.
-pub(crate) struct LocalPermit {
-    slot: Option<LocalSlot>,
+/// permit of a semaphore) does not queue: its turn is outside every queue,
+/// and the store alone decides.
+pub(crate) struct LocalTurn {
+    member: Option<QueueMember>,
     key: Arc<str>,
 }
 
-impl Drop for LocalPermit {
+impl Drop for LocalTurn {
     fn drop(&mut self) {
         // Leaves before the next local waiter goes ahead, so the new
-        // holder's `has_waiters` counts only real waiters, not this permit
+        // holder's `has_waiters` counts only real waiters, not this turn
         // (it would hand its lease over to nobody).
-        if let Some(slot) = &mut self.slot {
+        if let Some(member) = &mut self.member {
             // The last one out leaves nobody to go ahead.
-            if let Some(queue) = slot.leave() {
-                queue.queue.add_permits(1);
+            if let Some(queue) = member.leave() {
+                queue.turn.add_permits(1);
             }
         }
     }
 }
 
-impl LocalPermit {
-    /// A permit outside every queue, for a claim many may hold at once.
-    pub(crate) fn unqueued(full_key: Arc<str>) -> LocalPermit {
-        LocalPermit {
-            slot: None,
+impl LocalTurn {
+    /// A turn outside every queue, for a claim many may hold at once.
+    pub(crate) fn unqueued(full_key: Arc<str>) -> LocalTurn {
+        LocalTurn {
+            member: None,
             key: full_key,
         }
     }
 
-    fn queued(slot: LocalSlot) -> LocalPermit {
-        LocalPermit {
-            key: slot.slot().key.key().clone(),
-            slot: Some(slot),
+    fn queued(member: QueueMember) -> LocalTurn {
+        LocalTurn {
+            key: member.queue().key.key().clone(),
+            member: Some(member),
         }
     }
 
@@ -253,21 +255,20 @@ impl LocalPermit {
         &self.key
     }
 
-    /// Whether other tasks of this process wait behind this permit.
+    /// Whether other tasks of this process wait behind this turn.
     pub(crate) fn has_waiters(&self) -> bool {
-        self.slot
+        self.member
             .as_ref()
-            .is_some_and(|slot| slot.slot().users.load(Ordering::Relaxed) > 1)
+            .is_some_and(|member| member.queue().users.load(Ordering::Relaxed) > 1)
     }
 
     /// Takes up the lease the previous holder handed over, if any.
     pub(crate) fn take_handed(&self) -> Option<Grant> {
-        self.slot.as_ref()?.slot().handed().take()
+        self.member.as_ref()?.queue().handed().take()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
-    /// new token with a new fencing token, and this permit gives up its
-    /// turn. `chain` counts the hand-overs that led to this lease.
+    /// new token with a new fencing token, and this turn is given up. `chain` counts the hand-overs that led to this lease.
     ///
     /// # Errors
     ///
@@ -292,26 +293,26 @@ impl LocalPermit {
         tracing::debug!(key = %self.key(), fencing, "lock handed over within this process");
         // A lease the store could not renew with the move counts from its
         // last renewal.
-        let sent_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-        let Some(slot) = &self.slot else {
-            // Never asked of an unqueued permit, which has no waiters.
+        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+        let Some(member) = &self.member else {
+            // Never asked of an unqueued turn, which has no waiters.
             return Ok(HandOver::Released);
         };
-        *slot.slot().handed() = Some(Grant {
+        *member.queue().handed() = Some(Grant {
             lease,
             loss,
             fencing,
             ttl,
-            sent_at,
+            started_at,
             chain: chain + 1,
         });
         Ok(handed)
     }
 }
 
-impl fmt::Debug for LocalPermit {
+impl fmt::Debug for LocalTurn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LocalPermit")
+        f.debug_struct("LocalTurn")
             .field("key", &self.key())
             .finish()
     }

@@ -274,16 +274,16 @@ pub(crate) fn lost(span: &Span, labels: Labels, reason: &str) {
     let _ = (labels, reason);
 }
 
-/// Records the end of a hold that began at `acquired_at` (the clock is read
+/// Records the end of a hold that began at `started_at` (the clock is read
 /// only when the hold time is recorded).
-pub(crate) fn hold_ended(labels: Labels, acquired_at: tokio::time::Instant) {
+pub(crate) fn hold_ended(labels: Labels, started_at: tokio::time::Instant) {
     #[cfg(feature = "metrics")]
     labels
         .handles
         .hold
-        .record(acquired_at.elapsed().as_secs_f64());
+        .record(started_at.elapsed().as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (labels, acquired_at);
+    let _ = (labels, started_at);
 }
 
 /// Records a renewal that did not extend the lease.

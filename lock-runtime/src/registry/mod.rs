@@ -379,11 +379,10 @@ impl LockRegistry {
             span: &span,
             labels,
         };
-        let Some((grant, permit)) = acquire::acquire(&parts, key, full_key, opts, mode).await?
-        else {
+        let Some((grant, turn)) = acquire::acquire(&parts, key, full_key, opts, mode).await? else {
             return Ok(None);
         };
-        Ok(Some(LockGuard::new(&parts, grant, opts, permit)))
+        Ok(Some(LockGuard::new(&parts, grant, opts, turn)))
     }
 
     /// The registry's identity, which its clones share: its shared state.

@@ -11,8 +11,8 @@
 //! lock must not pay for a task of its own. Each worker thread keeps one
 //! [`Renewer`] per registry: a slab of timers served by one task on that
 //! thread's runtime (so a paused test clock is the clock it uses). Taking a
-//! lock puts an entry in a free place of the renewer's slab, releasing frees
-//! the place: no ordered map, no hashing, and neither wakes the task unless
+//! lock puts an entry in a free timer of the renewer's slab, releasing frees
+//! the timer: no ordered map, no hashing, and neither wakes the task unless
 //! the entry is due before the task's next planned wake-up. The task, when
 //! it wakes, looks at every entry (as many as locks held on this thread)
 //! and plans its next wake-up at the earliest due. Only a renewal that is
@@ -53,9 +53,9 @@ pub(crate) struct Schedule {
     /// Whether to renew at all (`watchdog`).
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
-    /// When the acquire request was sent: the lease surely ends no later
-    /// than `ttl` after it.
-    pub(crate) acquired_at: Instant,
+    /// When the lease started (see `Grant::started_at`): it surely ends
+    /// no later than `ttl` after it.
+    pub(crate) started_at: Instant,
 }
 
 /// A renewal may run this fraction of its interval early, with others due
@@ -105,7 +105,7 @@ impl<R: Renewable + ?Sized> Entry<R> {
     fn stop_at(&self) -> Option<Instant> {
         self.schedule
             .max_hold
-            .map(|max_hold| self.schedule.acquired_at + max_hold)
+            .map(|max_hold| self.schedule.started_at + max_hold)
     }
 
     fn valid_until(&self) -> Instant {
@@ -235,15 +235,15 @@ impl<R: Renewable + 'static> Renewal<R> {
         held: R,
     ) -> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
-        let acquired_at = schedule.acquired_at;
+        let started_at = schedule.started_at;
         let entry = Arc::new(Entry {
-            valid_until: Mutex::new(acquired_at + schedule.valid_for),
+            valid_until: Mutex::new(started_at + schedule.valid_for),
             schedule,
             stopped: AtomicBool::new(false),
             lease: held,
         });
         entry.tell_deadline();
-        let due = entry.next_due(acquired_at);
+        let due = entry.next_due(started_at);
         let id = renewer.add(entry.clone(), due);
         Renewal { renewer, id, entry }
     }

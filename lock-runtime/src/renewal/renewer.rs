@@ -15,7 +15,7 @@ use super::{Due, Entry, act, lock};
 
 /// How long the renewer task keeps waking on its own while idle, so that
 /// locks taken meanwhile need not wake it.
-pub(super) const IDLE_LINGER: Duration = Duration::from_secs(1);
+pub(super) const IDLE_PERIOD: Duration = Duration::from_secs(1);
 
 /// A slab of leases with their timers, served by one task.
 pub(crate) struct Renewer {
@@ -26,13 +26,13 @@ pub(crate) struct Renewer {
     pub(super) wakes: std::sync::atomic::AtomicUsize,
 }
 
-/// The slab of leases a renewer looks after: each in a place of its own,
+/// The slab of leases a renewer looks after, each with a timer of its own,
 /// which it frees when released.
 #[derive(Default)]
 pub(super) struct Slab {
-    /// The leases looked after, by id (the place); `None` where free.
-    pub(super) places: Vec<Option<Place>>,
-    /// The free places.
+    /// The leases looked after, by timer id; `None` where free.
+    pub(super) timers: Vec<Option<Timer>>,
+    /// The free timers.
     free: Vec<usize>,
     /// When the task will look at the slab next on its own; `None` while it
     /// sleeps until woken.
@@ -44,7 +44,7 @@ pub(super) struct Slab {
 }
 
 /// A lease in the slab.
-pub(super) struct Place {
+pub(super) struct Timer {
     pub(super) entry: Arc<Entry>,
     /// When to act on it; `None` while its renewal is in flight.
     pub(super) due: Option<Due>,
@@ -60,24 +60,24 @@ impl Slab {
         }
         let mut ready = Vec::new();
         let mut next: Option<Instant> = None;
-        for (id, place) in self.places.iter_mut().enumerate() {
-            let Some(place) = place else { continue };
-            match place.due {
+        for (id, timer) in self.timers.iter_mut().enumerate() {
+            let Some(timer) = timer else { continue };
+            match timer.due {
                 Some(due) if due.at <= now + due.early_by => {
-                    place.due = None;
-                    ready.push((id, place.entry.clone()));
+                    timer.due = None;
+                    ready.push((id, timer.entry.clone()));
                 }
                 Some(due) => next = Some(next.map_or(due.at, |next| next.min(due.at))),
                 None => {}
             }
         }
         // Give back what a burst of locks left free at the end.
-        let len = self.places.len();
-        while self.places.last().is_some_and(Option::is_none) {
-            self.places.pop();
+        let len = self.timers.len();
+        while self.timers.last().is_some_and(Option::is_none) {
+            self.timers.pop();
         }
-        if self.places.len() < len {
-            let len = self.places.len();
+        if self.timers.len() < len {
+            let len = self.timers.len();
             self.free.retain(|&id| id < len);
         }
         (ready, next)
@@ -123,37 +123,37 @@ impl Renewer {
         })
     }
 
-    /// Gives `entry` a place, due at `due`; its id.
+    /// Gives `entry` a timer, due at `due`; its id.
     pub(super) fn add(self: &Arc<Self>, entry: Arc<Entry>, due: Due) -> usize {
         let mut slab = lock(&self.state);
-        let place = Some(Place {
+        let timer = Some(Timer {
             entry,
             due: Some(due),
         });
         let id = match slab.free.pop() {
             Some(id) => {
-                slab.places[id] = place;
+                slab.timers[id] = timer;
                 id
             }
             None => {
-                slab.places.push(place);
-                slab.places.len() - 1
+                slab.timers.push(timer);
+                slab.timers.len() - 1
             }
         };
         self.plan(&mut slab, due.at);
         id
     }
 
-    /// Makes the entry in place `id` due at `due` (after a renewal).
+    /// Makes the entry in timer `id` due at `due` (after a renewal).
     pub(super) fn schedule(self: &Arc<Self>, id: usize, entry: &Entry, due: Due) {
         let mut slab = lock(&self.state);
-        // Stopped (its place freed) under this lock: then the place may be
+        // Stopped (its timer freed) under this lock: then the timer may be
         // another lease's.
         if entry.is_stopped() {
             return;
         }
-        if let Some(Some(place)) = slab.places.get_mut(id) {
-            place.due = Some(due);
+        if let Some(Some(timer)) = slab.timers.get_mut(id) {
+            timer.due = Some(due);
         }
         self.plan(&mut slab, due.at);
     }
@@ -173,11 +173,11 @@ impl Renewer {
         }
     }
 
-    /// Frees place `id`.
+    /// Frees timer `id`.
     pub(super) fn remove(&self, id: usize) {
         let mut slab = lock(&self.state);
-        if let Some(place) = slab.places.get_mut(id)
-            && place.take().is_some()
+        if let Some(timer) = slab.timers.get_mut(id)
+            && timer.take().is_some()
         {
             slab.free.push(id);
         }
@@ -213,7 +213,7 @@ async fn serve(renewer: Weak<Renewer>, wake: Arc<Notify>) {
                     let since = *idle_since.get_or_insert(now);
                     // Keep waking for a while, so locks taken meanwhile need
                     // not wake the task; then sleep until woken.
-                    (now < since + IDLE_LINGER).then(|| now + IDLE_LINGER / 4)
+                    (now < since + IDLE_PERIOD).then(|| now + IDLE_PERIOD / 4)
                 }
             };
             slab.planned = next;

@@ -1,6 +1,6 @@
 //! The renewer: renewals on time, losses on time, no task per lock.
 
-use super::renewer::IDLE_LINGER;
+use super::renewer::IDLE_PERIOD;
 use super::*;
 
 /// A lease that is always renewed, counting its renewals and losses
@@ -57,7 +57,7 @@ fn schedule() -> Schedule {
         valid_for: Duration::from_secs(29),
         renew: true,
         max_hold: None,
-        acquired_at: Instant::now(),
+        started_at: Instant::now(),
     }
 }
 
@@ -75,8 +75,8 @@ async fn short_locks_after_an_idle_spell_wake_the_task_once() {
     let renewer = first.renewer.clone();
     first.stop();
     drop(first);
-    // Idle for longer than the task lingers.
-    tokio::time::sleep(IDLE_LINGER * 3).await;
+    // Idle for longer than its idle period.
+    tokio::time::sleep(IDLE_PERIOD * 3).await;
     let before = renewer.wakes.load(Ordering::SeqCst);
     for _ in 0..100 {
         let lock = hold(&owner);
@@ -91,42 +91,42 @@ async fn short_locks_after_an_idle_spell_wake_the_task_once() {
     assert!(wakes <= 1, "{wakes} wake-ups for 100 short locks");
 }
 
-/// Places freed by releases are taken again, the task renews what is
-/// still held (and only that), and the places a burst left free at the
+/// Timers freed by releases are taken again, the task renews what is
+/// still held (and only that), and the timers a burst left free at the
 /// end of the slab are given back when the task next looks.
 #[tokio::test(start_paused = true)]
-async fn freed_places_are_taken_again_and_a_burst_gives_them_back() {
+async fn freed_timers_are_taken_again_and_a_burst_gives_them_back() {
     let owner = Arc::new(());
     let burst: Vec<Renewal<Held>> = (0..64).map(|_| hold(&owner)).collect();
     let renewer = burst[0].renewer.clone();
-    let places = || lock(&renewer.state).places.len();
-    assert_eq!(places(), 64);
+    let timers = || lock(&renewer.state).timers.len();
+    assert_eq!(timers(), 64);
     for renewal in &burst[1..] {
         renewal.stop();
     }
-    // Freed places are taken again before the slab grows.
+    // Freed timers are taken again before the slab grows.
     let again = hold(&owner);
-    assert_eq!(places(), 64, "a freed place was taken");
+    assert_eq!(timers(), 64, "a freed timer was taken");
     again.stop();
     drop(again);
     // The first lock is still held: the task renews it at ttl / 3,
-    // and gives back the free places past it.
+    // and gives back the free timers past it.
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(places(), 1, "the burst's places were given back");
-    let held = lock(&renewer.state).places[0]
+    assert_eq!(timers(), 1, "the burst's timers were given back");
+    let held = lock(&renewer.state).timers[0]
         .as_ref()
-        .and_then(|place| place.due)
+        .and_then(|timer| timer.due)
         .expect("the held lock is due again after its renewal");
     assert!(held.at > Instant::now(), "its next renewal is ahead");
     drop(burst);
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(places(), 0);
+    assert_eq!(timers(), 0);
 }
 
 /// Many leases taken at different times: the task renews them in
 /// batches (each may go a sixteenth of its interval early), so it looks
 /// at the slab a few times per interval, not once per lease (each look
-/// reads every place), and every lease is still renewed in time.
+/// reads every timer), and every lease is still renewed in time.
 #[tokio::test(start_paused = true)]
 async fn many_leases_are_renewed_in_batches() {
     let owner = Arc::new(());
