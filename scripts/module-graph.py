@@ -93,21 +93,21 @@ def resolve(path: str, here: tuple, modules: set):
 # that matches a module wins). A module may import its own layer and the
 # layers listed for it.
 LAYERS = [
-    ("api", lambda m: m == () or m[0] in ("registry", "guard", "multi", "context", "private", "options", "body")),
+    ("api", lambda m: m == () or m[0] in ("registry", "guard", "lock_all", "task_locks", "private", "options", "section")),
     ("engine", lambda m: m[0] in ("acquire", "local_queue", "renewal", "telemetry")),
-    ("support", lambda m: m[:2] == ("store", "support")),
+    ("common", lambda m: m[:2] == ("store", "common")),
     ("store", lambda m: m[0] == "store" and len(m) > 1 and m[1] in STORES),
     ("contract", lambda m: m[0] == "store"),
     ("error", lambda m: m[0] == "error"),
 ]
 STORES = ("memory", "redis", "redlock", "postgres", "etcd", "zookeeper")
 MAY_USE = {
-    "api": {"engine", "contract", "support", "error"},
+    "api": {"engine", "contract", "common", "error"},
     # The options are the API's plain data, which the engine reads.
-    "engine": {"contract", "support", "error", "options"},
+    "engine": {"contract", "common", "error", "options"},
     "contract": {"error"},
-    "support": {"contract", "error"},
-    "store": {"contract", "support", "error"},
+    "common": {"contract", "error"},
+    "store": {"contract", "common", "error"},
     "error": set(),
 }
 # The one module of the API that names stores: the one-line constructors.
@@ -156,7 +156,7 @@ def check_layers(crate: Path, files: dict, edges: dict) -> bool:
     for module, file in sorted(files.items()):
         # The crate root re-exports the stores, `store/mod.rs` declares
         # them, and their helpers are built for the stores that use them.
-        if module in ((), ("store",), NAMES_STORES) or layer_of(module) in ("store", "support"):
+        if module in ((), ("store",), NAMES_STORES) or layer_of(module) in ("store", "common"):
             continue
         for line_no, line in enumerate(file.read_text().splitlines(), 1):
             feature = STORE_FEATURES.search(line)

@@ -8,7 +8,7 @@
 //! store (a timeout, a cancellation, an error) is abandoned in the store, so
 //! no lease is left behind that nobody holds.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -17,7 +17,6 @@ use tracing::Span;
 use crate::error::LockError;
 use crate::local_queue::{Grant, LocalQueues, LocalTurn};
 use crate::options::{LockOptions, Mode};
-use crate::registry::LockRegistry;
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
     StoreErrorKind,
@@ -38,9 +37,10 @@ pub(crate) struct Parts<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) local: &'a LocalQueues,
     pub(crate) capabilities: &'a Capabilities,
-    /// The registry taking the lock: its identity tells registries apart
-    /// for re-entrancy and for the per-thread renewers.
-    pub(crate) registry: &'a LockRegistry,
+    /// The identity of the registry taking the lock: its shared state,
+    /// weakly. It tells registries apart for re-entrancy (its address) and
+    /// for the per-thread renewers.
+    pub(crate) registry: &'a Weak<dyn Send + Sync>,
     /// The namespace's length in the full key.
     pub(crate) prefix_len: usize,
     /// The lock's `distributed_lock` span.
@@ -51,6 +51,14 @@ pub(crate) struct Parts<'a> {
 
 /// A lease that is ours, and this process's turn at its key.
 pub(crate) type Granted = (Grant, LocalTurn);
+
+impl Parts<'_> {
+    /// The address of the registry's identity: how a task's frames name
+    /// the registry that took a key.
+    pub(crate) fn registry_id(&self) -> usize {
+        self.registry.as_ptr() as *const () as usize
+    }
+}
 
 /// Queues locally, then contends in the store: the lease and the turn,
 /// for the caller to hold; `None` only in skip mode.

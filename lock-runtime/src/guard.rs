@@ -172,7 +172,7 @@ impl LockGuard {
             ended: AtomicBool::new(false),
         };
         let renewal = Renewal::start(
-            parts.registry.identity(),
+            parts.registry,
             Schedule {
                 ttl: opts.ttl,
                 valid_for: caps.valid_for(opts.ttl),
@@ -186,7 +186,7 @@ impl LockGuard {
         renewal.held().loss.listen(listener);
         LockGuard {
             held: Some(Holding {
-                registry: parts.registry.id(),
+                registry: parts.registry_id(),
                 fencing: grant.fencing,
                 claim: opts.claim(),
                 started_at: grant.started_at,

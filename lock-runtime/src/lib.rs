@@ -194,14 +194,14 @@
 #![doc(test(attr(deny(warnings))))]
 
 // The API: what users of locks call.
-mod body;
-mod context;
 mod error;
 mod guard;
-mod multi;
+mod lock_all;
 mod options;
 mod private;
 mod registry;
+mod section;
+mod task_locks;
 // The engine: written once over the contract, names no store.
 mod acquire;
 mod local_queue;
@@ -210,12 +210,12 @@ mod telemetry;
 // The contract, and the stores under it.
 pub mod store;
 
-pub use context::{fencing_token, fencing_token_for, is_lost, lost};
 pub use error::LockError;
 pub use guard::LockGuard;
-pub use multi::LockGuards;
+pub use lock_all::LockGuards;
 pub use options::{Access, LockOptions, MAX_DURATION, OnLost};
 pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
+pub use task_locks::{fencing_token, fencing_token_for, is_lost, lost};
 
 #[cfg(feature = "etcd")]
 pub use store::etcd::EtcdStore;

@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::error::StoreError;
-use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
+use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::store::{HandOver, Lease, LossSignal};
 
 /// How many times in a row a lease may be handed to the next task of this

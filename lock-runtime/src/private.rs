@@ -9,12 +9,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::body;
-use crate::context::{self, Frame};
 use crate::error::LockError;
-use crate::multi::LockGuards;
+use crate::lock_all::LockGuards;
 use crate::options::{Access, LockOptions, Mode, OnLost};
 use crate::registry::LockRegistry;
+use crate::section;
+use crate::task_locks::{self, Frame};
 use crate::telemetry;
 
 /// Renders a key template's arguments: the key, shared from here on by
@@ -202,12 +202,12 @@ pub async fn run_skip_in<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let opts = spec.options(&key, Mode::Skip)?;
     let full_key = registry.full_key_of(&key)?;
-    if let Some(frame) = context::held_by_task(registry.id(), &full_key) {
-        body::check_reentry(&key, frame.claim, opts.claim())?;
-        return Ok(Some(body::reenter(&key, frame, body).await));
+    if let Some(frame) = task_locks::held_by_task(registry.id(), &full_key) {
+        section::check_reentry(&key, frame.claim, opts.claim())?;
+        return Ok(Some(section::reenter(&key, frame, body).await));
     }
     match registry.acquire(&key, &full_key, &opts, Mode::Skip).await? {
-        Some(guard) => body::run_locked(guard, opts.on_lost, failed, body)
+        Some(guard) => section::run_locked(guard, opts.on_lost, failed, body)
             .await
             .map(Some),
         None => Ok(None),
@@ -287,8 +287,8 @@ async fn run_all_in<F: Future>(
     let mut wanted = Vec::new();
     for (key, full_key) in registry.canonical(keys)? {
         // A key this task holds already is re-entered, not taken again.
-        match context::held_by_task(registry.id(), &full_key) {
-            Some(frame) => body::check_reentry(&key, frame.claim, opts.claim())?,
+        match task_locks::held_by_task(registry.id(), &full_key) {
+            Some(frame) => section::check_reentry(&key, frame.claim, opts.claim())?,
             None => wanted.push((key, full_key)),
         }
     }
@@ -305,17 +305,17 @@ async fn run_all_in<F: Future>(
         .map(Some)
 }
 
-/// [`body::run_locked`] under several leases: a loss of any counts.
+/// [`section::run_locked`] under several leases: a loss of any counts.
 async fn run_guarded<F: Future>(
     guards: LockGuards,
     on_lost: OnLost,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let frames: Vec<Frame> = guards.guards().iter().map(body::frame_of).collect();
-    let output = body::until_lost(frames, guards.lost(), on_lost, body).await;
+    let frames: Vec<Frame> = guards.guards().iter().map(section::frame_of).collect();
+    let output = section::until_lost(frames, guards.lost(), on_lost, body).await;
     match output {
-        Some(output) if guards.is_held() => body::settle(output, guards.release().await),
+        Some(output) if guards.is_held() => section::settle(output, guards.release().await),
         output => {
             let lost = guards
                 .guards()
@@ -324,7 +324,7 @@ async fn run_guarded<F: Future>(
                 .map(|guard| guard.key().to_owned())
                 .unwrap_or_default();
             let _ = guards.release().await;
-            body::lost_under(&lost, output, failed)
+            section::lost_under(&lost, output, failed)
         }
     }
 }

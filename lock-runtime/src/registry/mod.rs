@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use once_cell::sync::OnceCell;
@@ -14,13 +14,13 @@ use once_cell::sync::OnceCell;
 mod stores;
 
 use crate::acquire::{self, Parts};
-use crate::body;
-use crate::context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
 use crate::options::{Access, LockOptions, Mode};
+use crate::section;
 use crate::store::{Claim, LockToken, Store};
+use crate::task_locks;
 use crate::telemetry::{self, Labels};
 
 /// The longest key accepted, in bytes (namespace not included).
@@ -87,6 +87,8 @@ struct Inner {
     /// `"ns:"`, or empty without a namespace.
     prefix: String,
     local: LocalQueues,
+    /// The registry itself, weakly: its identity, which clones share.
+    identity: Weak<dyn Send + Sync>,
 }
 
 /// Builds a [`LockRegistry`] over any [`Store`].
@@ -147,10 +149,11 @@ impl LockRegistry {
 
     fn with_prefix(store: Arc<dyn Store>, prefix: String) -> LockRegistry {
         LockRegistry {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|identity: &Weak<Inner>| Inner {
                 store,
                 prefix,
                 local: LocalQueues::default(),
+                identity: identity.clone(),
             }),
         }
     }
@@ -240,12 +243,12 @@ impl LockRegistry {
         failed: fn(&F::Output) -> bool,
         body: F,
     ) -> Result<F::Output, LockError> {
-        if let Some(frame) = context::held_by_task(self.id(), &full_key) {
-            body::check_reentry(key, frame.claim, opts.claim())?;
-            return Ok(body::reenter(key, frame, body).await);
+        if let Some(frame) = task_locks::held_by_task(self.id(), &full_key) {
+            section::check_reentry(key, frame.claim, opts.claim())?;
+            return Ok(section::reenter(key, frame, body).await);
         }
         let guard = self.wait_for(key, &full_key, &opts).await?;
-        body::run_locked(guard, opts.on_lost, failed, body).await
+        section::run_locked(guard, opts.on_lost, failed, body).await
     }
 
     /// Waits for the lock on an already namespaced key, `opts` checked for
@@ -374,7 +377,7 @@ impl LockRegistry {
             store: &inner.store,
             local: &inner.local,
             capabilities,
-            registry: self,
+            registry: &inner.identity,
             prefix_len: inner.prefix.len(),
             span: &span,
             labels,
@@ -385,14 +388,9 @@ impl LockRegistry {
         Ok(Some(LockGuard::new(&parts, grant, opts, turn)))
     }
 
-    /// The registry's identity, which its clones share: its shared state.
-    /// Each thread's lease renewers serve a registry while it lives.
-    pub(crate) fn identity(&self) -> &Arc<impl Send + Sync + 'static> {
-        &self.inner
-    }
-
-    /// The address of [`identity`](Self::identity): how a task's frames
-    /// name the registry that took a key.
+    /// The address of the registry's identity (its shared state, which
+    /// its clones share): how a task's frames name the registry that took
+    /// a key, as [`Parts::registry_id`] does.
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.inner) as *const () as usize
     }

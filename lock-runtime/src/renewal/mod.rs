@@ -19,7 +19,7 @@
 //! actually due spawns a task, for its round trip.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
@@ -229,11 +229,7 @@ impl<R: Renewable + 'static> Renewal<R> {
     /// Starts looking after the lease `held` holds on `schedule`; when it
     /// is lost, its [`Renewable::lose`] is called. `owner` identifies the
     /// registry.
-    pub(crate) fn start<T: Send + Sync + 'static>(
-        owner: &Arc<T>,
-        schedule: Schedule,
-        held: R,
-    ) -> Renewal<R> {
+    pub(crate) fn start(owner: &Weak<dyn Send + Sync>, schedule: Schedule, held: R) -> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
         let started_at = schedule.started_at;
         let entry = Arc::new(Entry {

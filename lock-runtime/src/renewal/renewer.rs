@@ -91,7 +91,8 @@ impl Drop for Renewer {
     }
 }
 
-/// A registry's identity, not kept alive by its renewers.
+/// A registry's identity (its shared state, weakly: the renewers do not
+/// keep it alive).
 type RegistryId = Weak<dyn Send + Sync>;
 
 thread_local! {
@@ -101,13 +102,13 @@ thread_local! {
 
 impl Renewer {
     /// This thread's renewer for the registry whose identity is `owner`.
-    pub(super) fn for_this_thread<T: Send + Sync + 'static>(owner: &Arc<T>) -> Arc<Renewer> {
+    pub(super) fn for_this_thread(owner: &RegistryId) -> Arc<Renewer> {
         RENEWERS.with(|renewers| {
             let mut renewers = renewers.borrow_mut();
             renewers.retain(|(registry, _)| registry.strong_count() > 0);
             if let Some((_, renewer)) = renewers
                 .iter()
-                .find(|(registry, _)| std::ptr::addr_eq(registry.as_ptr(), Arc::as_ptr(owner)))
+                .find(|(registry, _)| std::ptr::addr_eq(registry.as_ptr(), owner.as_ptr()))
             {
                 return renewer.clone();
             }
@@ -117,8 +118,7 @@ impl Renewer {
                 #[cfg(test)]
                 wakes: Default::default(),
             });
-            let registry: Weak<T> = Arc::downgrade(owner);
-            renewers.push((registry as RegistryId, renewer.clone()));
+            renewers.push((owner.clone(), renewer.clone()));
             renewer
         })
     }

@@ -61,8 +61,13 @@ fn schedule() -> Schedule {
     }
 }
 
+/// `owner` as a registry's identity.
+fn weak(owner: &Arc<()>) -> Weak<dyn Send + Sync> {
+    Arc::downgrade(owner) as Weak<dyn Send + Sync>
+}
+
 fn hold(owner: &Arc<()>) -> Renewal<Held> {
-    Renewal::start(owner, schedule(), Held::default())
+    Renewal::start(&weak(owner), schedule(), Held::default())
 }
 
 /// Short locks taken after the renewer went idle wake its task once,
@@ -134,7 +139,7 @@ async fn many_leases_are_renewed_in_batches() {
     let (renewals, losses) = (held.renewals.clone(), held.losses.clone());
     let mut leases = Vec::new();
     for _ in 0..1_000 {
-        leases.push(Renewal::start(&owner, schedule(), held.clone()));
+        leases.push(Renewal::start(&weak(&owner), schedule(), held.clone()));
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let renewer = leases[0].renewer.clone();
@@ -159,7 +164,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let held = Held::default();
     let ends = held.ends.clone();
     let start = Instant::now();
-    let renewal = Renewal::start(&owner, schedule(), held);
+    let renewal = Renewal::start(&weak(&owner), schedule(), held);
     let told = || *ends.lock().unwrap();
     assert_eq!(
         told(),
@@ -175,7 +180,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let ends = capped.ends.clone();
     let mut schedule = schedule();
     schedule.max_hold = Some(Duration::from_secs(5));
-    let _renewal = Renewal::start(&owner, schedule, capped);
+    let _renewal = Renewal::start(&weak(&owner), schedule, capped);
     let told = *ends.lock().unwrap();
     assert_eq!(
         told,

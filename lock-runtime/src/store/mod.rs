@@ -32,7 +32,7 @@ mod request;
 mod token;
 mod watch;
 
-pub(crate) mod support;
+pub(crate) mod common;
 
 #[cfg(feature = "etcd")]
 pub mod etcd;

@@ -8,11 +8,11 @@ use tokio::time::Instant;
 
 use super::EtcdStore;
 use super::calls::{gets, lease_gone, owned, revision};
-use super::claims::claim_of;
+use super::holders::claim_of;
 use super::keys::{entry_for, first_of, queue_end};
-use super::shared::{Queued, Spare};
+use super::state::{Queued, Spare};
 use crate::error::StoreError;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 use crate::store::{Acquire, AcquireRequest};
 
 impl EtcdStore {

@@ -8,10 +8,10 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 
 use super::calls::within;
-use super::shared::Shared;
+use super::state::Shared;
 use super::{EtcdStore, Inner, capabilities};
 use crate::error::{LockError, StoreError};
-use crate::store::support::connect::{self, Timeouts, timeout_setters};
+use crate::store::common::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects an [`EtcdStore`].
 pub struct EtcdStoreBuilder {

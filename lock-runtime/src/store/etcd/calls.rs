@@ -10,7 +10,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::keys::{queue_end, queue_start};
-use super::shared::{Queued, Spare};
+use super::state::{Queued, Spare};
 use super::{EtcdStore, RETRY};
 use crate::error::StoreError;
 use crate::store::LockToken;
@@ -93,7 +93,7 @@ impl EtcdStore {
     }
 
     /// A lease of `secs` for an entry in `queue`: a prepared one (see
-    /// [`Shared::take`](super::shared::Shared::take)), else a new one.
+    /// [`Shared::take`](super::state::Shared::take)), else a new one.
     pub(super) async fn spare(&self, secs: i64, queue: &[u8]) -> Result<Spare, StoreError> {
         match self.inner.shared.take(secs, queue) {
             Some(spare) => Ok(spare),

@@ -5,12 +5,12 @@ use std::collections::{HashMap, HashSet};
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 
-use super::claims;
+use super::holders;
 use super::queues::Deletion;
 use super::{EtcdStore, WATCH_RETRY};
 use crate::error::StoreError;
 use crate::store::Claim;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 
 /// Follows `queue` for a waiter until nobody listens, on the key's shared
 /// watch ([`queues`]): lists the queue once the watch is open, and applies
@@ -130,7 +130,7 @@ pub(super) async fn follow(
                     if ahead.is_empty() {
                         store.inner.shared.place(&queue, *created, Place::Head);
                         tx.send_replace(());
-                    } else if claims::claim_of(&queue, ours) != Claim::Exclusive {
+                    } else if holders::claim_of(&queue, ours) != Claim::Exclusive {
                         // A share or permit may hold behind others: look.
                         tx.send_replace(());
                     }

@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use super::EtcdStore;
 use super::calls::{lease_gone, owned, revision, whole_seconds};
 use super::keys::{flipped, queue_end};
-use super::shared::{Queued, Spare};
+use super::state::{Queued, Spare};
 use crate::error::StoreError;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 use crate::store::{HandOver, Lease, LockToken, LossSignal, Reply};
 
 /// One held entry and the lease it is attached to.

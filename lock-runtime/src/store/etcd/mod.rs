@@ -119,24 +119,24 @@ use super::{
     ReleaseWatch, Reply, Store,
 };
 
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 
 mod acquire;
 mod builder;
 mod calls;
-mod claims;
 mod follow;
 mod held;
+mod holders;
 mod keys;
 mod lease;
 mod queues;
-mod shared;
+mod state;
 
 pub use builder::EtcdStoreBuilder;
 use calls::{gets, owned, whole_seconds};
 use follow::{AbortOnDrop, follow};
 use keys::{first_of, queue_end};
-use shared::{Queued, Shared};
+use state::{Queued, Shared};
 
 /// The most unused leases kept per ttl.
 const MAX_SPARES: usize = 256;
@@ -344,7 +344,7 @@ impl Store for EtcdStore {
             let Some(holder) = holders.last() else {
                 return Ok(None);
             };
-            let claim = claims::claim_of(&queue, holder.key());
+            let claim = holders::claim_of(&queue, holder.key());
             let lease = holder.lease();
             let remaining = if lease == 0 {
                 None

@@ -12,7 +12,7 @@ use super::{
     LossSignal, ReleaseWatch, Reply, Store,
 };
 use crate::error::StoreError;
-use crate::store::support::keyed::{HashedKey, KeyHashing, KeyMap};
+use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
 
 mod slot;
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::store::support::keyed::HashedKey;
+use crate::store::common::keyed::HashedKey;
 use crate::store::{Claim, ClaimMismatch, LockToken, LossSignal};
 
 /// One lease on a key.

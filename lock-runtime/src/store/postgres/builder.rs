@@ -11,12 +11,12 @@ use tokio_postgres::{Config, Socket};
 
 use super::listener::Listener;
 use super::session::Opener;
-use super::shared::Shared;
+use super::statements::Shared;
 use super::table::Table;
 use super::{PostgresStore, Waking};
 use crate::error::{LockError, StoreError};
-use crate::store::support::connect::{self, Timeouts, timeout_setters};
-use crate::store::support::redact::redact;
+use crate::store::common::connect::{self, Timeouts, timeout_setters};
+use crate::store::common::redact::redact;
 
 /// Configures and connects a [`PostgresStore`].
 #[derive(Debug)]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::shared::Shared;
+use super::statements::Shared;
 use super::table::{millis, turn};
 use crate::store::{HandOver, Lease, LockToken, Reply};
 

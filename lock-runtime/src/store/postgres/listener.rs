@@ -18,7 +18,7 @@ use tokio_postgres::{AsyncMessage, Config};
 
 use super::CHANNEL;
 use super::session::Opener;
-use super::shared::Shared;
+use super::statements::Shared;
 use super::table::pg_error;
 use crate::error::StoreError;
 use crate::store::{ReleaseWatch, Reply};

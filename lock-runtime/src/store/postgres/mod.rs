@@ -106,16 +106,16 @@
 //! synchronous replication.
 
 mod builder;
-mod claims;
+mod claim_text;
 mod lease;
 mod listener;
 mod session;
-mod shared;
+mod statements;
 mod table;
 
 pub use builder::PostgresStoreBuilder;
 use lease::PostgresLease;
-use shared::Shared;
+use statements::Shared;
 use table::{hex, millis, row_id, turn};
 
 use std::fmt;
@@ -293,7 +293,7 @@ impl Store for PostgresStore {
             let ms: i64 = row.get(2);
             let held: &str = row.get(3);
             let holders: i64 = row.get(4);
-            let claim = claims::claim_of(held);
+            let claim = claim_text::claim_of(held);
             if holders == 0 {
                 // Free, a waiting writer's mark aside.
                 return Ok(None);
@@ -318,7 +318,7 @@ impl PostgresStore {
         let id = row_id(request.key);
         let key = request.key.as_bytes();
         let (token, ttl) = (request.token.to_string(), millis(request.ttl));
-        let (asked, limit) = claims::text(request.claim);
+        let (asked, limit) = claim_text::text(request.claim);
         let mark = request.hints.waits && matches!(self.waking, Waking::Listen(_));
         let row = self
             .shared
@@ -344,7 +344,7 @@ impl PostgresStore {
                 }),
             }),
             2 => {
-                let held = claims::claim_of(held.as_deref().unwrap_or_default());
+                let held = claim_text::claim_of(held.as_deref().unwrap_or_default());
                 Err(ClaimMismatch::new(held, request.claim).into())
             }
             _ => Ok(Acquire::Held {

@@ -12,8 +12,8 @@ use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
 use super::owner_checks::{Checks, OwnerChecks};
 use super::subscriber::Subscriber;
 use crate::error::{LockError, StoreError};
-use crate::store::support::connect::{self, Timeouts, timeout_setters};
-use crate::store::support::redact::redact;
+use crate::store::common::connect::{self, Timeouts, timeout_setters};
+use crate::store::common::redact::redact;
 
 /// Configures and connects a [`RedisStore`].
 #[derive(Clone, Debug)]

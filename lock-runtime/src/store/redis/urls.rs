@@ -5,7 +5,7 @@
 use ::redis::ConnectionAddr;
 
 use crate::error::StoreError;
-use crate::store::support::redact::redact;
+use crate::store::common::redact::redact;
 
 /// The node URLs of `redis+cluster://[[user]:password@]host:port[,host:port...]`
 /// (`rediss+cluster://` for TLS): `redis://[..@]host:port` each, the

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::RedlockStore;
 use crate::error::LockError;
+use crate::store::common::connect::{self, Timeouts, timeout_setters};
+use crate::store::common::redact::redact;
 use crate::store::redis::{RedisStore, RedisStoreBuilder, TlsSettings, tls_setters};
-use crate::store::support::connect::{self, Timeouts, timeout_setters};
-use crate::store::support::redact::redact;
 
 /// Configures and connects a [`RedlockStore`].
 ///

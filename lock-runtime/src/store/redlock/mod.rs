@@ -70,7 +70,7 @@ use super::{
     Reply, SafetyMargin, Store,
 };
 use crate::error::{LockError, StoreError};
-use crate::store::support::redact::redact;
+use crate::store::common::redact::redact;
 
 /// What Redlock can do. The shortest lease leaves room for the node round
 /// trips and the margin: the drift allowance (by default 1 % of the ttl

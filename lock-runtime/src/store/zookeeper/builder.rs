@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::session::{Digest, Session};
-use super::shared::{Failed, Shared, watch_session};
-use super::shared::{deletions, dues};
+use super::state::{Failed, Shared, watch_session};
+use super::state::{deletions, dues};
 use super::{ZooKeeperStore, capabilities};
 use crate::error::{LockError, StoreError};
-use crate::store::support::connect::{self, Timeouts, timeout_setters};
+use crate::store::common::connect::{self, Timeouts, timeout_setters};
 
 /// Configures and connects a [`ZooKeeperStore`].
 #[derive(Debug)]

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::claims;
+use super::holders;
 use super::keys::claim_of;
 use super::queue::sort;
-use super::shared::Shared;
-use crate::store::support::queue::Place;
+use super::state::Shared;
+use crate::store::common::queue::Place;
 use crate::store::{Claim, LockToken};
 
 /// Ends a watch: stops its task, and takes our waiting exclusive children
@@ -115,7 +115,7 @@ pub(super) async fn follow(
             let due = store.overdue.due(&parent);
             drop(store);
             let at = children.iter().position(|child| child == name);
-            let holds = at.is_some_and(|at| claims::holds(&children, at) == Ok(true));
+            let holds = at.is_some_and(|at| holders::holds(&children, at) == Ok(true));
             let here = if holds { Place::Head } else { Place::Behind };
             place(
                 &shared,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::shared::{Child, Shared};
+use super::state::{Child, Shared};
 use crate::store::{Lease, LockToken, Reply};
 
 /// How long a child is held before it is watched: a deletion its holder

@@ -87,18 +87,18 @@ use super::{
 };
 
 mod builder;
-mod claims;
 mod follow;
+mod holders;
 mod keys;
 mod lease;
 mod overdue;
 mod queue;
 mod session;
-mod shared;
+mod state;
 
 pub use builder::ZooKeeperStoreBuilder;
 use follow::{LeaveQueue, follow};
-use shared::{Shared, disconnected};
+use state::{Shared, disconnected};
 
 /// How long an acquire whose connection broke waits for the client to
 /// reach another server before it is made again.

@@ -20,10 +20,10 @@ use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
 
 use super::keys::{claim_of, ttl_data, ttl_of};
-use super::shared::{Failed, Shared};
+use super::state::{Failed, Shared};
 use crate::error::StoreError;
 use crate::store::Claim;
-use crate::store::support::queue::holding;
+use crate::store::common::queue::holding;
 
 /// How long past its ttl, by the ensemble's clock, a holder's child is
 /// left before others delete it: covers the skew between the clocks of

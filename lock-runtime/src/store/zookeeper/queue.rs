@@ -7,10 +7,10 @@ use std::time::Duration;
 use zookeeper_client::{CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
 use super::keys;
-use super::shared::deletions;
-use super::shared::{Child, Failed, Shared};
+use super::state::deletions;
+use super::state::{Child, Failed, Shared};
 use crate::error::StoreError;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 use crate::store::{Claim, LockToken};
 
 /// Our child in a key's queue, as [`Shared::enqueue`] found or made it.

@@ -11,9 +11,9 @@ use etcd_client::{
 use super::EtcdStore;
 use super::calls::{lease_gone, owned};
 use super::keys::{entry_for, queue_end};
-use super::shared::Queued;
+use super::state::Queued;
 use crate::error::StoreError;
-use crate::store::support::queue::{Place, holding};
+use crate::store::common::queue::{Place, holding};
 use crate::store::{Acquire, AcquireRequest, Claim};
 
 /// The length of an entry's name after its queue's start: the lease in

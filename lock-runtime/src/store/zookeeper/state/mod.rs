@@ -15,7 +15,7 @@ use super::session::Session;
 pub(super) mod deletions;
 pub(super) mod dues;
 use crate::error::StoreError;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 use crate::store::{LockToken, LossSignal};
 
 /// What clones of one store share.

@@ -12,7 +12,7 @@ use super::held::HeldKeys;
 use super::keys::used_for;
 use super::queues::WatchedQueues;
 use crate::store::LockToken;
-use crate::store::support::queue::Place;
+use crate::store::common::queue::Place;
 
 /// What clones of one store share.
 pub(super) struct Shared {

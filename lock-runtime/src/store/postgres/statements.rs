@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row};
 
 use super::CHANNEL;
-use super::claims;
+use super::claim_text;
 use super::session::Opener;
 use super::table::{Statements, Stmt, Table, millis, pg_error};
 use crate::error::StoreError;
@@ -160,7 +160,7 @@ impl Shared {
             let held: &str = row.get(1);
             (
                 Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
-                claims::claim_of(held),
+                claim_text::claim_of(held),
             )
         }))
     }

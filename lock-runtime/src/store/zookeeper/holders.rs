@@ -9,7 +9,7 @@ use super::keys::claim_of;
 use super::lease::ZooKeeperLease;
 use super::queue::Enqueued;
 use crate::error::StoreError;
-use crate::store::support::queue::{Place, holding};
+use crate::store::common::queue::{Place, holding};
 use crate::store::{Acquire, AcquireRequest, Claim, ClaimMismatch};
 
 /// Whether the child at `at` of `queue` (sorted by sequence) holds the

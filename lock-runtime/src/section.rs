@@ -3,18 +3,18 @@
 
 use std::future::Future;
 
-use crate::context::{self, Frame};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::OnLost;
 use crate::store::Claim;
+use crate::task_locks::{self, Frame};
 use crate::telemetry;
 
 /// A nested call on a key the task already holds: runs at once, under the
 /// outer lease (whose loss cancels this body with the outer one).
 pub(crate) async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::Output {
     tracing::trace!(key, "re-entering a lock this task holds");
-    context::with_frame(frame, body).await
+    task_locks::with_frame(frame, body).await
 }
 
 /// The re-entrancy frame of a held lock.
@@ -62,7 +62,7 @@ pub(crate) async fn until_lost<F: Future>(
     on_lost: OnLost,
     body: F,
 ) -> Option<F::Output> {
-    context::with_frames(frames, async {
+    task_locks::with_frames(frames, async {
         match on_lost {
             OnLost::Cancel => tokio::select! {
                 biased;
