@@ -38,6 +38,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
 use super::owner_checks::{self, Checks, OwnerChecks};
+use super::scripts;
 use super::urls::{SentinelUrl, cluster_nodes};
 use crate::error::StoreError;
 
@@ -262,6 +263,7 @@ impl RedisConnection {
         // Surface a missing password or a wrong database now, not at the first lock.
         ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
         detect(&checks, || owner_checks::QUESTION.query_async(&mut conn)).await;
+        scripts::load(&conn).await;
         Ok(RedisConnection {
             direct: Some(Direct::Server(conn)),
             shared: Arc::new(Shared {
@@ -301,6 +303,7 @@ impl RedisConnection {
             conn.route_command(owner_checks::QUESTION.clone(), primaries)
         })
         .await;
+        scripts::load(&conn).await;
         Ok(RedisConnection {
             direct: Some(Direct::Cluster(conn)),
             shared: Arc::new(Shared {
@@ -386,6 +389,7 @@ impl RedisConnection {
             owner_checks::QUESTION.query_async(&mut conn)
         })
         .await;
+        scripts::load(&conn).await;
         let was = self.client().get_connection_info().addr().to_string();
         if now != was {
             tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");

@@ -4,6 +4,8 @@
 //! it returns.
 
 use ::redis::Script;
+use ::redis::aio::ConnectionLike;
+use futures_util::future::join_all;
 use once_cell::sync::Lazy;
 
 /// A script whose text is the given files, joined.
@@ -36,3 +38,41 @@ pub(super) static FAIR_RELEASE: Lazy<Script> =
     script!("fence.lua", "shares.lua", "queue.lua", "fair_release.lua");
 pub(super) static FAIR_HAND_OVER: Lazy<Script> =
     script!("fence.lua", "shares.lua", "queue.lua", "fair_hand_over.lua");
+
+/// Loads every script on the server (on every primary of a cluster), so
+/// that the first lock sends each in one `EVALSHA` rather than learning
+/// of `NOSCRIPT` first: three round trips, which a first lock on a busy
+/// machine may not make within a short deadline (Redlock's node timeout).
+/// A server that refuses is left to the `NOSCRIPT` fallback.
+pub(super) async fn load<C: ConnectionLike + Clone>(conn: &C) {
+    let loads = all().map(|script| {
+        let mut conn = conn.clone();
+        async move { script.load_async(&mut conn).await }
+    });
+    for loaded in join_all(loads).await {
+        if let Err(error) = loaded {
+            tracing::debug!(%error, "the Redis server did not load a script; it is loaded at its first use");
+            return;
+        }
+    }
+}
+
+/// Every script.
+fn all() -> [&'static Script; 14] {
+    [
+        &ACQUIRE,
+        &SHARE_ACQUIRE,
+        &RENEW,
+        &RELEASE,
+        &MARK,
+        &RELEASE_EXCLUSIVE,
+        &HAND_OVER,
+        &FORCE_RELEASE,
+        &INSPECT,
+        &RAISE,
+        &FAIR_ACQUIRE,
+        &FAIR_SHARE_ACQUIRE,
+        &FAIR_RELEASE,
+        &FAIR_HAND_OVER,
+    ]
+}
