@@ -15,8 +15,8 @@ use tracing::{Instrument, Span};
 use crate::acquire::Parts;
 use crate::error::LockError;
 use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
-use crate::options::Access;
 use crate::options::LockOptions;
+use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Renewable, Renewal, Schedule};
 use crate::store::{Claim, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
@@ -221,19 +221,13 @@ impl LockGuard {
     /// How this lease holds its key: [`Access::Read`] for a read lock,
     /// [`Access::Write`] otherwise (a mutex, a writer, a semaphore permit).
     pub fn access(&self) -> Access {
-        match self.held().claim {
-            Claim::Shared => Access::Read,
-            _ => Access::Write,
-        }
+        Access::of(self.held().claim)
     }
 
     /// For a semaphore, how many permits the key has (this lease holds one
     /// of them); `None` for a mutex or a read-write lock.
     pub fn permits(&self) -> Option<u32> {
-        match self.held().claim {
-            Claim::Permit { limit } => Some(limit.get()),
-            _ => None,
-        }
+        permits_of(self.held().claim)
     }
 
     /// How this lease holds its key.

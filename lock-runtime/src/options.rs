@@ -54,6 +54,26 @@ pub enum Access {
     Write,
 }
 
+impl Access {
+    /// How a lease under `claim` holds its key: the one mapping back from
+    /// a claim ([`LockOptions::claim`] is the one there).
+    pub(crate) fn of(claim: Claim) -> Access {
+        match claim {
+            Claim::Shared => Access::Read,
+            Claim::Exclusive | Claim::Permit { .. } => Access::Write,
+        }
+    }
+}
+
+/// For a lease under `claim`, how many permits its key has: the
+/// semaphore's limit, `None` for a mutex or a read-write lock.
+pub(crate) fn permits_of(claim: Claim) -> Option<u32> {
+    match claim {
+        Claim::Permit { limit } => Some(limit.get()),
+        Claim::Exclusive | Claim::Shared => None,
+    }
+}
+
 /// What happens to a body run by `#[distributed_lock]` when its lease is
 /// lost (a renewal refused or too late, `max_hold` passed, the store's
 /// session gone): see [`LockOptions::on_lost`].

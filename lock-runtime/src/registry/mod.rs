@@ -17,9 +17,9 @@ use crate::acquire::{self, Parts};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
-use crate::options::{Access, LockOptions, Mode};
+use crate::options::{Access, LockOptions, Mode, permits_of};
 use crate::section;
-use crate::store::{Claim, LockToken, Store};
+use crate::store::{LeaseInfo, LockToken, Store};
 use crate::task_locks;
 use crate::telemetry::{self, Labels};
 
@@ -344,20 +344,7 @@ impl LockRegistry {
             .inspect(&full_key)
             .await
             .map_err(|source| LockError::store(key, "inspect", source))?;
-        Ok(lease.map(|lease| LockInfo {
-            remaining: lease.remaining,
-            fencing_token: lease.fencing,
-            held_by_this_process: lease.token.is_some_and(LockToken::is_from_this_process),
-            access: match lease.claim {
-                Claim::Shared => Access::Read,
-                _ => Access::Write,
-            },
-            permits: match lease.claim {
-                Claim::Permit { limit } => Some(limit.get()),
-                _ => None,
-            },
-            holders: lease.holders,
-        }))
+        Ok(lease.map(LockInfo::of))
     }
 
     /// Takes the lock on `full_key` in `mode`, with `opts` checked for it
@@ -466,6 +453,22 @@ pub struct LockInfo {
     /// How many hold it: the readers or permit holders (1 for a mutex or a
     /// writer). The fields above describe one of them.
     pub holders: usize,
+}
+
+impl LockInfo {
+    /// What users read of the lease a store found: the holder's token
+    /// becomes whether it is of this process, its claim the access and
+    /// permits a guard reports.
+    fn of(lease: LeaseInfo) -> LockInfo {
+        LockInfo {
+            remaining: lease.remaining,
+            fencing_token: lease.fencing,
+            held_by_this_process: lease.token.is_some_and(LockToken::is_from_this_process),
+            access: Access::of(lease.claim),
+            permits: permits_of(lease.claim),
+            holders: lease.holders,
+        }
+    }
 }
 
 impl fmt::Debug for LockRegistry {

@@ -6,7 +6,9 @@ use std::time::Duration;
 use super::{Claim, Lease, LockToken, LossSignal};
 
 /// What a store knows of the lease on one key: the answer to
-/// [`Store::inspect`](super::Store::inspect) when the key is held.
+/// [`Store::inspect`](super::Store::inspect) when the key is held. Users
+/// read it as a [`LockInfo`](crate::LockInfo), which says whether the
+/// holder's token is of this process rather than the token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseInfo {
