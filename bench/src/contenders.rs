@@ -121,7 +121,7 @@ impl Lib {
                 Ok((waited, out))
             }
             Lib::Attribute => Err("the attribute runs its own body".into()),
-            Lib::Raw(backend) => {
+            Lib::Raw(store) => {
                 let loss = lock_runtime::store::LossSignal::new();
                 let request = lock_runtime::store::AcquireRequest::new(
                     key,
@@ -130,7 +130,7 @@ impl Lib {
                     &loss,
                 );
                 let lock_runtime::store::Acquire::Acquired { mut lease, .. } =
-                    backend.acquire(request).await?
+                    store.acquire(request).await?
                 else {
                     return Err("held".into());
                 };

@@ -404,13 +404,13 @@ async fn main() -> Result<(), Error> {
     let mem = Lib::Ours(memory.clone());
     for (scenario, tasks, ops, hot) in [
         (
-            "6a. memory backend, 1 task uncontended",
+            "6a. memory store, 1 task uncontended",
             1usize,
             200_000 / scale,
             false,
         ),
         (
-            "6b. memory backend, 16 tasks one hot key",
+            "6b. memory store, 16 tasks one hot key",
             16,
             5_000 / scale,
             true,
@@ -537,7 +537,7 @@ async fn main() -> Result<(), Error> {
          and \"paired\" is the median over those rounds of its throughput over the floor's in the same round \
          (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
-         backend; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
+         store; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
          and an owner-checked delete, no library (the library queues an entry per contender instead), retried at once while the key is held (and in the hand-off row \
          also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
