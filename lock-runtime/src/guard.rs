@@ -83,7 +83,7 @@ impl State {
     }
 
     fn turn(&self) -> MutexGuard<'_, Option<LocalTurn>> {
-        // `take` is the only operation: the slot is consistent after a panic.
+        // `take` is the only operation: the turn is consistent after a panic.
         self.turn
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

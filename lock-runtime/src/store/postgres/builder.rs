@@ -209,14 +209,14 @@ impl PostgresStoreBuilder {
             table,
             response_timeout: self.timeouts.response,
             prepare: self.transaction_pooling.is_none(),
-            slots: (0..self.connections)
+            connections: (0..self.connections)
                 .map(|_| AsyncMutex::new(None))
                 .collect(),
         });
         let client = shared.open().await?;
         shared.table.create(&client).await?;
         let first = shared.prepared(client).await?;
-        *shared.slots[0].lock().await = Some(first);
+        *shared.connections[0].lock().await = Some(first);
         let waking = match self.transaction_pooling {
             None => Waking::Listen(Listener::new(
                 shared.config.clone(),

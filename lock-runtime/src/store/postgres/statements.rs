@@ -25,7 +25,7 @@ pub(super) struct Shared {
     /// session), not lent per transaction by a pooler.
     pub(super) prepare: bool,
     /// Statement connections, made on first use and replaced once closed.
-    pub(super) slots: Vec<AsyncMutex<Option<Conn>>>,
+    pub(super) connections: Vec<AsyncMutex<Option<Conn>>>,
 }
 
 /// One statement connection and its prepared statements.
@@ -76,13 +76,13 @@ impl Shared {
     pub(super) async fn conn(&self, id: &[u8]) -> Result<Conn, StoreError> {
         let mut prefix = [0u8; 8];
         prefix.copy_from_slice(&id[..8]);
-        let at = (u64::from_le_bytes(prefix) % self.slots.len() as u64) as usize;
-        let mut slot = self.slots[at].lock().await;
-        if let Some(conn) = slot.as_ref().filter(|conn| !conn.client.is_closed()) {
+        let at = (u64::from_le_bytes(prefix) % self.connections.len() as u64) as usize;
+        let mut connection = self.connections[at].lock().await;
+        if let Some(conn) = connection.as_ref().filter(|conn| !conn.client.is_closed()) {
             return Ok(conn.clone());
         }
         let conn = self.connect().await?;
-        *slot = Some(conn.clone());
+        *connection = Some(conn.clone());
         Ok(conn)
     }
 
