@@ -19,8 +19,8 @@
 //!
 //! Some cases check an ability a store may lack (a linger, shares, permits,
 //! pushed losses, increasing fencing tokens, a hand-over that moves the
-//! lease): [`SKIPPABLE`]. A store's module lists the ones it lacks; they
-//! are generated as ignored tests (libtest reports them as such), and
+//! lease): [`SKIPPABLE`]. A store's module lists the ones it lacks; each
+//! is generated as a test that the store indeed lacks that ability, and
 //! `the_skipped_cases_are_the_missing_abilities` checks the list against
 //! what the store declares and does, both ways. A skippable case run on a
 //! store that lacks its ability fails.
