@@ -1,5 +1,6 @@
 //! The signal that one lease is lost.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -70,9 +71,22 @@ impl LossShared {
 
 impl LossSignal {
     /// A signal not raised yet.
+    ///
+    /// The last clone of a signal, when dropped, leaves its allocation to
+    /// the next signal made on that thread, reset: a lock and release in
+    /// a loop makes no new one.
     pub fn new() -> Self {
+        let spare = SPARE
+            .try_with(|spare| spare.take())
+            .ok()
+            .flatten()
+            .and_then(|mut shared| {
+                // Unique when it was kept, and nobody could clone it since.
+                *Arc::get_mut(&mut shared)? = LossShared::default();
+                Some(shared)
+            });
         LossSignal {
-            shared: Arc::default(),
+            shared: spare.unwrap_or_default(),
         }
     }
 
@@ -190,6 +204,25 @@ impl LossSignal {
             .listener
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+thread_local! {
+    /// The allocation of the last signal dropped on this thread, for the
+    /// next one.
+    static SPARE: Cell<Option<Arc<LossShared>>> = const { Cell::new(None) };
+}
+
+impl Drop for LossSignal {
+    fn drop(&mut self) {
+        // The last clone: nobody else can see the signal any more (no weak
+        // references to it are ever made), so it can start over as
+        // another lease's. A clone is kept here, unique once this field
+        // is dropped.
+        if Arc::strong_count(&self.shared) == 1 {
+            let keep = self.shared.clone();
+            let _ = SPARE.try_with(|spare| spare.set(Some(keep)));
+        }
     }
 }
 
