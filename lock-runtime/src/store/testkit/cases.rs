@@ -360,14 +360,31 @@ pub async fn each_permit_expires_renews_and_fences_alone(store: &Clients) {
     let short = short_ttl(store.caps());
     let loss = LossSignal::new();
     let request = AcquireRequest::new(&key, LockToken::random(), short, &loss).claiming(two);
+    let sent = tokio::time::Instant::now();
     let (mut crashed, first) = granted(store.a.acquire(request).await.expect("acquire"));
     let (mut live, second) = granted(claim(&store.b, &key, two).await);
     if store.caps().fencing.increasing {
         assert!(second > first, "{first} then {second}");
     }
     let info = store.a.inspect(&key).await.unwrap().expect("held");
-    assert_eq!((info.claim, info.holders), (two, 2), "{info:?}");
-    refused(claim(&store.a, &key, two).await);
+    if sent.elapsed() < short {
+        assert_eq!((info.claim, info.holders), (two, 2), "{info:?}");
+    }
+    // A third permit is refused while both are live. The first's ttl is
+    // short (it is to expire below), and a busy machine may take longer
+    // than that to get here: a grant is then a bug only if it came before
+    // the first permit could have expired.
+    match claim(&store.a, &key, two).await {
+        Acquire::Held { .. } => {}
+        Acquire::Acquired { mut lease, .. } => {
+            let after = sent.elapsed();
+            assert!(
+                after >= short,
+                "a third permit of two granted {after:?} after the first was asked for, within its ttl of {short:?}"
+            );
+            assert!(lease.release(Duration::ZERO).await.unwrap());
+        }
+    }
     // Expiry is the thing under test: sleeping past it is the point.
     tokio::time::sleep(short * 3).await;
     assert!(live.renew().await.unwrap(), "the live permit renews");
