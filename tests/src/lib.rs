@@ -10,6 +10,7 @@ pub mod careless;
 mod certs;
 mod etcd_server;
 pub mod history;
+pub mod partition;
 mod postgres_server;
 pub mod processes;
 mod proxy;

@@ -3,6 +3,7 @@
 //! One binary for the family: its modules are the suites.
 
 mod attribute;
+mod partition;
 mod processes;
 mod soak;
 mod store;

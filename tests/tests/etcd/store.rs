@@ -75,45 +75,6 @@ async fn ttls_are_whole_seconds_from_the_clusters_minimum() {
     );
 }
 
-#[tokio::test]
-async fn keys_of_any_characters_are_stored_as_given() {
-    let cluster = EtcdCluster::single();
-    let (a, b) = (registry(&cluster).await, registry(&cluster).await);
-    for key in ["a b/c", "ключ:7", "\"quoted\"\n'and' \\ more", "*?[]{}"] {
-        let guard = a.lock(key, LockOptions::default()).await.unwrap();
-        assert!(lock_tests::is_held(&b, key).await, "{key:?}");
-        guard.release().await.unwrap();
-        lock_and_release(&b, key).await;
-    }
-}
-
-/// Keys whose names share a beginning, or would once escaped, each get a
-/// queue of their own: holding one never holds another.
-#[tokio::test]
-async fn keys_that_share_a_beginning_never_share_a_queue() {
-    let cluster = EtcdCluster::single();
-    let (a, b) = (registry(&cluster).await, registry(&cluster).await);
-    let base = unique_key("prefix");
-    let keys = [
-        base.clone(),
-        format!("{base}\0x"),
-        format!("{base}%00x"),
-        format!("{base}%2500x"),
-        format!("{base}/x"),
-        format!("{base}x"),
-    ];
-    let mut guards = Vec::new();
-    for key in &keys {
-        guards.push(a.lock(key, LockOptions::default()).await.unwrap());
-    }
-    for key in &keys {
-        assert!(lock_tests::is_held(&b, key).await, "{key:?}");
-    }
-    for guard in guards {
-        guard.release().await.unwrap();
-    }
-}
-
 /// The entries in `key`'s queue, by their values (the tokens).
 async fn queued(cluster: &EtcdCluster, key: &str) -> Vec<String> {
     let mut client = etcd_client::Client::connect(cluster.endpoints(), None)

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::store::testkit::Clients;
 use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, MAX_KEY_LEN, ZooKeeperStore};
-use lock_tests::{Proxy, ZooKeeperEnsemble, lock_and_release, unique_key};
+use lock_tests::{Proxy, ZooKeeperEnsemble, unique_key};
 
 /// The session timeout the tests ask for: above the contract's 10 s ttl.
 const SESSION: Duration = Duration::from_secs(20);
@@ -56,31 +56,6 @@ async fn a_ttl_longer_than_the_session_timeout_is_refused() {
         .release()
         .await
         .unwrap();
-}
-
-#[tokio::test]
-async fn keys_of_any_characters_stay_apart() {
-    let zk = ZooKeeperEnsemble::single();
-    // The default ttl (30 s) fits the default session timeout.
-    let registry = registry(&zk, Duration::from_secs(30)).await;
-    let options = LockOptions::default();
-    let base = unique_key("chars");
-    let keys = [
-        format!("{base}/a"),
-        format!("{base}%2Fa"),
-        format!("{base}/.."),
-        format!("{base} é \u{7}"),
-    ];
-    let mut guards = Vec::new();
-    for key in &keys {
-        // Each is its own lock: all are held at once.
-        let guard = registry.try_lock(key, options.clone()).await.unwrap();
-        guards.push(guard.expect("a distinct key is free"));
-    }
-    for guard in guards {
-        guard.release().await.unwrap();
-    }
-    lock_and_release(&registry, &keys[0]).await;
 }
 
 /// Waiters in three sessions queue in the order they arrived, and get the

@@ -19,6 +19,85 @@ pub async fn acquire_is_exclusive(store: &Clients) {
     assert!(lease.release(Duration::ZERO).await.unwrap());
 }
 
+/// Keys that a store's naming could fold together are distinct locks:
+/// keys that differ only in an escape, a separator, a hash-tag brace, a
+/// quote, a NUL or a non-ASCII character, keys that begin with another
+/// key, and keys as long as a registry allows ([`MAX_KEY_LEN`](crate::MAX_KEY_LEN)).
+/// All are held at once, each refuses a second holder, and releasing some
+/// leaves the others held.
+pub async fn keys_of_any_characters_stay_distinct(store: &Clients) {
+    let base = unique_key("contract");
+    let long = "k".repeat(crate::MAX_KEY_LEN - base.len());
+    let shorter = &long[1..];
+    let endings = [
+        "",
+        "x",
+        "/x",
+        "\0x",
+        "\0",
+        "%00x",
+        "%2500x",
+        "%",
+        "%25",
+        "a{b}c",
+        "a%7Bb%7Dc",
+        "}{",
+        "{",
+        "}",
+        ":y:z",
+        ":y",
+        "/..",
+        "/.",
+        "%2F..",
+        " é \u{7}",
+        "ключ:🔒:{id}",
+        "a'b",
+        "'); DROP TABLE lock_leases; --",
+        "\"q\"\n\\ *?[]",
+        &long,
+        shorter,
+    ];
+    let keys: Vec<String> = endings.iter().map(|end| format!("{base}{end}")).collect();
+    let mut leases = Vec::new();
+    for key in &keys {
+        match attempt(&store.a, key, LockToken::random(), TTL).await {
+            Acquire::Acquired { lease, .. } => leases.push(lease),
+            other => panic!("{key:?} is held by an earlier key: {other:?}"),
+        }
+    }
+    for key in &keys {
+        refused(attempt(&store.b, key, LockToken::random(), TTL).await);
+    }
+    // Every other key released: the rest are still held.
+    for (i, lease) in leases.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            assert!(
+                lease.release(Duration::ZERO).await.unwrap(),
+                "{:?}",
+                keys[i]
+            );
+        }
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let answer = attempt(&store.b, key, LockToken::random(), TTL).await;
+        if i % 2 == 0 {
+            let (mut lease, _) = granted(answer);
+            assert!(lease.release(Duration::ZERO).await.unwrap());
+        } else {
+            refused(answer);
+        }
+    }
+    for (i, lease) in leases.iter_mut().enumerate() {
+        if i % 2 == 1 {
+            assert!(
+                lease.release(Duration::ZERO).await.unwrap(),
+                "{:?}",
+                keys[i]
+            );
+        }
+    }
+}
+
 /// Two clients race for one key many times: exactly one wins each round.
 pub async fn racing_clients_never_both_win(store: &Clients) {
     let key = unique_key("contract");

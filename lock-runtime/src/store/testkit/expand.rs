@@ -77,6 +77,7 @@ macro_rules! __contract_cases {
         $crate::__contract_cases! { @with [$($then)*] [
             acquire_is_exclusive,
             racing_clients_never_both_win,
+            keys_of_any_characters_stay_distinct,
             an_expired_lease_is_free_and_stale,
             only_the_holder_renews_or_releases,
             a_lingering_release_keeps_the_lease_that_long,
