@@ -214,7 +214,8 @@ pub use error::LockError;
 pub use guard::LockGuard;
 pub use lock_all::LockGuards;
 pub use options::{Access, LockOptions, MAX_DURATION, OnLost};
-pub use registry::{LockInfo, LockRegistry, MAX_KEY_LEN, RegistryBuilder, init, registry};
+pub use registry::{LockInfo, LockRegistry, RegistryBuilder, init, registry};
+pub use store::MAX_KEY_LEN;
 pub use task_locks::{fencing_token, fencing_token_for, is_lost, lost};
 
 #[cfg(feature = "etcd")]

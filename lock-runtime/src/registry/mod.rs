@@ -19,12 +19,9 @@ use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
 use crate::options::{Access, LockOptions, Mode, permits_of};
 use crate::section;
-use crate::store::{LeaseInfo, LockToken, Store};
+use crate::store::{LeaseInfo, LockToken, MAX_KEY_LEN, Store};
 use crate::task_locks;
 use crate::telemetry::{self, Labels};
-
-/// The longest key accepted, in bytes (namespace not included).
-pub const MAX_KEY_LEN: usize = 64 * 1024;
 
 static REGISTRY: OnceCell<LockRegistry> = OnceCell::new();
 

@@ -57,6 +57,11 @@ pub use request::{Acquire, AcquireRequest, HandOver, Hints, LeaseInfo};
 pub use token::LockToken;
 pub use watch::ReleaseWatch;
 
+/// The longest key a registry accepts, in bytes, its namespace not
+/// included. Every store keeps keys this long (with the namespace before
+/// them) distinct.
+pub const MAX_KEY_LEN: usize = 64 * 1024;
+
 /// A boxed, sendable future: what the contract's methods return, so the
 /// traits stay object-safe and the registry can hold an `Arc<dyn Store>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

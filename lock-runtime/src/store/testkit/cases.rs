@@ -22,12 +22,12 @@ pub async fn acquire_is_exclusive(store: &Clients) {
 /// Keys that a store's naming could fold together are distinct locks:
 /// keys that differ only in an escape, a separator, a hash-tag brace, a
 /// quote, a NUL or a non-ASCII character, keys that begin with another
-/// key, and keys as long as a registry allows ([`MAX_KEY_LEN`](crate::MAX_KEY_LEN)).
+/// key, and keys as long as a registry allows ([`MAX_KEY_LEN`](crate::store::MAX_KEY_LEN)).
 /// All are held at once, each refuses a second holder, and releasing some
 /// leaves the others held.
 pub async fn keys_of_any_characters_stay_distinct(store: &Clients) {
     let base = unique_key("contract");
-    let long = "k".repeat(crate::MAX_KEY_LEN - base.len());
+    let long = "k".repeat(crate::store::MAX_KEY_LEN - base.len());
     let shorter = &long[1..];
     let endings = [
         "",
