@@ -197,7 +197,7 @@ struct TableLease {
 }
 
 impl Lease for TableLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         let ends = Instant::now() + self.ttl;
         Reply::ready(Ok(self.store.extend(&self.key, self.token, ends)))
     }

@@ -242,6 +242,10 @@ pub(crate) async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         )),
         "memory" => Lib::Ours(LockRegistry::memory()),
         "tokio-mutex" => Lib::TokioMutex(Arc::default()),
+        "attribute" => {
+            lock_runtime::init(LockRegistry::memory())?;
+            Lib::Attribute
+        }
         "pg-floor" => Lib::PgFloor(Arc::new(PgFloor::connect(url).await?)),
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         "pg-raw" => Lib::Raw(Arc::new(

@@ -115,7 +115,7 @@ fn work() {
 /// CPU per lock (the client's: the server is a process of its own) and,
 /// on Redis, the server's time inside commands per lock. Redis: floor, lock-runtime, raw (the
 /// store through the `Store` trait alone), rslock; memory (scenario
-/// 6a or 6b): memory, tokio-mutex; PostgreSQL:
+/// 6a or 6b): memory, tokio-mutex, attribute (the global registry); PostgreSQL:
 /// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
 /// pg_stat_statements); etcd: etcd-floor, etcd-lock-runtime, etcd-raw
 /// (13 or 14); ZooKeeper: zk-floor, zk-lock-runtime, zk-raw (17 or 18).

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
@@ -60,8 +59,10 @@ struct State {
     /// The full key, and where the user's key starts in it.
     full_key: Arc<str>,
     prefix_len: usize,
-    /// The store's handle; taken out by the release or the hand-over.
-    lease: AsyncMutex<Option<Box<dyn Lease>>>,
+    /// The store's handle: renewed through `&self` by the renewal, taken
+    /// out by the release or the hand-over once nothing else shares the
+    /// state ([`Renewal::take_held`]).
+    lease: Option<Box<dyn Lease>>,
     loss: LossSignal,
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
@@ -118,13 +119,11 @@ impl Renewable for State {
     }
 
     fn renew(&self) -> Reply<'_, bool> {
-        Reply::new(async move {
-            match self.lease.lock().await.as_mut() {
-                Some(lease) => lease.renew().await,
-                // Released meanwhile; the renewal is stopped and ignores this.
-                None => Ok(true),
-            }
-        })
+        match &self.lease {
+            Some(lease) => lease.renew(),
+            // Taken out by a release; the renewal is stopped and ignores this.
+            None => Reply::ready(Ok(true)),
+        }
     }
 
     fn lose(&self, reason: &'static str) {
@@ -163,7 +162,7 @@ impl LockGuard {
         let state = State {
             full_key: turn.key().clone(),
             prefix_len: parts.prefix_len,
-            lease: AsyncMutex::new(Some(grant.lease)),
+            lease: Some(grant.lease),
             loss: grant.loss,
             turn: Mutex::new(Some(turn)),
             span: parts.span.clone(),
@@ -311,28 +310,33 @@ impl Holding {
         self.renewal.held()
     }
 
-    async fn release(self) -> Result<(), LockError> {
+    async fn release(mut self) -> Result<(), LockError> {
+        let linger = self.linger();
+        let (fencing, ttl, started_at, chain) =
+            (self.fencing, self.ttl, self.started_at, self.chain);
         self.renewal.stop();
-        let state = self.state();
-        let key = state.key();
-        let was_held = !state.loss.is_raised();
+        // The release tells of a loss from here on.
+        self.state().loss.unlisten();
+        let was_held = !self.state().loss.is_raised();
         // Waits for a renewal in flight, so it cannot outlive the release.
-        let Some(mut lease) = state.lease.lock().await.take() else {
+        let state = self.renewal.take_held().await;
+        let Some(mut lease) = state.lease.take() else {
             return Ok(());
         };
-        let linger = self.linger();
+        let state = &*state;
+        let key = state.key();
         if was_held
             && linger.is_zero()
-            && self.chain < MAX_HAND_OVERS
+            && chain < MAX_HAND_OVERS
             && let Some(turn) = state.take_turn_if(LocalTurn::has_waiters)
         {
             let grant = Grant {
                 lease,
                 loss: state.loss.clone(),
-                fencing: self.fencing,
-                ttl: self.ttl,
-                started_at: self.started_at,
-                chain: self.chain,
+                fencing,
+                ttl,
+                started_at,
+                chain,
             };
             let handed = turn.hand_over(grant).await;
             return match handed {

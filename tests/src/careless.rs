@@ -23,7 +23,7 @@ struct CarelessLease {
 }
 
 impl Lease for CarelessLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         self.inner.renew()
     }
 

@@ -167,8 +167,37 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section here is a single update: consistent after a panic.
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
+/// An entry taken out of the slab to be acted on. Dropping it gives the
+/// entry back and tells a release waiting for the holder's state to be its
+/// own alone ([`Renewal::take_held`]).
+struct Taken {
+    renewer: Arc<Renewer>,
+    entry: Option<Arc<Entry>>,
+}
+
+impl std::ops::Deref for Taken {
+    type Target = Entry;
+
+    fn deref(&self) -> &Entry {
+        // `entry` is emptied only by `drop`.
+        self.entry.as_deref().expect("a taken entry is given back once")
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        drop(self.entry.take());
+        self.renewer.returned.notify_waiters();
+    }
+}
+
 /// An entry is due: lose it, or renew it in a task of its own.
 fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
+    let renewer = renewer.clone();
+    let entry = Taken {
+        renewer: renewer.clone(),
+        entry: Some(entry),
+    };
     if entry.is_stopped() {
         return;
     }
@@ -182,7 +211,6 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
     if now >= entry.valid_until() {
         return entry.lose(reason::LATE);
     }
-    let renewer = renewer.clone();
     tokio::spawn(async move {
         let sent_at = Instant::now();
         let renewal = entry.lease.renew();
@@ -252,6 +280,34 @@ impl<R: Renewable + 'static> Renewal<R> {
     /// The allocation the holder's state is in.
     pub(crate) fn entry(&self) -> &Arc<Entry<R>> {
         &self.entry
+    }
+
+    /// Stops renewing, waits until no renewal in flight shares the
+    /// holder's state any more, and gives it: the caller's alone, for the
+    /// release or the hand-over, which must not overlap a renewal. The
+    /// holder must have dropped every other reference to the entry first
+    /// (the loss signal's listener).
+    pub(crate) async fn take_held(&mut self) -> &mut R {
+        self.stop();
+        debug_assert_eq!(
+            Arc::weak_count(&self.entry),
+            0,
+            "the entry's listeners are gone before the holder takes it"
+        );
+        loop {
+            let returned = self.renewer.returned.notified();
+            let mut returned = std::pin::pin!(returned);
+            // Registered before the check, so a give-back in between wakes it.
+            returned.as_mut().enable();
+            if Arc::get_mut(&mut self.entry).is_some() {
+                break;
+            }
+            returned.await;
+        }
+        match Arc::get_mut(&mut self.entry) {
+            Some(entry) => &mut entry.lease,
+            None => unreachable!("the entry was found unshared, and nothing can share it since"),
+        }
     }
 
     /// Stops renewing; no verdict is given after this.

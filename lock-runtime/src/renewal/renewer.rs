@@ -21,6 +21,10 @@ pub(super) const IDLE_PERIOD: Duration = Duration::from_secs(1);
 pub(crate) struct Renewer {
     pub(super) state: Mutex<Slab>,
     wake: Arc<Notify>,
+    /// Told each time an entry taken out of the slab to be acted on is
+    /// given back (see [`Taken`](super::Taken)): what a release waiting for
+    /// a renewal in flight waits on.
+    pub(super) returned: Notify,
     /// How many times a lock woke the task.
     #[cfg(test)]
     pub(super) wakes: std::sync::atomic::AtomicUsize,
@@ -115,6 +119,7 @@ impl Renewer {
             let renewer = Arc::new(Renewer {
                 state: Mutex::default(),
                 wake: Arc::new(Notify::new()),
+                returned: Notify::new(),
                 #[cfg(test)]
                 wakes: Default::default(),
             });

@@ -97,10 +97,7 @@ impl LossSignal {
         }
         // The holder first: once woken, a body's task may end and drop it
         // before the listener would be told.
-        let listener = self.listener().take();
-        if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
-            listener.lease_lost(reason);
-        }
+        self.tell_listener(reason);
         self.shared.notify.notify_waiters();
     }
 
@@ -191,10 +188,23 @@ impl LossSignal {
     pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {
         *self.listener() = Some(listener);
         if self.is_raised() {
-            let listener = self.listener().take();
-            if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
-                listener.lease_lost("lost before it was taken up");
-            }
+            self.tell_listener("lost before it was taken up");
+        }
+    }
+
+    /// Drops the listener, if it was not told yet; returns once a telling
+    /// in progress has ended, so the listener is not referred to from here
+    /// any more.
+    pub(crate) fn unlisten(&self) {
+        drop(self.listener().take());
+    }
+
+    /// Tells the listener (once), holding the lock meanwhile: `unlisten`
+    /// waits for it.
+    fn tell_listener(&self, reason: &'static str) {
+        let mut slot = self.listener();
+        if let Some(listener) = slot.take().and_then(|weak| weak.upgrade()) {
+            listener.lease_lost(reason);
         }
     }
 

@@ -155,13 +155,19 @@ impl<T> fmt::Debug for Reply<'_, T> {
 /// One held lease: the per-holder state a store keeps, and the operations
 /// on it. Returned by [`Store::acquire`].
 ///
-/// The runtime never calls two of these methods at once on one handle.
+/// The runtime never calls two of these methods at once on one handle: a
+/// renewal in flight has ended before `release` or `hand_over` is called.
 /// Every operation is owner-checked: a handle never renews or deletes a
 /// lease that another holder has since taken.
 pub trait Lease: Send + Sync + fmt::Debug {
     /// Extends the lease to its ttl from now. `Ok(false)` when it is no
     /// longer ours (expired or taken over).
-    fn renew(&mut self) -> Reply<'_, bool>;
+    ///
+    /// Takes `&self`: the runtime renews from its background timers while
+    /// the holder keeps the handle, with no lock around it. A store that
+    /// must remember something of a renewal (when it was sent, say) keeps
+    /// that in a cell or an atomic of its own.
+    fn renew(&self) -> Reply<'_, bool>;
 
     /// Releases the lease and wakes waiters; with a non-zero `linger`, keeps
     /// it for that much longer instead (for `hold_at_least`, only asked of

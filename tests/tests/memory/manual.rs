@@ -382,3 +382,131 @@ async fn options_a_store_cannot_honour_name_the_store_and_the_reason() {
     );
     assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
 }
+
+/// A store whose renewals wait at a gate, and which records, in order,
+/// when a renewal was sent and answered and when a release was sent.
+mod gated {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use lock_runtime::MemoryStore;
+    use lock_runtime::store::{
+        Acquire, AcquireRequest, Capabilities, Lease, LeaseInfo, LockToken, ReleaseWatch, Reply,
+        Store,
+    };
+    use tokio::sync::Notify;
+
+    #[derive(Debug, Default)]
+    pub(super) struct Gate {
+        pub(super) events: Mutex<Vec<&'static str>>,
+        /// Told when a renewal reaches the gate.
+        pub(super) renewing: Notify,
+        /// Lets the renewal waiting at the gate through.
+        pub(super) open: Notify,
+    }
+
+    impl Gate {
+        fn record(&self, event: &'static str) {
+            self.events.lock().unwrap().push(event);
+        }
+    }
+
+    #[derive(Debug)]
+    pub(super) struct GatedStore {
+        pub(super) inner: MemoryStore,
+        pub(super) gate: Arc<Gate>,
+    }
+
+    #[derive(Debug)]
+    struct GatedLease {
+        inner: Box<dyn Lease>,
+        gate: Arc<Gate>,
+    }
+
+    impl Lease for GatedLease {
+        fn renew(&self) -> Reply<'_, bool> {
+            Reply::new(async move {
+                self.gate.record("renewal sent");
+                self.gate.renewing.notify_one();
+                self.gate.open.notified().await;
+                let renewed = self.inner.renew().await;
+                self.gate.record("renewal answered");
+                renewed
+            })
+        }
+
+        fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
+            Reply::new(async move {
+                self.gate.record("release sent");
+                self.inner.release(linger).await
+            })
+        }
+    }
+
+    impl Store for GatedStore {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+
+        fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
+            Reply::new(async move {
+                Ok(match self.inner.acquire(request).await? {
+                    Acquire::Acquired { fencing, lease } => Acquire::Acquired {
+                        fencing,
+                        lease: Box::new(GatedLease {
+                            inner: lease,
+                            gate: self.gate.clone(),
+                        }),
+                    },
+                    other => other,
+                })
+            })
+        }
+
+        fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
+            self.inner.abandon(key, token)
+        }
+
+        fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
+            self.inner.watch(key)
+        }
+
+        fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
+            self.inner.force_release(key)
+        }
+
+        fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
+            self.inner.inspect(key)
+        }
+    }
+}
+
+/// The runtime renews a lease with no lock around the store's handle, yet
+/// a release never overtakes a renewal in flight: it waits for its answer,
+/// so no renewal reaches the store after the release (which could extend
+/// a lease just released, or one shortened for `hold_at_least`).
+#[tokio::test(start_paused = true)]
+async fn a_release_waits_for_the_renewal_in_flight() {
+    let gate = Arc::new(gated::Gate::default());
+    let store = gated::GatedStore {
+        inner: MemoryStore::new(),
+        gate: gate.clone(),
+    };
+    let registry = LockRegistry::new(store);
+    let key = unique_key("renewing");
+    let options = LockOptions::default().ttl(Duration::from_millis(300));
+    let guard = registry.lock(&key, options).await.unwrap();
+    // The first renewal, a third of the ttl in, waits at the gate.
+    gate.renewing.notified().await;
+    let release = tokio::spawn(guard.release());
+    // Every chance to overtake the renewal.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!release.is_finished(), "the release waits for the renewal");
+    gate.open.notify_one();
+    release.await.unwrap().unwrap();
+    assert_eq!(
+        *gate.events.lock().unwrap(),
+        ["renewal sent", "renewal answered", "release sent"]
+    );
+    assert!(!is_held(&registry, &key).await, "released");
+}

@@ -230,7 +230,7 @@ impl EtcdStore {
             secs,
             place: Place::Head,
         };
-        let mut lease = self.granted(ours, request.token, false, request.loss);
+        let lease = self.granted(ours, request.token, false, request.loss);
         if lease.refresh().await? {
             return Ok(Acquire::Acquired {
                 fencing: lease.created.max(0).unsigned_abs(),

@@ -1,6 +1,7 @@
 //! One held entry and the lease it is attached to.
 
 use std::fmt;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
@@ -23,7 +24,12 @@ pub(super) struct EtcdLease {
     pub(super) key: Vec<u8>,
     pub(super) token: LockToken,
     pub(super) secs: i64,
+    /// The etcd lease the entry is on; its `fresh_at` is the grant's, see
+    /// `renewed_at` for the latest.
     pub(super) lease: Spare,
+    /// When the lease was last granted or kept alive: moved on by each
+    /// renewal, which has only `&self`.
+    pub(super) renewed_at: Mutex<Instant>,
     /// The entry's create revision: the fencing token.
     pub(super) created: i64,
     /// The watch that pushes the entry's loss ([`HeldKeys`]).
@@ -48,6 +54,21 @@ impl EtcdLease {
         self
     }
 
+    /// The etcd lease, as fresh as its last keep-alive.
+    fn spare(&self) -> Spare {
+        Spare {
+            fresh_at: *self.renewed_at(),
+            ..self.lease
+        }
+    }
+
+    fn renewed_at(&self) -> MutexGuard<'_, Instant> {
+        // Only ever assigned whole: consistent after a panic.
+        self.renewed_at
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
     /// A keep-alive of our lease, then, once it is answered, a check that
     /// the entry is still ours.
     ///
@@ -60,7 +81,7 @@ impl EtcdLease {
     /// been granted the key before ours. A lock granted through here (a
     /// waiter that reached the head of its queue) is thus granted before
     /// the next holder's, and its fencing token, the older, comes first.
-    pub(super) async fn refresh(&mut self) -> Result<bool, StoreError> {
+    pub(super) async fn refresh(&self) -> Result<bool, StoreError> {
         let sent_at = Instant::now();
         let store = &self.store;
         let id = self.lease.id;
@@ -76,7 +97,7 @@ impl EtcdLease {
         if !store.txn(&txn).await?.succeeded() {
             return Ok(false);
         }
-        self.lease.fresh_at = sent_at;
+        *self.renewed_at() = sent_at;
         Ok(true)
     }
 
@@ -122,21 +143,21 @@ impl EtcdLease {
             store
                 .inner
                 .shared
-                .give_back(self.secs, self.lease, &self.queue);
+                .give_back(self.secs, self.spare(), &self.queue);
             return Ok(HandOver::Released);
         }
         // The new entry is on our lease, renewed with the move; if the
         // keep-alive failed, it counts from its last renewal.
         let renewed = alive.is_ok();
         if renewed {
-            self.lease.fresh_at = sent_at;
+            *self.renewed_at() = sent_at;
         }
         let created = i64::try_from(revision(&answer)).unwrap_or(i64::MAX);
         let entry = Queued {
             queue: self.queue.clone(),
             entry: next_key,
             created,
-            lease: self.lease,
+            lease: self.spare(),
             secs: self.secs,
             place: Place::Head,
         };
@@ -149,7 +170,7 @@ impl EtcdLease {
 }
 
 impl Lease for EtcdLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         Reply::new(self.refresh())
     }
 
@@ -184,7 +205,7 @@ impl Lease for EtcdLease {
                 store
                     .inner
                     .shared
-                    .give_back(self.secs, self.lease, &self.queue);
+                    .give_back(self.secs, self.spare(), &self.queue);
             }
             Ok(answer.succeeded())
         })
@@ -205,7 +226,7 @@ impl Lease for EtcdLease {
     }
 
     fn started_at(&self) -> Option<Instant> {
-        self.counted_from_grant.then_some(self.lease.fresh_at)
+        self.counted_from_grant.then(|| self.spare().fresh_at)
     }
 }
 
@@ -242,6 +263,7 @@ impl EtcdStore {
             token,
             secs: entry.secs,
             lease: entry.lease,
+            renewed_at: Mutex::new(entry.lease.fresh_at),
             created: entry.created,
             watch,
             loss: loss.clone(),

@@ -248,7 +248,7 @@ impl MemoryLease {
 }
 
 impl Lease for MemoryLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         let ttl = self.ttl;
         let renewed = self
             .with_holder(|holder, now| holder.expires = now + ttl)

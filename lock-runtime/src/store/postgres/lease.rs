@@ -19,7 +19,7 @@ pub(super) struct PostgresLease {
 }
 
 impl Lease for PostgresLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         Reply::new(async move {
             if self.one_of_many {
                 let ttl = millis(self.ttl);

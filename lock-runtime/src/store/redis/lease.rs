@@ -32,7 +32,7 @@ impl<C> Lease for RedisLease<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         Reply::new(
             self.commands
                 .renew(&self.lock, self.token, self.ttl, self.plain()),

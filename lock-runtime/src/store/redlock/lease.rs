@@ -2,6 +2,7 @@
 //! majority has it.
 
 use std::fmt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -20,7 +21,8 @@ pub(super) struct RedlockLease {
     key: String,
     token: LockToken,
     ttl: Duration,
-    valid_until: Instant,
+    /// Moved on by each renewal, which has only `&self`.
+    valid_until: Mutex<Instant>,
 }
 
 impl RedlockLease {
@@ -38,17 +40,24 @@ impl RedlockLease {
             key: key.to_owned(),
             token,
             ttl,
-            valid_until,
+            valid_until: Mutex::new(valid_until),
         }
     }
 
     fn is_valid(&self) -> bool {
-        self.valid_until > Instant::now()
+        *self.valid_until() > Instant::now()
+    }
+
+    fn valid_until(&self) -> std::sync::MutexGuard<'_, Instant> {
+        // Only ever assigned whole: consistent after a panic.
+        self.valid_until
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 }
 
 impl Lease for RedlockLease {
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         Reply::new(async move {
             let (key, token, ttl) = (self.key.as_str(), self.token, self.ttl);
             let redlock = &self.redlock;
@@ -80,7 +89,7 @@ impl Lease for RedlockLease {
             let (ours, not_ours) = tally(&results);
             let drift = redlock.drift(ttl);
             if ours >= redlock.quorum() && started.elapsed() + drift < ttl {
-                self.valid_until = started + ttl - drift;
+                *self.valid_until() = started + ttl - drift;
                 return Ok(true);
             }
             let answered = ours + not_ours;
@@ -101,7 +110,7 @@ impl Lease for RedlockLease {
                 .on_all(limit, |node| node.release_token(key, token, linger))
                 .await;
             // Whatever the answers, the handle no longer holds anything.
-            self.valid_until = Instant::now();
+            *self.valid_until() = Instant::now();
             let (released, not_ours) = tally(&results);
             let answered = released + not_ours;
             // Inside the validity window the lease was ours even if only some

@@ -152,7 +152,7 @@ pub(super) async fn expire(
 impl Lease for ZooKeeperLease {
     /// Writes the child again: its `mtime`, which others judge it by, is
     /// now (see [`overdue`](super::overdue)).
-    fn renew(&mut self) -> Reply<'_, bool> {
+    fn renew(&self) -> Reply<'_, bool> {
         Reply::new(async move {
             let sent_at = Instant::now();
             let path = self.child.path();
