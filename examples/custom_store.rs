@@ -1,14 +1,12 @@
-//! A lock store of your own: leases kept in a table, as a database would
-//! keep them, written against the contract in `lock_runtime::store` and
-//! checked by its contract suite (`cargo test -p examples --example
-//! custom_store`).
+//! A lock store of your own: a table of leases, as a database would keep
+//! them, written against `lock_runtime::store`'s contract and checked by its
+//! suite (`cargo test -p examples --example custom_store`).
 //!
-//! The table is a `HashMap` behind a mutex, standing in for a database
-//! table of rows `(key, token, claim, fencing, expires_at)`: each method
-//! below is what one statement would do under the row's lock. It serves
-//! mutexes and semaphores, keeps a released lease for a while
-//! (`hold_at_least`), and numbers its grants; it cannot tell waiters of a
-//! release, so they ask again every 50 ms.
+//! A `HashMap` behind a mutex stands in for a table of rows `(key, token,
+//! claim, fencing, expires_at)`: each method does what one statement would
+//! under the row's lock. It serves mutexes and semaphores, keeps a released
+//! lease for a while (`hold_at_least`) and numbers its grants; it cannot
+//! tell waiters of a release, so they ask again every 50 ms.
 //!
 //! Run it: `cargo run -p examples --example custom_store`.
 
@@ -41,8 +39,7 @@ struct Table {
 }
 
 impl Table {
-    /// The key's live rows, expired ones dropped (as a `WHERE expires_at >
-    /// now()` would skip them).
+    /// The key's live rows (what `WHERE expires_at > now()` would select).
     fn live(&mut self, key: &str, now: Instant) -> &mut Vec<Row> {
         let rows = self.rows.entry(key.to_owned()).or_default();
         rows.retain(|row| row.expires_at > now);
@@ -65,14 +62,6 @@ const CAPABILITIES: Capabilities = Capabilities::new("table")
     .with_polled_releases(Duration::from_millis(50))
     .with_fencing(FencingPromise::INCREASING);
 
-impl TableStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 impl Store for TableStore {
     fn capabilities(&self) -> &Capabilities {
         &CAPABILITIES
@@ -86,25 +75,18 @@ impl Store for TableStore {
             // A retry by the same token: the same lease, renewed.
             if let Some(row) = rows.iter_mut().find(|row| row.token == request.token) {
                 row.expires_at = now + request.ttl;
-                let fencing = row.fencing;
-                return Ok(self.granted(&request, fencing));
+                return Ok(self.granted(&request, row.fencing));
             }
             // The claim rule: a mismatch is an error at once, and nothing
             // was written.
             for row in rows.iter() {
                 request.claim.fits(row.claim)?;
             }
-            let room = match rows.first() {
-                None => true,
-                Some(held) => match request.claim.meets(held.claim) {
-                    Meeting::Joins => request
-                        .claim
-                        .limit()
-                        .is_none_or(|limit| rows.len() < limit.get() as usize),
-                    Meeting::Waits | Meeting::Mismatch => false,
-                },
-            };
-            if !room {
+            let joins = rows
+                .first()
+                .is_none_or(|held| request.claim.meets(held.claim) == Meeting::Joins);
+            let limit = request.claim.limit();
+            if !joins || limit.is_some_and(|limit| rows.len() >= limit.get() as usize) {
                 let soonest = rows.iter().map(|row| row.expires_at).min();
                 return Ok(Acquire::Held {
                     remaining: soonest.map(|at| at - now),
@@ -150,6 +132,12 @@ impl Store for TableStore {
 }
 
 impl TableStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The answer granting `request` its lease, numbered `fencing`.
     fn granted(&self, request: &AcquireRequest<'_>, fencing: u64) -> Acquire {
         let lease = TableLease {
@@ -203,15 +191,12 @@ impl Lease for TableLease {
     }
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
-        Reply::new(async move {
-            Ok(match linger.is_zero() {
-                true => self.store.delete(&self.key, Some(self.token)) > 0,
-                false => {
-                    let ends = Instant::now() + linger;
-                    self.store.extend(&self.key, self.token, ends)
-                }
-            })
-        })
+        Reply::ready(Ok(if linger.is_zero() {
+            self.store.delete(&self.key, Some(self.token)) > 0
+        } else {
+            self.store
+                .extend(&self.key, self.token, Instant::now() + linger)
+        }))
     }
 }
 
@@ -220,28 +205,19 @@ async fn main() -> Result<(), LockError> {
     demo().await
 }
 
-/// Four tasks through a semaphore of 2 on the table, then a mutex.
+/// Two holders of a semaphore of 2 on the table, and a third turned away.
 async fn demo() -> Result<(), LockError> {
     let locks = LockRegistry::new(TableStore::default());
-    let tasks = (0..4).map(|task| {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let options = LockOptions::default().permits(2);
-            let guard = locks.lock("reports", options).await?;
-            println!(
-                "task {task} holds one of 2 permits (fencing {})",
-                guard.fencing_token()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            guard.release().await
-        })
-    });
-    for task in tasks {
-        task.await.expect("the task ran")?;
-    }
-    let guard = locks.lock("ledger", LockOptions::default()).await?;
-    println!("the ledger's mutex: fencing {}", guard.fencing_token());
-    guard.release().await
+    let two = LockOptions::default().permits(2);
+    let first = locks.lock("reports", two.clone()).await?;
+    let second = locks.lock("reports", two.clone()).await?;
+    let turned_away = locks.try_lock("reports", two).await?.is_none();
+    let tokens = (first.fencing_token(), second.fencing_token());
+    println!(
+        "2 permits held, fencing tokens {tokens:?}; a third caller turned away: {turned_away}"
+    );
+    first.release().await?;
+    second.release().await
 }
 
 #[cfg(test)]

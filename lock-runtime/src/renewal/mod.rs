@@ -180,7 +180,9 @@ impl std::ops::Deref for Taken {
 
     fn deref(&self) -> &Entry {
         // `entry` is emptied only by `drop`.
-        self.entry.as_deref().expect("a taken entry is given back once")
+        self.entry
+            .as_deref()
+            .expect("a taken entry is given back once")
     }
 }
 

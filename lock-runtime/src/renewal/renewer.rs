@@ -109,13 +109,15 @@ impl Renewer {
     pub(super) fn for_this_thread(owner: &RegistryId) -> Arc<Renewer> {
         RENEWERS.with(|renewers| {
             let mut renewers = renewers.borrow_mut();
-            renewers.retain(|(registry, _)| registry.strong_count() > 0);
             if let Some((_, renewer)) = renewers
                 .iter()
                 .find(|(registry, _)| std::ptr::addr_eq(registry.as_ptr(), owner.as_ptr()))
             {
                 return renewer.clone();
             }
+            // A new registry on this thread: the renewers of registries
+            // gone since go now (their tasks end with them).
+            renewers.retain(|(registry, _)| registry.strong_count() > 0);
             let renewer = Arc::new(Renewer {
                 state: Mutex::default(),
                 wake: Arc::new(Notify::new()),

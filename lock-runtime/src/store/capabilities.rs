@@ -208,8 +208,7 @@ impl Capabilities {
                  a holder could go on believing in a lock the store has already given up"
             ));
         }
-        let unit = self.ttl_granularity.as_nanos().max(1);
-        if !ttl.as_nanos().is_multiple_of(unit) {
+        if !is_whole_number_of(ttl, self.ttl_granularity) {
             return Err(format!(
                 "ttl {ttl:?} is not a whole number of {:?}, the unit the {store} store counts ttls in",
                 self.ttl_granularity
@@ -228,6 +227,19 @@ impl Capabilities {
             ));
         }
         Ok(())
+    }
+}
+
+/// Whether `value` is a whole number of `unit`s (any value is, of a zero
+/// unit).
+fn is_whole_number_of(value: Duration, unit: Duration) -> bool {
+    match (
+        u64::try_from(value.as_nanos()),
+        u64::try_from(unit.as_nanos()),
+    ) {
+        (Ok(_), Ok(0)) => true,
+        (Ok(value), Ok(unit)) => value.is_multiple_of(unit),
+        _ => value.as_nanos().is_multiple_of(unit.as_nanos().max(1)),
     }
 }
 
@@ -268,8 +280,18 @@ impl SafetyMargin {
 
     /// The margin for a lease of `ttl`.
     pub fn of(&self, ttl: Duration) -> Duration {
-        let proportional = ttl.as_nanos() * u128::from(self.parts_per_million) / 1_000_000;
-        self.fixed + Duration::from_nanos(u64::try_from(proportional).unwrap_or(u64::MAX))
+        let ppm = u64::from(self.parts_per_million);
+        if ppm == 0 {
+            return self.fixed;
+        }
+        // `nanos × ppm / 1 000 000`, rounded down, in 64 bits: whole
+        // milliseconds and the rest apart.
+        let nanos = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+        let proportional = (nanos / 1_000_000)
+            .saturating_mul(ppm)
+            .saturating_add(nanos % 1_000_000 * ppm / 1_000_000);
+        self.fixed
+            .saturating_add(Duration::from_nanos(proportional))
     }
 }
 
@@ -317,5 +339,50 @@ impl FencingPromise {
     pub const fn with_unbounded_memory(mut self) -> Self {
         self.bounded_memory = false;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{SafetyMargin, is_whole_number_of};
+
+    /// The margin is `fixed + ttl × ppm / 1 000 000` rounded down, as
+    /// 128-bit arithmetic gives it, up to the longest ttls.
+    #[test]
+    fn the_margin_is_the_exact_proportion_of_the_ttl() {
+        let ttls = [
+            Duration::ZERO,
+            Duration::from_nanos(999_999),
+            Duration::from_millis(30),
+            Duration::from_nanos(30_000_123_457),
+            Duration::from_secs(3600 * 24 * 365),
+            Duration::from_nanos(u64::MAX),
+        ];
+        for ppm in [0, 1, 2_000, 999_999, 1_000_000, u32::MAX] {
+            let margin = SafetyMargin::new(Duration::from_millis(10), ppm);
+            for ttl in ttls {
+                let exact = ttl.as_nanos() * u128::from(ppm) / 1_000_000;
+                let expected = Duration::from_millis(10).saturating_add(Duration::from_nanos(
+                    u64::try_from(exact).unwrap_or(u64::MAX),
+                ));
+                assert_eq!(margin.of(ttl), expected, "ttl {ttl:?}, {ppm} ppm");
+            }
+        }
+    }
+
+    #[test]
+    fn whole_numbers_of_a_unit() {
+        let ms = Duration::from_millis(1);
+        assert!(is_whole_number_of(Duration::from_millis(30), ms));
+        assert!(!is_whole_number_of(Duration::from_nanos(30_000_001), ms));
+        assert!(is_whole_number_of(Duration::from_nanos(7), Duration::ZERO));
+        assert!(is_whole_number_of(Duration::MAX, Duration::ZERO));
+        assert!(!is_whole_number_of(Duration::MAX, ms));
+        assert!(is_whole_number_of(
+            Duration::from_secs(u64::MAX),
+            Duration::from_secs(1)
+        ));
     }
 }

@@ -622,7 +622,10 @@ async fn fencing_tokens_never_go_backwards_when_redis_loses_its_data() {
 async fn fencing_counters_end_with_their_leases() {
     let server = RedisServer::new();
     let registry = registry(&server).await;
-    let ttl = Duration::from_millis(300);
+    // Long enough that a loaded machine does not lose a lease between its
+    // lock and its release (which the test does not look at); the counters
+    // then expire within the 5 s `wait_until` gives them.
+    let ttl = Duration::from_secs(2);
     let prefix = unique_key("counters");
     // `LOCK_COUNTER_KEYS=1000000` for the full-size run. By default 25 000:
     // whether counters end with their leases does not depend on how many
