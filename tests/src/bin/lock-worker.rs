@@ -416,7 +416,16 @@ async fn open(url: &str) -> Result<LockRegistry, LockError> {
         LockRegistry::builder(backend).build()?
     } else if url.contains(',') && !url.contains("+cluster://") && !url.contains("+sentinel://") {
         let urls: Vec<&str> = url.split(',').collect();
-        LockRegistry::redlock(&urls).await?
+        // The soaks' leases are short (500 ms), which makes the default
+        // node timeout (a tenth of the ttl) 50 ms: a loaded machine stalls
+        // a process that long, and then no node "answers". The timeout
+        // only guards against a hung node here; 200 ms still leaves most
+        // of the lease valid after a slow acquire.
+        let store = lock_runtime::RedlockStore::builder(&urls)
+            .node_timeout(Duration::from_millis(200))
+            .connect()
+            .await?;
+        LockRegistry::new(store)
     } else if let Some((server, grant_ms)) = url.split_once("?fair_grant_ms=") {
         // `redis://host:port?fair_grant_ms=N`: the Redis store in fair mode.
         let grant = Duration::from_millis(grant_ms.parse().expect("fair_grant_ms"));
