@@ -265,6 +265,13 @@ impl LockGuard {
         self.held().state().loss.raised().await;
     }
 
+    /// Whether the lease is known lost, or its deadline has passed (which
+    /// raises its loss): an atomic load and a clock read, for a check
+    /// before each step of a body.
+    pub(crate) fn lost_now(&self) -> bool {
+        self.held().state().loss.lost_now()
+    }
+
     /// The lease's loss signal, for the re-entrancy record.
     pub(crate) fn loss(&self) -> &LossSignal {
         &self.held().state().loss

@@ -52,6 +52,12 @@ impl LockGuards {
         self.guards.iter().all(LockGuard::is_held)
     }
 
+    /// Whether any lease is known lost or past its deadline (see
+    /// [`LockGuard::lost_now`]).
+    pub(crate) fn lost_now(&self) -> bool {
+        self.guards.iter().any(LockGuard::lost_now)
+    }
+
     /// Completes when any of the leases is lost.
     pub async fn lost(&self) {
         let losses: Vec<LossSignal> = self

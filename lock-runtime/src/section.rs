@@ -1,7 +1,9 @@
 //! Running a body under held leases: re-entrancy frames, cancellation or
 //! notice on a lost lease, and the call's result after the release.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::task::Poll;
 
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -54,21 +56,34 @@ pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(),
 }
 
 /// Runs `body` with `frames` held: to its end (`Some`), or, under
-/// [`OnLost::Cancel`], until `lost` completes first (`None`: the body is
-/// cancelled).
+/// [`OnLost::Cancel`], until the lease is lost (`None`: the body is
+/// cancelled). Before each poll of the body, `lost_now` says whether the
+/// lease is known lost or past its deadline (an atomic load and a clock
+/// read): a task that wakes late runs none of the body once its lease has
+/// ended. Only while the body waits is `lost`, which completes on a loss,
+/// polled too, so that a loss wakes it.
 pub(crate) async fn until_lost<F: Future>(
     frames: impl IntoIterator<Item = Frame>,
+    lost_now: impl Fn() -> bool,
     lost: impl Future<Output = ()>,
     on_lost: OnLost,
     body: F,
 ) -> Option<F::Output> {
     task_locks::with_frames(frames, async {
         match on_lost {
-            OnLost::Cancel => tokio::select! {
-                biased;
-                () = lost => None,
-                output = body => Some(output),
-            },
+            OnLost::Cancel => {
+                let (mut body, mut lost) = (pin!(body), pin!(lost));
+                poll_fn(|cx| {
+                    if lost_now() {
+                        return Poll::Ready(None);
+                    }
+                    if let Poll::Ready(output) = body.as_mut().poll(cx) {
+                        return Poll::Ready(Some(output));
+                    }
+                    lost.as_mut().poll(cx).map(|()| None)
+                })
+                .await
+            }
             OnLost::Notify => Some(body.await),
         }
     })
@@ -118,6 +133,7 @@ pub(crate) async fn run_locked<F: Future>(
         span,
         until_lost(
             std::iter::once(frame_of(&guard)),
+            || guard.lost_now(),
             guard.lost(),
             on_lost,
             body

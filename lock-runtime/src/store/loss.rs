@@ -144,6 +144,12 @@ impl LossSignal {
             .store(self.shared.since_made(at), Ordering::Release);
     }
 
+    /// Whether the signal is raised, raising it first if its deadline has
+    /// passed.
+    pub(crate) fn lost_now(&self) -> bool {
+        self.is_raised() || self.past_deadline()
+    }
+
     /// Raises the signal if its deadline has passed; whether it did. One
     /// atomic load and a clock read.
     fn past_deadline(&self) -> bool {
