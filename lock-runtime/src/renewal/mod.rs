@@ -195,7 +195,6 @@ impl Drop for Taken {
 
 /// An entry is due: lose it, or renew it in a task of its own.
 fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
-    let renewer = renewer.clone();
     let entry = Taken {
         renewer: renewer.clone(),
         entry: Some(entry),
@@ -226,7 +225,7 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
                 *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
                 entry.tell_deadline();
                 let due = entry.next_due(sent_at);
-                renewer.schedule(id, &entry, due);
+                entry.renewer.schedule(id, &entry, due);
             }
             Ok(Ok(false)) => {
                 entry.lease.renewal_failed();
@@ -237,7 +236,7 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
                 tracing::warn!(parent: entry.lease.span(), key = entry.lease.key(), %error, "lease renewal failed; retrying");
                 let retry =
                     Due::exact((Instant::now() + entry.interval() / 4).min(entry.valid_until()));
-                renewer.schedule(id, &entry, retry);
+                entry.renewer.schedule(id, &entry, retry);
             }
             Err(_) => {
                 entry.lease.renewal_failed();

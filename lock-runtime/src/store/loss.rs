@@ -119,7 +119,7 @@ impl LossSignal {
             // Registered before the check, so a raise in between is not missed.
             notified.as_mut().enable();
             let raised = std::future::poll_fn(|cx| {
-                if self.is_raised() || self.past_deadline() {
+                if self.lost_now() {
                     return std::task::Poll::Ready(true);
                 }
                 notified.as_mut().poll(cx).map(|()| false)

@@ -24,10 +24,9 @@ pub(super) struct EtcdLease {
     pub(super) key: Vec<u8>,
     pub(super) token: LockToken,
     pub(super) secs: i64,
-    /// The etcd lease the entry is on; its `fresh_at` is the grant's, see
-    /// `renewed_at` for the latest.
-    pub(super) lease: Spare,
-    /// When the lease was last granted or kept alive: moved on by each
+    /// The etcd lease the entry is on.
+    pub(super) lease_id: i64,
+    /// When that lease was last granted or kept alive: moved on by each
     /// renewal, which has only `&self`.
     pub(super) renewed_at: Mutex<Instant>,
     /// The entry's create revision: the fencing token.
@@ -57,8 +56,8 @@ impl EtcdLease {
     /// The etcd lease, as fresh as its last keep-alive.
     fn spare(&self) -> Spare {
         Spare {
+            id: self.lease_id,
             fresh_at: *self.renewed_at(),
-            ..self.lease
         }
     }
 
@@ -84,7 +83,7 @@ impl EtcdLease {
     pub(super) async fn refresh(&self) -> Result<bool, StoreError> {
         let sent_at = Instant::now();
         let store = &self.store;
-        let id = self.lease.id;
+        let id = self.lease_id;
         match store
             .lease_call(|mut c| async move { c.keep_alive(id).await })
             .await
@@ -112,7 +111,7 @@ impl EtcdLease {
         // alone (ours heads the queue, so none is older).
         let alone = Compare::create_revision(self.queue.clone(), CompareOp::Less, self.created + 1)
             .with_range(queue_end(&self.queue));
-        let on_lease = PutOptions::new().with_lease(self.lease.id);
+        let on_lease = PutOptions::new().with_lease(self.lease_id);
         let release = Txn::new()
             .when([owned(&self.key, &token)])
             .and_then([TxnOp::delete(self.key.clone(), None)]);
@@ -126,7 +125,7 @@ impl EtcdLease {
         // Our own deletion is no loss.
         store.inner.shared.held.forget(self.watch);
         let sent_at = Instant::now();
-        let id = self.lease.id;
+        let id = self.lease_id;
         let (alive, answer) = tokio::join!(
             store.lease_call(|mut c| async move { c.keep_alive(id).await }),
             store.txn(&txn)
@@ -233,7 +232,7 @@ impl Lease for EtcdLease {
 impl fmt::Debug for EtcdLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLease")
-            .field("lease", &self.lease.id)
+            .field("lease", &self.lease_id)
             .finish_non_exhaustive()
     }
 }
@@ -262,7 +261,7 @@ impl EtcdStore {
             key,
             token,
             secs: entry.secs,
-            lease: entry.lease,
+            lease_id: entry.lease.id,
             renewed_at: Mutex::new(entry.lease.fresh_at),
             created: entry.created,
             watch,
