@@ -295,7 +295,8 @@ impl<R: Renewable + 'static> Renewal<R> {
             0,
             "the entry's listeners are gone before the holder takes it"
         );
-        loop {
+        // The common case: no renewal in flight, nothing to wait for.
+        while Arc::get_mut(&mut self.entry).is_none() {
             let returned = self.renewer.returned.notified();
             let mut returned = std::pin::pin!(returned);
             // Registered before the check, so a give-back in between wakes it.
