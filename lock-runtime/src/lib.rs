@@ -50,6 +50,7 @@
 //! | Redis: one server, a Cluster (`redis+cluster://`), a Sentinel group (`redis+sentinel://`), each over TLS (`rediss...`) | [`LockRegistry::redis`], [`RedisStore::builder`] | `redis` (default), `redis-tls` | [`store::redis`] | yes, one round trip per grant; a waiting writer holds new readers off; in fair mode, everyone in arrival order |
 //! | Redlock over N independent Redis masters | [`LockRegistry::redlock`], [`RedlockStore::builder`] | `redis` | [`store::redlock`] | no: refused at the first call (`InvalidOptions`); a permit kept on a majority of independent masters is not built |
 //! | PostgreSQL, a lease table | `LockRegistry::postgres`, `PostgresStore::builder`, `PostgresStore::with_config` | `postgres` | `store::postgres` | yes, one round trip per grant (a function); a waiting writer holds new readers off |
+//! | MySQL 8.0+ or MariaDB 10.6+, a lease table | `LockRegistry::mysql`, `MySqlStore::builder`, `MySqlStore::with_opts`, `MySqlStore::with_pool` | `mysql` | `store::mysql` | yes, one round trip per grant (a procedure); a waiting writer holds new readers off |
 //! | etcd leases and revisions | `LockRegistry::etcd`, `EtcdStore::builder` | `etcd`, `etcd-tls` | `store::etcd` | yes, one round trip per grant; served in arrival order, a queued writer ahead of later readers |
 //! | ZooKeeper ephemeral sequential nodes | `LockRegistry::zookeeper`, `ZooKeeperStore::builder` | `zookeeper` | `store::zookeeper`; a crashed holder's key is free within its ttl and 1 s, whatever the session timeout | yes, one request per grant alone in the queue; served in arrival order, a queued writer ahead of later readers |
 //!
@@ -71,7 +72,7 @@
 //! - `redis` (default): [`RedisStore`] and [`RedlockStore`].
 //! - `redis-tls`: `rediss://` URLs, with rustls; a private CA and client
 //!   certificates on the builders.
-//! - `postgres`, `etcd` (its build needs `protoc`), `etcd-tls`,
+//! - `postgres`, `mysql`, `etcd` (its build needs `protoc`), `etcd-tls`,
 //!   `zookeeper`: those stores.
 //! - `metrics`: counters and histograms of every lock through the
 //!   [`metrics`](https://docs.rs/metrics) facade, labelled by `store` and
@@ -221,6 +222,8 @@ pub use task_locks::{fencing_token, fencing_token_for, is_lost, lost};
 #[cfg(feature = "etcd")]
 pub use store::etcd::EtcdStore;
 pub use store::memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]

@@ -10,6 +10,7 @@ pub mod careless;
 mod certs;
 mod etcd_server;
 pub mod history;
+mod mariadb_server;
 pub mod partition;
 mod postgres_server;
 pub mod processes;
@@ -25,6 +26,7 @@ mod zookeeper_server;
 
 pub use certs::TestCerts;
 pub use etcd_server::{EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range};
+pub use mariadb_server::MariaDbServer;
 pub use postgres_server::{PgBouncer, PoolMode, PostgresServer};
 pub use proxy::{Proxy, ProxySwitch};
 pub use redis_server::{

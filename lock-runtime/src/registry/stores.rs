@@ -5,6 +5,7 @@
 #[cfg(any(
     feature = "redis",
     feature = "postgres",
+    feature = "mysql",
     feature = "etcd",
     feature = "zookeeper"
 ))]
@@ -12,6 +13,8 @@ use crate::error::LockError;
 #[cfg(feature = "etcd")]
 use crate::store::etcd::EtcdStore;
 use crate::store::memory::MemoryStore;
+#[cfg(feature = "mysql")]
+use crate::store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
@@ -72,6 +75,21 @@ impl LockRegistry {
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<LockRegistry, LockError> {
         Ok(LockRegistry::new(PostgresStore::connect(url).await?))
+    }
+
+    /// A registry over a MySQL 8.0+ or MariaDB 10.6+ database
+    /// (`mysql://user:password@host:port/database`), with the
+    /// [`MySqlStore`] defaults: table `lock_leases` and its procedures,
+    /// created if missing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Connect`] naming the URL (password redacted) when it is
+    /// invalid, the server cannot be reached, refuses the credentials, or
+    /// the table cannot be created.
+    #[cfg(feature = "mysql")]
+    pub async fn mysql(url: &str) -> Result<LockRegistry, LockError> {
+        Ok(LockRegistry::new(MySqlStore::connect(url).await?))
     }
 
     /// A registry over the etcd cluster at `endpoints`

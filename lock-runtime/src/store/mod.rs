@@ -37,6 +37,8 @@ pub(crate) mod common;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod memory;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -1,9 +1,12 @@
 //! Helpers the stores share. Not part of the contract: a store outside
 //! this crate has its own.
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod claim_text;
 #[cfg(any(
     feature = "redis",
     feature = "postgres",
+    feature = "mysql",
     feature = "etcd",
     feature = "zookeeper"
 ))]
@@ -11,5 +14,5 @@ pub(crate) mod connect;
 pub(crate) mod keyed;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) mod queue;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) mod redact;

@@ -106,7 +106,6 @@
 //! synchronous replication.
 
 mod builder;
-mod claim_text;
 mod lease;
 mod listener;
 mod session;
@@ -127,6 +126,7 @@ use super::{
     LockToken, ReleaseWatch, Reply, Store,
 };
 use crate::error::StoreError;
+use crate::store::common::claim_text;
 use listener::Listener;
 
 /// What the PostgreSQL store can do.

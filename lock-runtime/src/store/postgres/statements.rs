@@ -9,10 +9,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row};
 
 use super::CHANNEL;
-use super::claim_text;
 use super::session::Opener;
 use super::table::{Statements, Stmt, Table, millis, pg_error};
 use crate::error::StoreError;
+use crate::store::common::claim_text;
 use crate::store::{Claim, LockToken};
 
 /// The statement connections and what they need.

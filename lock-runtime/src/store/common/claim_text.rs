@@ -1,4 +1,5 @@
-//! How the lease table writes a claim in a key's row, in place of a token.
+//! How the SQL stores' lease tables write a claim in a key's row, in place
+//! of a token.
 
 use std::num::NonZeroU32;
 
@@ -6,7 +7,7 @@ use crate::store::Claim;
 
 /// A share or permit claim as the key's row holds it (`*shared`,
 /// `*permits:N`), and its limit (0 for a share).
-pub(super) fn text(claim: Claim) -> (String, i32) {
+pub(crate) fn text(claim: Claim) -> (String, i32) {
     match claim {
         Claim::Permit { limit } => (
             format!("*permits:{limit}"),
@@ -18,7 +19,7 @@ pub(super) fn text(claim: Claim) -> (String, i32) {
 
 /// The claim a key's row holds: a share or permit claim written by
 /// [`text`], else (a holder's token) an exclusive one.
-pub(super) fn claim_of(held: &str) -> Claim {
+pub(crate) fn claim_of(held: &str) -> Claim {
     match held.strip_prefix("*permits:").map(str::parse) {
         Some(Ok(limit)) => NonZeroU32::new(limit).map_or(Claim::Exclusive, Claim::permits),
         _ if held == "*shared" => Claim::Shared,
