@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::TestCerts;
 use crate::server_process::{free_port, ready_or_exited, temp_dir};
 
 /// One MariaDB server on `127.0.0.1`, with a small buffer pool and redo
@@ -16,6 +17,8 @@ use crate::server_process::{free_port, ready_or_exited, temp_dir};
 pub struct MariaDbServer {
     port: u16,
     dir: PathBuf,
+    /// Set when the server accepts TLS: its CA and certificates.
+    tls: Option<TestCerts>,
     child: Option<Child>,
 }
 
@@ -36,9 +39,28 @@ fn tool(name: &str) -> PathBuf {
 impl MariaDbServer {
     /// Makes a new data directory and starts the server on it.
     pub fn new() -> MariaDbServer {
+        MariaDbServer::start(false)
+    }
+
+    /// As [`new`](Self::new), accepting TLS with a certificate for
+    /// `127.0.0.1` from a CA of its own ([`certs`](Self::certs)); user
+    /// `tls` must show a client certificate of that CA (`REQUIRE X509`).
+    pub fn with_tls() -> MariaDbServer {
+        let server = MariaDbServer::start(true);
+        server.sql("CREATE USER 'tls'@'%' REQUIRE X509; GRANT ALL ON locks.* TO 'tls'@'%'");
+        server
+    }
+
+    /// The certificates of a server made by [`with_tls`](Self::with_tls).
+    pub fn certs(&self) -> &TestCerts {
+        self.tls.as_ref().expect("a server made with_tls")
+    }
+
+    fn start(tls: bool) -> MariaDbServer {
         let dir = temp_dir("mariadb");
         let mut server = MariaDbServer {
             port: 0,
+            tls: tls.then(|| TestCerts::make(dir.join("certs"))),
             dir,
             child: None,
         };
@@ -86,8 +108,16 @@ impl MariaDbServer {
 
     /// Starts `mariadbd` on `self.port`; `true` once it answers a query.
     fn spawn(&mut self) -> bool {
-        let mut child = Command::new(tool("mariadbd"))
-            .arg("--no-defaults")
+        let mut command = Command::new(tool("mariadbd"));
+        // `--no-defaults` must come first.
+        command.arg("--no-defaults");
+        if let Some(certs) = &self.tls {
+            command
+                .arg(format!("--ssl-ca={}", certs.path("ca.crt").display()))
+                .arg(format!("--ssl-cert={}", certs.path("server.crt").display()))
+                .arg(format!("--ssl-key={}", certs.path("server.key").display()));
+        }
+        let mut child = command
             .arg(format!("--datadir={}", self.data().display()))
             .arg(format!("--tmpdir={}", self.dir.display()))
             .arg(format!("--socket={}", self.dir.join("sock").display()))
@@ -140,6 +170,34 @@ impl MariaDbServer {
     pub fn sql(&self, sql: &str) -> String {
         self.try_sql(sql)
             .unwrap_or_else(|| panic!("mariadb failed on {sql:?}; log:\n{}", self.log()))
+    }
+
+    /// Runs a script (statements, `DELIMITER` lines) in database `locks`
+    /// through the `mariadb` client's standard input, as an administrator
+    /// would; panics with the client's error when it fails.
+    pub fn script(&self, script: &str) {
+        use std::io::Write;
+        let mut child = Command::new(tool("mariadb"))
+            .args(["--no-defaults", "-uroot", "-h127.0.0.1"])
+            .arg(format!("-P{}", self.port))
+            .arg("locks")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run mariadb");
+        child
+            .stdin
+            .take()
+            .expect("the client's input")
+            .write_all(script.as_bytes())
+            .expect("write the script");
+        let out = child.wait_with_output().expect("wait for mariadb");
+        assert!(
+            out.status.success(),
+            "the script failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn try_sql(&self, sql: &str) -> Option<String> {

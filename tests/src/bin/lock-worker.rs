@@ -384,7 +384,7 @@ async fn connect(url: &str) -> Result<LockRegistry, LockError> {
 async fn open(url: &str) -> Result<LockRegistry, LockError> {
     // `memory`: this process's own store; several comma-separated URLs
     // (not a Cluster's or Sentinels'): Redlock over them; `postgres://`: the
-    // PostgreSQL store, `etcd://host:port,host:port`: the etcd store,
+    // PostgreSQL store, `mysql://`: the MySQL store, `etcd://host:port,host:port`: the etcd store,
     // `zookeeper://host:port,...?session_ms=N`: the ZooKeeper store (the
     // shared data then needs LOCK_WORKER_DATA_URL), `redis://…?fair_grant_ms=N`:
     // the Redis store in fair mode (the same), `careless+redis://…`: see
@@ -393,6 +393,8 @@ async fn open(url: &str) -> Result<LockRegistry, LockError> {
         LockRegistry::memory()
     } else if url.starts_with("postgres://") {
         LockRegistry::postgres(url).await?
+    } else if url.starts_with("mysql://") {
+        LockRegistry::mysql(url).await?
     } else if let Some(server) = url.strip_prefix("careless+") {
         // `careless+redis://…`: the Redis store, its leases releasing
         // without checking the owner (a bug for the soak to catch).

@@ -1,10 +1,12 @@
 //! The MySQL store against real servers: the contract, bad input, and
 //! faults (a killed server).
 
+use std::time::{Duration, Instant};
+
 use lock_runtime::store::testkit::Clients;
 use lock_runtime::store_contract;
-use lock_runtime::{LockOptions, LockRegistry, MySqlStore};
-use lock_tests::{MariaDbServer, is_held, unique_key};
+use lock_runtime::{Access, LockError, LockOptions, LockRegistry, MySqlStore};
+use lock_tests::{MariaDbServer, error_chain, is_held, lock_and_release, time_to_lock, unique_key};
 
 async fn mysql_store() -> Clients {
     let server = MariaDbServer::new();
@@ -35,4 +37,243 @@ async fn the_table_is_created_once_and_shared() {
     assert_eq!(server.sql("SELECT COUNT(*) FROM locks.lock_leases"), "1");
     guard.release().await.unwrap();
     assert_eq!(server.sql("SELECT COUNT(*) FROM locks.lock_leases"), "0");
+}
+
+#[tokio::test]
+async fn bad_settings_credentials_and_missing_rights_are_clear_errors_without_the_password() {
+    let server = MariaDbServer::new();
+    let secret = "s3cret-Pa55word";
+    server.sql(&format!("CREATE USER 'app'@'%' IDENTIFIED BY '{secret}'"));
+    let port = server.port();
+    let wrong = format!("mysql://app:wrong-{secret}@127.0.0.1:{port}/locks");
+    let err = LockRegistry::mysql(&wrong).await.unwrap_err();
+    let shown = format!("{err} / {err:?} / {}", error_chain(&err));
+    assert!(!shown.contains(secret), "password leaked: {shown}");
+    assert!(shown.contains("Access denied"), "{shown}");
+    assert!(
+        err.to_string()
+            .starts_with("could not connect to the mysql store at `mysql://app:***@127.0.0.1:"),
+        "{err}"
+    );
+    // The right password, but no right to create the table.
+    server.sql("GRANT SELECT ON locks.* TO 'app'@'%'");
+    let right = format!("mysql://app:{secret}@127.0.0.1:{port}/locks");
+    let err = LockRegistry::mysql(&right).await.unwrap_err();
+    let shown = error_chain(&err);
+    assert!(
+        shown.contains("could not create the lease table `lock_leases`"),
+        "{shown}"
+    );
+    assert!(shown.contains("denied"), "{shown}");
+    assert!(!shown.contains(secret), "{shown}");
+    // Once an administrator made the tables and procedures (with the SQL
+    // the builder gives, through the command-line client) and granted
+    // their use, the user locks, shares and permits too.
+    let schema = MySqlStore::builder(&right).schema().unwrap();
+    server.script(&schema);
+    server.sql(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.lock_leases TO 'app'@'%'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON locks.lock_leases_holders TO 'app'@'%'; \
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_claim_v1 TO 'app'@'%'; \
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_unclaim_v1 TO 'app'@'%'; \
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_force_v1 TO 'app'@'%'",
+    );
+    let app = LockRegistry::mysql(&right).await.unwrap();
+    lock_and_release(&app, &unique_key("app")).await;
+    let read = LockOptions::default().access(Access::Read);
+    let reader = app.lock(&unique_key("app"), read).await.unwrap();
+    reader.release().await.unwrap();
+    let permits = LockOptions::default().permits(3);
+    let permit = app.lock(&unique_key("app"), permits).await.unwrap();
+    permit.release().await.unwrap();
+
+    for (bad, reason) in [
+        (
+            MySqlStore::builder(&right).table("no-dashes"),
+            ": invalid table name",
+        ),
+        (
+            MySqlStore::builder(&right).poll_interval(Duration::ZERO),
+            "poll interval must be longer than zero",
+        ),
+    ] {
+        let err = lock_tests::invalid_settings(bad.connect()).await;
+        assert!(err.contains(reason), "{err}");
+    }
+    let err = LockRegistry::mysql("mysql://app:hunter2@127.0.0.1:1/locks?bogus=1")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
+    assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    let err = LockRegistry::mysql(&format!("mysql://root@127.0.0.1:{}/locks", port + 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Connect { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
+    let mut server = MariaDbServer::new();
+    let registry = registry(&server).await;
+    let key = unique_key("down");
+    lock_and_release(&registry, &key).await;
+    server.kill();
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
+    let err = registry.lock(&key, opts.clone()).await.unwrap_err();
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+    assert!(err.to_string().contains(&key), "{err}");
+    // The bound under test: a store error, not a wait for `wait_timeout`.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the down server's error took {:?}, over the 3 s bound",
+        started.elapsed()
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match registry.lock(&key, opts.clone()).await {
+            Ok(guard) => break guard,
+            Err(err) if Instant::now() < deadline => {
+                assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery after the restart: {}", error_chain(&err)),
+        }
+    };
+    guard.release().await.unwrap();
+}
+
+/// A lease committed before the server was killed is there after crash
+/// recovery: another caller is still refused, and the holder keeps it.
+#[tokio::test]
+async fn a_lease_outlives_a_server_crash_and_restart() {
+    let mut server = MariaDbServer::new();
+    let (holder, other) = (registry(&server).await, registry(&server).await);
+    let key = unique_key("crash");
+    let opts = LockOptions::default().ttl(Duration::from_secs(10));
+    let guard = holder.lock(&key, opts).await.unwrap();
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match other.try_lock(&key, LockOptions::default()).await {
+            Ok(None) => break,
+            Ok(Some(_)) => panic!("the lease was lost in the crash"),
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no recovery: {}",
+                    error_chain(&err)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    lock_and_release(&other, &key).await;
+}
+
+/// The store never runs inside a transaction of the caller's, even on the
+/// caller's own pool: a lock taken while the caller's transaction is open
+/// stays taken when that transaction rolls back. The pool counts found
+/// rows (as sqlx always does), which the store's answers do not depend on.
+#[tokio::test]
+async fn on_the_callers_pool_a_rolled_back_transaction_keeps_the_lock() {
+    use mysql_async::prelude::Queryable;
+    let server = MariaDbServer::new();
+    server.sql("CREATE TABLE locks.orders (id INT PRIMARY KEY)");
+    let opts =
+        mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&server.url()).unwrap())
+            .client_found_rows(true);
+    let pool = mysql_async::Pool::new(opts);
+    let ours = LockRegistry::new(MySqlStore::with_pool(pool.clone()).connect().await.unwrap());
+    let other = registry(&server).await;
+    let key = unique_key("tx");
+    let mut tx = pool
+        .start_transaction(mysql_async::TxOpts::default())
+        .await
+        .unwrap();
+    tx.query_drop("INSERT INTO orders VALUES (1)")
+        .await
+        .unwrap();
+    let guard = ours
+        .lock(&key, LockOptions::default().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(is_held(&other, &key).await, "the rollback undid the lock");
+    assert_eq!(server.sql("SELECT COUNT(*) FROM locks.orders"), "0");
+    // Renewed past its ttl through the pool, and lingering after an early
+    // release: found-rows counting changes none of the answers.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    let linger = LockOptions::default().hold_at_least(Duration::from_millis(400));
+    let lingering = ours.lock(&key, linger).await.unwrap();
+    let taken = Instant::now();
+    lingering.release().await.unwrap();
+    assert!(is_held(&other, &key).await, "hold_at_least was not kept");
+    time_to_lock(&other, &key).await;
+    assert!(
+        taken.elapsed() >= Duration::from_millis(300),
+        "taken again {:?} after a 400 ms hold_at_least",
+        taken.elapsed()
+    );
+    lock_and_release(&ours, &key).await;
+}
+
+/// TLS with the server's CA and a client certificate (a user made
+/// `REQUIRE X509`); refused without the certificate, or trusting another
+/// CA; the password never shown.
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let server = MariaDbServer::with_tls();
+    let certs = server.certs();
+    let url = format!("mysql://tls@127.0.0.1:{}/locks", server.port());
+    let store = MySqlStore::builder(&url)
+        .tls_ca(certs.pem("ca.crt"))
+        .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
+        .connect()
+        .await
+        .unwrap();
+    let registry = LockRegistry::new(store);
+    lock_and_release(&registry, &unique_key("tls")).await;
+    let reader = registry
+        .lock(
+            &unique_key("tls"),
+            LockOptions::default().access(Access::Read),
+        )
+        .await
+        .unwrap();
+    reader.release().await.unwrap();
+
+    let no_certificate = MySqlStore::builder(&url)
+        .tls_ca(certs.pem("ca.crt"))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(no_certificate, LockError::Connect { .. }),
+        "{no_certificate:?}"
+    );
+    assert!(
+        error_chain(&no_certificate).contains("Access denied"),
+        "{}",
+        error_chain(&no_certificate)
+    );
+    let secret = "s3cret-Pa55word";
+    let other_ca = MySqlStore::builder(&format!(
+        "mysql://tls:{secret}@127.0.0.1:{}/locks",
+        server.port()
+    ))
+    .tls_ca(certs.pem("other-ca.crt"))
+    .tls_identity(certs.pem("client.crt"), certs.pem("client.key"))
+    .connect()
+    .await
+    .unwrap_err();
+    let shown = format!("{other_ca} / {other_ca:?} / {}", error_chain(&other_ca));
+    assert!(matches!(other_ca, LockError::Connect { .. }), "{shown}");
+    assert!(shown.to_lowercase().contains("certificate"), "{shown}");
+    assert!(!shown.contains(secret), "password leaked: {shown}");
 }

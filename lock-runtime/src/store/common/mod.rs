@@ -16,3 +16,5 @@ pub(crate) mod keyed;
 pub(crate) mod queue;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) mod redact;
+#[cfg(any(feature = "redis-tls", feature = "mysql-tls"))]
+pub(crate) mod tls;

@@ -22,6 +22,26 @@ pub struct MySqlStoreBuilder {
     connections: usize,
     timeouts: Timeouts,
     poll: Duration,
+    tls: Tls,
+}
+
+/// TLS asked of the builder: none, or with the system's roots, a CA of
+/// its own, a client certificate. Certificates are never printed.
+#[derive(Default)]
+struct Tls {
+    on: bool,
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("on", &self.on)
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
 }
 
 /// Where the store connects.
@@ -85,6 +105,35 @@ impl MySqlStoreBuilder {
         self
     }
 
+    /// Speaks TLS to the server, checking its certificate against the
+    /// built-in web roots (or the CA of [`tls_ca`](Self::tls_ca)) and that
+    /// it names the URL's host. Also what `require_ssl=true` in the URL
+    /// asks.
+    #[cfg(feature = "mysql-tls")]
+    pub fn tls(mut self) -> Self {
+        self.tls.on = true;
+        self
+    }
+
+    /// Speaks TLS, trusting only the CA (or CAs) in `ca_pem` for the
+    /// server's certificate: for a private CA or a self-signed server.
+    #[cfg(feature = "mysql-tls")]
+    pub fn tls_ca(mut self, ca_pem: impl AsRef<[u8]>) -> Self {
+        self.tls.on = true;
+        self.tls.ca = Some(ca_pem.as_ref().to_vec());
+        self
+    }
+
+    /// Speaks TLS, showing the certificate chain `cert_pem` with its
+    /// private key `key_pem` to a server that asks for client
+    /// certificates (a user made `REQUIRE X509`).
+    #[cfg(feature = "mysql-tls")]
+    pub fn tls_identity(mut self, cert_pem: impl AsRef<[u8]>, key_pem: impl AsRef<[u8]>) -> Self {
+        self.tls.on = true;
+        self.tls.identity = Some((cert_pem.as_ref().to_vec(), key_pem.as_ref().to_vec()));
+        self
+    }
+
     /// The SQL that makes the lease table and what goes with it (the
     /// holders' table of shares and permits, three procedures) under this
     /// builder's table name, for an administrator to run (with the `mysql`
@@ -123,6 +172,12 @@ impl MySqlStoreBuilder {
         if let Err(reason) = Table::new(&self.table) {
             return Err(self.invalid(reason.to_string()));
         }
+        if self.tls.on && matches!(self.source, Source::Pool(_)) {
+            return Err(self.invalid(
+                "TLS is the service's pool's to set (its Opts' ssl_opts), not the builder's"
+                    .to_owned(),
+            ));
+        }
         let shown = self.source.shown();
         connect::opened("mysql", shown, self.open()).await
     }
@@ -130,14 +185,22 @@ impl MySqlStoreBuilder {
     async fn open(self) -> Result<MySqlStore, StoreError> {
         let table = Table::new(&self.table)?;
         let shown = self.source.shown();
-        let pool = match self.source {
-            Source::Pool(pool) => pool,
-            Source::Url(url) => {
-                let opts = Opts::from_url(&url)
-                    .map_err(|err| format!("invalid URL `{}`: {err}", redact(&url)))?;
+        let opts = match self.source {
+            Source::Pool(pool) => Err(pool),
+            Source::Url(url) => Ok(Opts::from_url(&url)
+                .map_err(|err| format!("invalid URL `{}`: {err}", redact(&url)))?),
+            Source::Opts(opts) => Ok(*opts),
+        };
+        let pool = match opts {
+            Err(pool) => pool,
+            Ok(opts) => {
+                let asked = opts.ssl_opts().is_some();
+                let mut opts = OptsBuilder::from_opts(opts);
+                if self.tls.on || asked {
+                    opts = with_tls(opts, self.tls)?;
+                }
                 own_pool(opts, self.connections)
             }
-            Source::Opts(opts) => own_pool(*opts, self.connections),
         };
         let shared = Arc::new(Shared {
             pool,
@@ -156,12 +219,42 @@ impl MySqlStoreBuilder {
 
 /// The store's own pool from `opts`: at most `connections`, none reset on
 /// return (its statements leave no session state).
-fn own_pool(opts: Opts, connections: usize) -> Pool {
+fn own_pool(opts: OptsBuilder, connections: usize) -> Pool {
     let constraints = PoolConstraints::new(0, connections).unwrap_or_default();
     let pool_opts = PoolOpts::default()
         .with_constraints(constraints)
         .with_reset_connection(false);
-    Pool::new(OptsBuilder::from_opts(opts).pool_opts(pool_opts))
+    Pool::new(opts.pool_opts(pool_opts))
+}
+
+/// `opts` speaking TLS as `tls` says, or as the URL asked
+/// (`require_ssl=true`: its settings are kept when the builder adds none).
+#[cfg(feature = "mysql-tls")]
+fn with_tls(opts: OptsBuilder, tls: Tls) -> Result<OptsBuilder, StoreError> {
+    use mysql_async::{ClientIdentity, SslOpts};
+    crate::store::common::tls::install_crypto_provider();
+    if !tls.on {
+        return Ok(opts);
+    }
+    let mut ssl = SslOpts::default();
+    if let Some(ca) = tls.ca {
+        ssl = ssl
+            .with_root_certs(vec![ca.into()])
+            .with_disable_built_in_roots(true);
+    }
+    if let Some((cert, key)) = tls.identity {
+        ssl = ssl.with_client_identity(Some(ClientIdentity::new(cert.into(), key.into())));
+    }
+    Ok(opts.ssl_opts(ssl))
+}
+
+/// Without the `mysql-tls` feature the builder has no TLS setters, and a
+/// URL that asks for TLS is refused (the client would panic).
+#[cfg(not(feature = "mysql-tls"))]
+fn with_tls(_opts: OptsBuilder, _tls: Tls) -> Result<OptsBuilder, StoreError> {
+    Err(StoreError::misuse(
+        "the URL asks for TLS (require_ssl=true), which needs lock-runtime's `mysql-tls` feature",
+    ))
 }
 
 /// Makes the tables and any missing procedure, one process at a time (a
@@ -263,6 +356,7 @@ impl MySqlStoreBuilder {
             connections: 8,
             timeouts: Timeouts::new(Duration::from_secs(2), Duration::from_secs(2)),
             poll: Duration::from_millis(50),
+            tls: Tls::default(),
         }
     }
 }

@@ -212,11 +212,26 @@ impl Shared {
         token: LockToken,
         by: Duration,
     ) -> Result<bool, StoreError> {
-        let params = (micros(by), &id[..], token.to_string());
-        Ok(self
-            .exec_id(&self.statements.extend, params)
-            .await?
-            .is_some())
+        let token = token.to_string();
+        let (token, statement) = (token.as_str(), &self.statements.extend);
+        self.again_if_closed(move || async move {
+            let params = (micros(by), &id[..], token);
+            Ok(self.exec_id(statement, params).await?.is_some())
+        })
+        .await
+    }
+
+    /// Runs `once`, and once more when it failed on a connection found
+    /// closed (a pooled one the server dropped: a restart, an idle
+    /// timeout): for statements whose repeat answers as the first did.
+    async fn again_if_closed<T, F: Future<Output = Result<T, StoreError>>>(
+        &self,
+        once: impl Fn() -> F,
+    ) -> Result<T, StoreError> {
+        match once().await {
+            Err(err) if closed(&err) => once().await,
+            other => other,
+        }
     }
 
     /// Deletes an exclusive lease: whether it was ours.
@@ -239,9 +254,20 @@ impl Shared {
         by: Duration,
         release: bool,
     ) -> Result<bool, StoreError> {
-        let params = (&id[..], token.to_string(), micros(by), release);
-        let done: Option<i64> = self.first(&self.statements.unclaim, params).await?;
-        Ok(done == Some(1))
+        let token = token.to_string();
+        let (token, statement) = (token.as_str(), &self.statements.unclaim);
+        let once = move || async move {
+            let params = (&id[..], token, micros(by), release);
+            let done: Option<i64> = self.first(statement, params).await?;
+            Ok(done == Some(1))
+        };
+        // A renewal's repeat answers as the first did; a release's would
+        // find its own share gone.
+        if release {
+            once().await
+        } else {
+            self.again_if_closed(once).await
+        }
     }
 }
 
@@ -259,6 +285,20 @@ fn mysql_error(err: mysql_async::Error) -> StoreError {
         }
         _ => StoreError::unavailable(err),
     }
+}
+
+/// Whether the call failed on a closed connection: nothing of the
+/// statement ran, or (a connection cut while it ran) as if it had.
+fn closed(err: &StoreError) -> bool {
+    err.get_ref()
+        .downcast_ref::<mysql_async::Error>()
+        .is_some_and(|err| {
+            matches!(
+                err,
+                mysql_async::Error::Io(_)
+                    | mysql_async::Error::Driver(mysql_async::DriverError::ConnectionClosed)
+            )
+        })
 }
 
 /// Whether the server rolled the statement back for a deadlock or a lock
@@ -443,7 +483,10 @@ impl Store for MySqlStore {
             );
             let row: Option<Row> = self
                 .shared
-                .first(&self.shared.statements.inspect, (&id[..],))
+                .again_if_closed(|| {
+                    self.shared
+                        .first(&self.shared.statements.inspect, (&id[..],))
+                })
                 .await?;
             let Some((held, fencing, us, holder, holder_fencing, holder_us, live)) = row else {
                 return Ok(None);

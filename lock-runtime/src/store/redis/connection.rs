@@ -131,7 +131,7 @@ impl TlsSettings {
     pub(super) fn client(&self, url: &str) -> Result<Client, RedisError> {
         #[cfg(feature = "redis-tls")]
         if url.starts_with("rediss://") {
-            install_crypto_provider();
+            crate::store::common::tls::install_crypto_provider();
             if self.is_set() {
                 return Client::build_with_tls(url, self.certificates());
             }
@@ -150,7 +150,7 @@ impl TlsSettings {
             builder = builder.set_client_to_redis_tls_mode(::redis::TlsMode::Secure);
             #[cfg(feature = "redis-tls")]
             {
-                install_crypto_provider();
+                crate::store::common::tls::install_crypto_provider();
                 if self.is_set() {
                     builder = builder
                         .set_client_to_sentinel_certificates(self.certificates())
@@ -173,15 +173,6 @@ impl TlsSettings {
             }),
             root_cert: self.ca.clone(),
         }
-    }
-}
-
-/// Installs rustls's ring provider unless the process has one: rustls needs
-/// a process-wide provider, and one the application installed stays.
-#[cfg(feature = "redis-tls")]
-fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

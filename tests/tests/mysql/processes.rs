@@ -1,0 +1,67 @@
+//! Many real OS processes (`lock-worker`) locking through one MariaDB
+//! server; the data they race on lives in a Redis server.
+
+use lock_runtime::LockRegistry;
+use lock_tests::processes::Processes;
+use lock_tests::{MariaDbServer, RedisServer, process_scenarios};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
+
+/// The lock server and the data server.
+struct Servers {
+    locks: MariaDbServer,
+    data: RedisServer,
+}
+
+impl Servers {
+    fn new() -> Servers {
+        Servers {
+            locks: MariaDbServer::new(),
+            data: RedisServer::new(),
+        }
+    }
+
+    /// The scenarios every store passes, locking here, racing on Redis.
+    fn shared(&self) -> Processes {
+        Processes::new(WORKER, &self.locks.url(), &self.data.url())
+    }
+}
+
+/// Fresh servers, and the processes of the scenarios every store passes.
+fn shared() -> (Servers, Processes) {
+    let servers = Servers::new();
+    let processes = servers.shared();
+    (servers, processes)
+}
+
+process_scenarios!(shared);
+process_scenarios!(
+    shared:
+    a_semaphore_of_three_across_processes_is_reached_and_never_exceeded,
+    a_sigkilled_permit_holder_frees_its_permit_within_its_ttl,
+    readers_overlap_and_a_writer_gets_in_within_a_bound,
+);
+
+#[test]
+fn another_process_holding_a_key_is_seen_and_can_be_freed() {
+    let servers = Servers::new();
+    let url = servers.locks.url();
+    servers
+        .shared()
+        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+            LockRegistry::mysql(&url).await.expect("connect")
+        });
+}
+
+#[test]
+fn a_lease_row_deleted_under_a_running_body_cancels_it() {
+    let servers = Servers::new();
+    servers
+        .shared()
+        .a_lease_undone_under_a_running_body_cancels_it("deleted", |_key| {
+            let deleted = servers
+                .locks
+                .sql("DELETE FROM locks.lock_leases; SELECT ROW_COUNT()");
+            assert_eq!(deleted, "1");
+        });
+}
