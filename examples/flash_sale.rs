@@ -7,13 +7,14 @@
 //! cargo run -p examples --example flash_sale -- --no-lock         # the same, oversold
 //! cargo run -p examples --example flash_sale -- --redis redis://127.0.0.1:6379 --processes 4
 //! cargo run -p examples --example flash_sale -- --postgres postgres://postgres@127.0.0.1/postgres --processes 4
+//! cargo run -p examples --features mysql --example flash_sale -- --mysql mysql://root@127.0.0.1/shop --processes 4
 //! cargo run -p examples --features etcd --example flash_sale -- --etcd 127.0.0.1:2379 --processes 4
 //! cargo run -p examples --features zookeeper --example flash_sale -- --zookeeper 127.0.0.1:2181 --processes 4
 //! ```
 //!
 //! Options: `--stock N` (100), `--buyers N` (32, spread over the processes),
 //! `--pause-ms N` (2, between read and write), `--redis URL`,
-//! `--postgres URL`, `--etcd ENDPOINTS` or `--zookeeper CONNECT` (the lock
+//! `--postgres URL`, `--mysql URL`, `--etcd ENDPOINTS` or `--zookeeper CONNECT` (the lock
 //! store, which also keeps the stock and the orders), `--processes N` (1; more needs a store: the
 //! example starts them itself), `--no-lock`. Exits with status 1 if
 //! anything was oversold with the lock on.
@@ -29,6 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use examples::{Error, STORE_FLAGS, StoreFlag};
 use lock_runtime::distributed_lock;
+#[cfg(feature = "mysql")]
+use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
@@ -90,6 +93,12 @@ enum Store {
         client: Arc<tokio_postgres::Client>,
         sale: String,
     },
+    /// Rows of `flash_stock` and `flash_orders`, as on PostgreSQL.
+    #[cfg(feature = "mysql")]
+    MySql {
+        pool: mysql_async::Pool,
+        sale: String,
+    },
     /// Keys under `flash/{sale}/`: `stock`, and one `orders/…` key per order.
     #[cfg(feature = "etcd")]
     Etcd {
@@ -126,6 +135,13 @@ impl Store {
                     .await?;
                 row.get::<_, i64>(0) as u64
             }
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => pool
+                .get_conn()
+                .await?
+                .exec_first("SELECT stock FROM flash_stock WHERE sale = ?", (&*sale,))
+                .await?
+                .ok_or("the stock row is missing")?,
             #[cfg(feature = "etcd")]
             Store::Etcd { client, sale } => {
                 let got = client.get(format!("flash/{sale}/stock"), None).await?;
@@ -151,6 +167,17 @@ impl Store {
                         "INSERT INTO flash_stock (sale, stock) VALUES ($1, $2)
                          ON CONFLICT (sale) DO UPDATE SET stock = excluded.stock",
                         &[sale, &level],
+                    )
+                    .await?;
+            }
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => {
+                pool.get_conn()
+                    .await?
+                    .exec_drop(
+                        "INSERT INTO flash_stock (sale, stock) VALUES (?, ?)
+                         ON DUPLICATE KEY UPDATE stock = ?",
+                        (&*sale, level, level),
                     )
                     .await?;
             }
@@ -199,6 +226,16 @@ impl Store {
                     )
                     .await?;
             }
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => {
+                pool.get_conn()
+                    .await?
+                    .exec_drop(
+                        "INSERT INTO flash_orders (sale, level) VALUES (?, ?)",
+                        (&*sale, level),
+                    )
+                    .await?;
+            }
             #[cfg(feature = "etcd")]
             Store::Etcd { client, sale } => {
                 let order = ORDER_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -230,6 +267,13 @@ impl Store {
                 .iter()
                 .map(|row| row.get::<_, i64>(0) as u64)
                 .collect(),
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => {
+                pool.get_conn()
+                    .await?
+                    .exec("SELECT level FROM flash_orders WHERE sale = ?", (&*sale,))
+                    .await?
+            }
             #[cfg(feature = "etcd")]
             Store::Etcd { client, sale } => {
                 let prefix = etcd_client::GetOptions::new().with_prefix();
@@ -265,6 +309,16 @@ impl Store {
                     .await?;
                 row.get::<_, i64>(0) as u64
             }
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => pool
+                .get_conn()
+                .await?
+                .exec_first(
+                    "SELECT COUNT(*) FROM flash_orders WHERE sale = ?",
+                    (&*sale,),
+                )
+                .await?
+                .unwrap_or(0),
             #[cfg(feature = "etcd")]
             Store::Etcd { client, sale } => {
                 let count = etcd_client::GetOptions::new()
@@ -305,6 +359,13 @@ impl Store {
                     sale,
                 }
             }
+            #[cfg(feature = "mysql")]
+            StoreFlag::MySql(_) => Store::MySql {
+                pool: args.store.mysql_pool()?,
+                sale,
+            },
+            #[cfg(not(feature = "mysql"))]
+            StoreFlag::MySql(_) => return Err(examples::WITHOUT_MYSQL.into()),
             #[cfg(feature = "etcd")]
             StoreFlag::Etcd(_) => {
                 let client = args.store.etcd_kv().await?;
@@ -322,7 +383,8 @@ impl Store {
         })
     }
 
-    /// Creates the tables of a PostgreSQL store (once, by the parent).
+    /// Creates the tables of a PostgreSQL or MySQL store (once, by the
+    /// parent).
     async fn create_tables(&self) -> Result<(), Error> {
         if let Store::Postgres { client, .. } = self {
             client
@@ -331,6 +393,18 @@ impl Store {
                      CREATE TABLE IF NOT EXISTS flash_orders (sale text NOT NULL, level bigint NOT NULL);",
                 )
                 .await?;
+        }
+        #[cfg(feature = "mysql")]
+        if let Store::MySql { pool, .. } = self {
+            let mut conn = pool.get_conn().await?;
+            conn.query_drop(
+                "CREATE TABLE IF NOT EXISTS flash_stock (sale VARCHAR(64) PRIMARY KEY, stock BIGINT UNSIGNED NOT NULL)",
+            )
+            .await?;
+            conn.query_drop(
+                "CREATE TABLE IF NOT EXISTS flash_orders (sale VARCHAR(64) NOT NULL, level BIGINT UNSIGNED NOT NULL)",
+            )
+            .await?;
         }
         Ok(())
     }
@@ -354,6 +428,16 @@ impl Store {
                 client
                     .execute("DELETE FROM flash_orders WHERE sale = $1", &[&sale])
                     .await?;
+            }
+            #[cfg(feature = "mysql")]
+            Store::MySql { pool, sale } => {
+                let mut conn = pool.get_conn().await?;
+                conn.exec_drop("DELETE FROM flash_stock WHERE sale = ?", (&sale,))
+                    .await?;
+                conn.exec_drop("DELETE FROM flash_orders WHERE sale = ?", (&sale,))
+                    .await?;
+                drop(conn);
+                pool.disconnect().await?;
             }
             #[cfg(feature = "etcd")]
             Store::Etcd { mut client, sale } => {

@@ -82,6 +82,9 @@ enum Ledger {
     Memory(Arc<Mutex<Vec<(u64, usize, bool)>>>),
     Redis(redis::aio::MultiplexedConnection, String),
     Postgres(Arc<tokio_postgres::Client>, String),
+    /// Rows of `sched_ledger`, as on PostgreSQL.
+    #[cfg(feature = "mysql")]
+    MySql(mysql_async::Pool, String),
     /// One key per entry: `sched/{run}/ledger/{tick}/{instance}`, valued
     /// `ran` or `skipped`.
     #[cfg(feature = "etcd")]
@@ -109,6 +112,17 @@ impl Ledger {
                     .execute(
                         "INSERT INTO sched_ledger (run, tick, instance, ran) VALUES ($1, $2, $3, $4)",
                         &[run, &tick, &instance, &ran],
+                    )
+                    .await?;
+            }
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool, run) => {
+                use mysql_async::prelude::Queryable;
+                pool.get_conn()
+                    .await?
+                    .exec_drop(
+                        "INSERT INTO sched_ledger (run, tick, instance, ran) VALUES (?, ?, ?, ?)",
+                        (run, tick, instance as u64, ran),
                     )
                     .await?;
             }
@@ -166,6 +180,25 @@ impl Ledger {
                 entries.sort_unstable();
                 entries
             }
+            #[cfg(feature = "mysql")]
+            Ledger::MySql(pool, run) => {
+                use mysql_async::prelude::Queryable;
+                let mut conn = pool.get_conn().await?;
+                let rows: Vec<(u64, u64, bool)> = conn
+                    .exec(
+                        "SELECT tick, instance, ran FROM sched_ledger WHERE run = ?",
+                        (run,),
+                    )
+                    .await?;
+                conn.exec_drop("DELETE FROM sched_ledger WHERE run = ?", (run,))
+                    .await?;
+                let mut entries: Vec<(u64, usize, bool)> = rows
+                    .into_iter()
+                    .map(|(tick, instance, ran)| (tick, instance as usize, ran))
+                    .collect();
+                entries.sort_unstable();
+                entries
+            }
             #[cfg(feature = "etcd")]
             Ledger::Etcd(client, run) => {
                 let prefix = format!("sched/{run}/ledger/");
@@ -217,6 +250,10 @@ impl Ledger {
                 tokio::spawn(connection);
                 Ledger::Postgres(Arc::new(client), run)
             }
+            #[cfg(feature = "mysql")]
+            StoreFlag::MySql(_) => Ledger::MySql(args.store.mysql_pool()?, run),
+            #[cfg(not(feature = "mysql"))]
+            StoreFlag::MySql(_) => return Err(examples::WITHOUT_MYSQL.into()),
             #[cfg(feature = "etcd")]
             StoreFlag::Etcd(_) => Ledger::Etcd(args.store.etcd_kv().await?, run),
             #[cfg(not(feature = "etcd"))]
@@ -326,6 +363,17 @@ async fn main() -> Result<(), Error> {
             .batch_execute(
                 "CREATE TABLE IF NOT EXISTS sched_ledger \
                  (run text NOT NULL, tick bigint NOT NULL, instance bigint NOT NULL, ran boolean NOT NULL)",
+            )
+            .await?;
+    }
+    #[cfg(feature = "mysql")]
+    if let Ledger::MySql(pool, _) = &ledger {
+        use mysql_async::prelude::Queryable;
+        pool.get_conn()
+            .await?
+            .query_drop(
+                "CREATE TABLE IF NOT EXISTS sched_ledger \
+                 (run VARCHAR(64) NOT NULL, tick BIGINT UNSIGNED NOT NULL, instance BIGINT UNSIGNED NOT NULL, ran BOOLEAN NOT NULL)",
             )
             .await?;
     }

@@ -1,7 +1,7 @@
 //! Runnable examples of lock-runtime; see the `[[example]]` targets.
 //!
 //! This library holds what the examples share: the `--redis`, `--postgres`,
-//! `--etcd` and `--zookeeper` flags that choose the lock store, and the
+//! `--mysql`, `--etcd` and `--zookeeper` flags that choose the lock store, and the
 //! registry each one builds.
 
 use lock_runtime::LockRegistry;
@@ -19,6 +19,8 @@ pub enum StoreFlag {
     Redis(String),
     /// `--postgres URL`.
     Postgres(String),
+    /// `--mysql URL`: MySQL or MariaDB.
+    MySql(String),
     /// `--etcd ENDPOINTS`: `host:port` (or `http://host:port`), several
     /// separated by commas.
     Etcd(String),
@@ -59,9 +61,13 @@ pub const WITHOUT_ETCD: &str = "these examples were built without etcd: run them
 pub const WITHOUT_ZOOKEEPER: &str = "these examples were built without ZooKeeper: run them \
      with `cargo run -p examples --features zookeeper --example ...`";
 
+/// Why `--mysql` fails in a build without the `mysql` feature.
+pub const WITHOUT_MYSQL: &str = "these examples were built without MySQL: run them with \
+     `cargo run -p examples --features mysql --example ...`";
+
 /// The flags [`StoreFlag::parse`] takes, for usage messages.
 pub const STORE_FLAGS: &str =
-    "--redis URL, --postgres URL, --etcd ENDPOINTS or --zookeeper CONNECT";
+    "--redis URL, --postgres URL, --mysql URL, --etcd ENDPOINTS or --zookeeper CONNECT";
 
 impl StoreFlag {
     /// Takes `flag` if it names a store, reading its value with `value`;
@@ -77,6 +83,7 @@ impl StoreFlag {
         let make: fn(String) -> StoreFlag = match flag {
             "--redis" => StoreFlag::Redis,
             "--postgres" => StoreFlag::Postgres,
+            "--mysql" => StoreFlag::MySql,
             "--etcd" => StoreFlag::Etcd,
             "--zookeeper" => StoreFlag::ZooKeeper,
             _ => return Ok(false),
@@ -105,6 +112,7 @@ impl StoreFlag {
             StoreFlag::Memory => "in-memory",
             StoreFlag::Redis(_) => "Redis",
             StoreFlag::Postgres(_) => "PostgreSQL",
+            StoreFlag::MySql(_) => "MySQL",
             StoreFlag::Etcd(_) => "etcd",
             StoreFlag::ZooKeeper(_) => "ZooKeeper",
         }
@@ -116,6 +124,7 @@ impl StoreFlag {
             StoreFlag::Memory => Vec::new(),
             StoreFlag::Redis(url) => vec!["--redis".into(), url.clone()],
             StoreFlag::Postgres(url) => vec!["--postgres".into(), url.clone()],
+            StoreFlag::MySql(url) => vec!["--mysql".into(), url.clone()],
             StoreFlag::Etcd(endpoints) => vec!["--etcd".into(), endpoints.clone()],
             StoreFlag::ZooKeeper(connect) => vec!["--zookeeper".into(), connect.clone()],
         }
@@ -152,12 +161,26 @@ impl StoreFlag {
         Ok(zookeeper_client::Client::connect(connect).await?)
     }
 
+    /// A pool for the MySQL data of the examples (their stock, orders and
+    /// ledgers), on the database of `--mysql`.
+    #[cfg(feature = "mysql")]
+    pub fn mysql_pool(&self) -> Result<mysql_async::Pool, Error> {
+        let StoreFlag::MySql(url) = self else {
+            return Err("not a --mysql store".into());
+        };
+        Ok(mysql_async::Pool::from_url(url)?)
+    }
+
     /// Connects the registry this flag names.
     pub async fn registry(&self) -> Result<LockRegistry, Error> {
         Ok(match self {
             StoreFlag::Memory => LockRegistry::memory(),
             StoreFlag::Redis(url) => LockRegistry::redis(url).await?,
             StoreFlag::Postgres(url) => LockRegistry::postgres(url).await?,
+            #[cfg(feature = "mysql")]
+            StoreFlag::MySql(url) => LockRegistry::mysql(url).await?,
+            #[cfg(not(feature = "mysql"))]
+            StoreFlag::MySql(_) => return Err(WITHOUT_MYSQL.into()),
             #[cfg(feature = "etcd")]
             StoreFlag::Etcd(_) => LockRegistry::etcd(&self.etcd_endpoints()).await?,
             #[cfg(not(feature = "etcd"))]

@@ -1,12 +1,12 @@
 //! Runs every example with small parameters, in memory, over Redis, over
-//! PostgreSQL, over etcd and over ZooKeeper, so none of them can rot. `cargo test --workspace` builds the examples before
+//! PostgreSQL, over MySQL (MariaDB), over etcd and over ZooKeeper, so none of them can rot. `cargo test --workspace` builds the examples before
 //! it runs any test. `custom_store` is the exception: it is built as a
 //! test of its own (its contract suite and its demo), not as a program.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use lock_tests::{EtcdCluster, PostgresServer, RedisServer, ZooKeeperEnsemble};
+use lock_tests::{EtcdCluster, MariaDbServer, PostgresServer, RedisServer, ZooKeeperEnsemble};
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
 fn example(name: &str) -> PathBuf {
@@ -102,6 +102,12 @@ fn flash_sale_across_processes_on_postgres() {
 }
 
 #[test]
+fn flash_sale_across_processes_on_mysql() {
+    let server = MariaDbServer::new();
+    flash_sale_across_processes("--mysql", &server.url(), "MySQL");
+}
+
+#[test]
 fn flash_sale_across_processes_on_a_three_member_etcd_cluster() {
     let cluster = EtcdCluster::spawn(3);
     flash_sale_across_processes("--etcd", &cluster.endpoints().join(","), "etcd");
@@ -168,6 +174,12 @@ fn scheduled_job_runs_each_tick_once_across_processes_on_postgres() {
 }
 
 #[test]
+fn scheduled_job_runs_each_tick_once_across_processes_on_mysql() {
+    let server = MariaDbServer::new();
+    scheduled_job_across_processes("--mysql", &server.url(), "MySQL");
+}
+
+#[test]
 fn scheduled_job_runs_each_tick_once_across_processes_on_etcd() {
     let cluster = EtcdCluster::single();
     scheduled_job_across_processes("--etcd", &cluster.endpoints().join(","), "etcd");
@@ -179,18 +191,20 @@ fn scheduled_job_runs_each_tick_once_across_processes_on_zookeeper() {
     scheduled_job_across_processes("--zookeeper", &ensemble.connect_string(), "ZooKeeper");
 }
 
-/// Runs `example` in memory and on each store (Redis, PostgreSQL, etcd,
-/// ZooKeeper), and checks each run's output with `check`.
+/// Runs `example` in memory and on each store (Redis, PostgreSQL, MySQL,
+/// etcd, ZooKeeper), and checks each run's output with `check`.
 fn on_every_store(example: &str, check: impl Fn(&str)) {
-    let (redis, postgres, etcd, zookeeper) = (
+    let (redis, postgres, mysql, etcd, zookeeper) = (
         RedisServer::new(),
         PostgresServer::new(),
+        MariaDbServer::new(),
         EtcdCluster::single(),
         ZooKeeperEnsemble::single(),
     );
-    let (redis_url, postgres_url, etcd_endpoints, zookeeper_connect) = (
+    let (redis_url, postgres_url, mysql_url, etcd_endpoints, zookeeper_connect) = (
         redis.url(),
         postgres.url(),
+        mysql.url(),
         etcd.endpoints().join(","),
         zookeeper.connect_string(),
     );
@@ -198,6 +212,7 @@ fn on_every_store(example: &str, check: impl Fn(&str)) {
         vec![],
         vec!["--redis", redis_url.as_str()],
         vec!["--postgres", postgres_url.as_str()],
+        vec!["--mysql", mysql_url.as_str()],
         vec!["--etcd", etcd_endpoints.as_str()],
         vec!["--zookeeper", zookeeper_connect.as_str()],
     ] {
