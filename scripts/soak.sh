@@ -10,12 +10,12 @@
 #   scripts/soak.sh STORE [--minutes M] [--seed S]
 #
 # STORE: memory, redis, cluster (Redis Cluster), sentinel (Redis with
-# Sentinel), redlock, postgres, etcd or zookeeper. The servers start on
+# Sentinel), redlock, postgres, mysql, etcd or zookeeper. The servers start on
 # loopback ports of their own and are stopped by pid at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage="usage: scripts/soak.sh memory|redis|cluster|sentinel|redlock|postgres|etcd|zookeeper [--minutes M] [--seed S]"
+usage="usage: scripts/soak.sh memory|redis|cluster|sentinel|redlock|postgres|mysql|etcd|zookeeper [--minutes M] [--seed S]"
 store="${1:-}"
 shift || true
 case "$store" in
@@ -24,7 +24,7 @@ case "$store" in
   cluster) suite=redis; filter=soak::a_cluster ;;
   redlock) suite=redis; filter=soak::redlock ;;
   sentinel) suite=redis_sentinel; filter=the_master_failed_over ;;
-  postgres | etcd | zookeeper) suite="$store"; filter=soak:: ;;
+  postgres | mysql | etcd | zookeeper) suite="$store"; filter=soak:: ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 minutes=1

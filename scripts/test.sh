@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, UI (trybuild), integration and doc
 # tests. Installs the servers the integration tests start (redis-server,
-# PostgreSQL, etcd), OpenSSL and protoc with apt-get when they are missing
+# PostgreSQL, MariaDB, etcd, ZooKeeper), OpenSSL and protoc with apt-get when they are missing
 # (scripts/install-deps.sh): the tests run their own servers on free
 # loopback ports in temporary directories.
 set -euo pipefail

@@ -20,6 +20,10 @@ pub(crate) enum Lib {
     TokioMutex(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>),
     /// `#[distributed_lock]` over the global (memory) registry.
     Attribute,
+    /// The MySQL floor: the library's statements by hand.
+    MySqlFloor(Arc<MySqlFloor>),
+    /// The `distributed-lock` crate (0.2) on MySQL: `GET_LOCK`.
+    PeerMySql(Arc<distributed_lock_mysql::MySqlLockProvider>),
     /// The PostgreSQL floor: the library's insert-or-take-over statement,
     /// retried at once while held, and an owner-checked delete; no library.
     PgFloor(Arc<PgFloor>),
@@ -36,6 +40,7 @@ pub(crate) enum Lib {
 pub(crate) enum PeerHandle {
     Redis(distributed_lock_redis::RedisLockHandle),
     Postgres(distributed_lock_postgres::handle::PostgresLockHandle),
+    MySql(distributed_lock_mysql::MySqlLockHandle),
 }
 
 impl PeerHandle {
@@ -44,6 +49,7 @@ impl PeerHandle {
         match self {
             PeerHandle::Redis(handle) => handle.release().await?,
             PeerHandle::Postgres(handle) => handle.release().await?,
+            PeerHandle::MySql(handle) => handle.release().await?,
         }
         Ok(())
     }
@@ -100,7 +106,7 @@ impl Lib {
                 manager.unlock(&lock).await;
                 Ok((waited, out))
             }
-            Lib::PeerRedis(_) | Lib::PeerPostgres(_) => {
+            Lib::PeerRedis(_) | Lib::PeerPostgres(_) | Lib::PeerMySql(_) => {
                 let handle = self.peer_acquire(key).await?;
                 let waited = called.elapsed();
                 let out = body.await;
@@ -139,7 +145,7 @@ impl Lib {
                 lease.release(Duration::ZERO).await?;
                 Ok((waited, out))
             }
-            Lib::PgFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
+            Lib::PgFloor(_) | Lib::MySqlFloor(_) | Lib::EtcdFloor(_) | Lib::ZkFloor(_) => {
                 let token = self.store_floor_acquire(key).await?;
                 let waited = called.elapsed();
                 let out = body.await;
@@ -167,6 +173,14 @@ impl Lib {
             Lib::PeerPostgres(provider) => Ok(PeerHandle::Postgres(
                 provider.create_lock(key).acquire(None).await?,
             )),
+            // No timeout is `GET_LOCK(name, -1)`, which MariaDB refuses
+            // (NULL, warning 1411): an hour stands for "wait".
+            Lib::PeerMySql(provider) => Ok(PeerHandle::MySql(
+                provider
+                    .create_lock(key)
+                    .acquire(Some(Duration::from_secs(3600)))
+                    .await?,
+            )),
             _ => Err("not distributed-lock".into()),
         }
     }
@@ -175,6 +189,7 @@ impl Lib {
     pub(crate) async fn store_floor_acquire(&self, key: &str) -> Result<String, Error> {
         match self {
             Lib::PgFloor(floor) => floor.acquire(key).await,
+            Lib::MySqlFloor(floor) => floor.acquire(key).await,
             Lib::EtcdFloor(floor) => floor.acquire(key).await,
             Lib::ZkFloor(floor) if floor.queued => floor.acquire_queued(key).await,
             Lib::ZkFloor(floor) => floor.acquire(key).await,
@@ -186,6 +201,7 @@ impl Lib {
     pub(crate) async fn store_floor_release(&self, key: &str, token: &str) -> Result<(), Error> {
         match self {
             Lib::PgFloor(floor) => floor.release(key, token).await,
+            Lib::MySqlFloor(floor) => floor.release(key, token).await,
             Lib::EtcdFloor(floor) => floor.release(key, token).await,
             Lib::ZkFloor(floor) => floor.release(token).await,
             _ => Err("not a store floor".into()),
@@ -250,6 +266,17 @@ pub(crate) async fn make_lib(name: &str, url: &str) -> Result<Lib, Error> {
         "pg-lock-runtime" => Lib::Ours(LockRegistry::postgres(url).await?),
         "pg-raw" => Lib::Raw(Arc::new(
             lock_runtime::PostgresStore::builder(url).connect().await?,
+        )),
+        "mysql-floor" => Lib::MySqlFloor(Arc::new(MySqlFloor::connect(url).await?)),
+        "mysql-lock-runtime" => Lib::Ours(LockRegistry::mysql(url).await?),
+        "mysql-raw" => Lib::Raw(Arc::new(
+            lock_runtime::MySqlStore::builder(url).connect().await?,
+        )),
+        "mysql-distributed-lock" => Lib::PeerMySql(Arc::new(
+            distributed_lock_mysql::MySqlLockProvider::builder()
+                .connection_string(url)
+                .build()
+                .await?,
         )),
         "etcd-floor" | "etcd-watch-floor" => Lib::EtcdFloor(Arc::new(
             EtcdFloor::connect(url, name == "etcd-watch-floor").await?,

@@ -259,6 +259,76 @@ impl PgFloor {
     }
 }
 
+/// The MySQL floor: the library's statements by hand, on a pool as large
+/// as the library's (8 connections): the insert-or-take-over of a lease
+/// row, its fencing value drawn in the same statement, retried at once
+/// while held, and an owner-checked delete.
+pub(crate) struct MySqlFloor {
+    pub(crate) pool: mysql_async::Pool,
+}
+
+impl MySqlFloor {
+    const ACQUIRE: &str = "INSERT INTO floor_leases (id, token, fencing, expires_at)
+        VALUES (UNHEX(SHA2(?, 256)), ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+        ON DUPLICATE KEY UPDATE
+            fencing = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fencing + 1),
+                         fencing + 0 * LAST_INSERT_ID(0)),
+            token = IF(expires_at <= UTC_TIMESTAMP(6), ?, token),
+            expires_at = IF(token = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)";
+    const RELEASE: &str = "DELETE FROM floor_leases WHERE id = UNHEX(SHA2(?, 256)) AND token = ?";
+
+    pub(crate) async fn connect(url: &str) -> Result<MySqlFloor, Error> {
+        use mysql_async::prelude::Queryable;
+        let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(url)?)
+            .prefer_socket(false)
+            .pool_opts(
+                mysql_async::PoolOpts::default()
+                    .with_constraints(mysql_async::PoolConstraints::new(1, 8).expect("1 <= 8"))
+                    .with_inactive_connection_ttl(Duration::from_secs(60))
+                    .with_reset_connection(false),
+            );
+        let pool = mysql_async::Pool::new(opts);
+        pool.get_conn()
+            .await?
+            .query_drop(
+                "CREATE TABLE IF NOT EXISTS floor_leases (id BINARY(32) PRIMARY KEY,
+                     token VARBINARY(40) NOT NULL, fencing BIGINT UNSIGNED NOT NULL,
+                     expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB",
+            )
+            .await?;
+        Ok(MySqlFloor { pool })
+    }
+
+    /// Acquires `key`, retried at once while held; returns the token.
+    pub(crate) async fn acquire(&self, key: &str) -> Result<String, Error> {
+        use mysql_async::prelude::Queryable;
+        let token = format!("{:032x}", rand_u128());
+        let ttl = TTL.as_micros() as u64;
+        loop {
+            let mut conn = self.pool.get_conn().await?;
+            match conn
+                .exec_drop(Self::ACQUIRE, (key, &token, ttl, &token, &token, ttl))
+                .await
+            {
+                // Two first inserts of one key can deadlock: the server
+                // rolls one back, and it is held, as the library reads it.
+                Err(mysql_async::Error::Server(err)) if err.code == 1213 => continue,
+                other => other?,
+            }
+            if conn.last_insert_id().is_some_and(|id| id > 0) {
+                return Ok(token);
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, key: &str, token: &str) -> Result<(), Error> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = self.pool.get_conn().await?;
+        conn.exec_drop(Self::RELEASE, (key, token)).await?;
+        Ok(())
+    }
+}
+
 pub(crate) static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",

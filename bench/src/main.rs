@@ -117,15 +117,19 @@ fn work() {
 /// store through the `Store` trait alone), rslock; memory (scenario
 /// 6a or 6b): memory, tokio-mutex, attribute (the global registry); PostgreSQL:
 /// pg-floor, pg-lock-runtime, pg-raw (scenario 9 or 10, then
-/// pg_stat_statements); etcd: etcd-floor, etcd-lock-runtime, etcd-raw
+/// pg_stat_statements); MySQL: mysql-floor, mysql-lock-runtime, mysql-raw
+/// (25 or 26); etcd: etcd-floor, etcd-lock-runtime, etcd-raw
 /// (13 or 14); ZooKeeper: zk-floor, zk-lock-runtime, zk-raw (17 or 18).
 async fn profile(args: &[String]) -> Result<(), Error> {
     let [names, ops, rest @ ..] = args else {
         return Err("--profile LIBS OPS [TASKS [ROUNDS [hot]]]".into());
     };
     let (mut redis, mut postgres, mut etcd, mut zookeeper) = (None, None, None, None);
+    let mut mysql = None;
     let url = if names.starts_with("pg-") {
         postgres.insert(lock_tests::PostgresServer::new()).url()
+    } else if names.starts_with("mysql-") {
+        mysql.insert(lock_tests::MariaDbServer::new()).url()
     } else if names.starts_with("zk-") {
         zookeeper
             .insert(lock_tests::ZooKeeperEnsemble::single_deployed())
@@ -172,7 +176,7 @@ async fn profile(args: &[String]) -> Result<(), Error> {
             }
         }
     }
-    drop((etcd, zookeeper));
+    drop((etcd, zookeeper, mysql));
     if let Some(postgres) = postgres {
         postgres.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
         println!(
@@ -452,6 +456,14 @@ async fn main() -> Result<(), Error> {
     claims.into_iter().flatten().for_each(&mut push);
     store_round_trips.push(format!("PostgreSQL: `SELECT 1` p50 {}", fmt_d(pg_rtt)));
     drop(postgres);
+    let mysql = lock_tests::MariaDbServer::new();
+    let (rows, mysql_rtt) = store_rows(&MYSQL, &mysql.url(), quick).await?;
+    rows.into_iter().for_each(&mut push);
+    store_round_trips.push(format!(
+        "MySQL (MariaDB): `SELECT 1` p50 {}",
+        fmt_d(mysql_rtt)
+    ));
+    drop(mysql);
     let etcd = lock_tests::EtcdCluster::single();
     let (rows, etcd_rtt) = store_rows(&ETCD, &etcd.endpoints().join(","), quick).await?;
     rows.into_iter().for_each(&mut push);
@@ -532,21 +544,22 @@ async fn main() -> Result<(), Error> {
     writeln!(
         report,
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
-         Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17 and 18 ran each contender \
+         Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17, 18, 25 and 26 ran each contender \
          {} times, interleaved, keeping each contender's best, \
          and \"paired\" is the median over those rounds of its throughput over the floor's in the same round \
          (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          store; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
-         owner-checked delete, no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
+         owner-checked delete, no library; for MySQL (MariaDB) the library's insert-or-take-over statement by hand and an owner-checked delete, retried at once while held, on a pool of the library's size (8), no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
          and an owner-checked delete, no library (the library queues an entry per contender instead), retried at once while the key is held (and in the hand-off row \
          also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
          library); for hand-offs it is the median in round trips ({}). lock-runtime-unfenced is the Redis store without fencing tokens (`Fencing::Off`: \
          a plain `SET NX PX GET` per uncontended acquire, no script); lock-runtime-fair is the Redis \
          store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
          Other libraries: rslock 0.10 (Redis), \
-         distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx), each with its \
-         defaults, locking and releasing the same keys.\n",
+         distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx; MySQL `GET_LOCK` through sqlx, \
+         with an hour's timeout, since its default wait, `GET_LOCK(name, -1)`, is refused by MariaDB), each with its \
+         defaults otherwise, locking and releasing the same keys.\n",
         if quick {
             "--quick (figures are rough)"
         } else {

@@ -1,4 +1,4 @@
-//! The PostgreSQL, etcd and ZooKeeper rows: each store's library beside its floor, on a server of its own.
+//! The PostgreSQL, MySQL, etcd and ZooKeeper rows: each store's library beside its floor, on a server of its own.
 
 use super::*;
 
@@ -33,6 +33,19 @@ pub(crate) const POSTGRES: StoreRows = StoreRows {
     process_ops: 200,
     second_floor: None,
     peers: &[("distributed-lock", "pg-distributed-lock")],
+    handoff_floor: None,
+};
+
+pub(crate) const MYSQL: StoreRows = StoreRows {
+    name: "mysql",
+    first: 25,
+    floor: "mysql-floor",
+    ours: "mysql-lock-runtime",
+    uncontended_ops: 2_000,
+    distinct_ops: 100,
+    process_ops: 200,
+    second_floor: None,
+    peers: &[("distributed-lock", "mysql-distributed-lock")],
     handoff_floor: None,
 };
 
@@ -145,7 +158,7 @@ pub(crate) async fn store_rows(
 }
 
 /// The median round trip of the store a floor talks to: `SELECT 1` on
-/// PostgreSQL, a `put` (a committed write) on etcd, a `setData` (a
+/// PostgreSQL and MySQL, a `put` (a committed write) on etcd, a `setData` (a
 /// committed write) on ZooKeeper.
 pub(crate) async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
     let mut samples = Vec::new();
@@ -154,6 +167,10 @@ pub(crate) async fn store_round_trip(floor: &Lib) -> Result<Duration, Error> {
         match floor {
             Lib::PgFloor(pg) => {
                 pg.client.simple_query("SELECT 1").await?;
+            }
+            Lib::MySqlFloor(mysql) => {
+                use mysql_async::prelude::Queryable;
+                mysql.pool.get_conn().await?.query_drop("SELECT 1").await?;
             }
             Lib::EtcdFloor(etcd) => {
                 etcd.kv.clone().put("bench:round-trip", "", None).await?;
@@ -176,6 +193,10 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
             let server = lock_tests::PostgresServer::new();
             store_rows(&POSTGRES, &server.url(), quick).await?
         }
+        "mysql" => {
+            let server = lock_tests::MariaDbServer::new();
+            store_rows(&MYSQL, &server.url(), quick).await?
+        }
         "etcd" => {
             let cluster = lock_tests::EtcdCluster::single();
             store_rows(&ETCD, &cluster.endpoints().join(","), quick).await?
@@ -196,7 +217,7 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
         }
         other => {
             return Err(format!(
-                "--store takes postgres, etcd, zookeeper or claims, not `{other}`"
+                "--store takes postgres, mysql, etcd, zookeeper or claims, not `{other}`"
             )
             .into());
         }

@@ -217,12 +217,19 @@ impl MySqlStoreBuilder {
     }
 }
 
-/// The store's own pool from `opts`: at most `connections`, none reset on
-/// return (its statements leave no session state).
+/// The store's own pool from `opts`: at most `connections`, kept while
+/// used and closed down to one after a minute idle (the pool's default
+/// keeps none above its minimum: a connection per statement), none reset
+/// on return (its statements leave no session state), each to the address
+/// given (the client would otherwise move a connection to `127.0.0.1` onto
+/// the server's Unix socket, around any proxy on the way; a `socket=` in
+/// the URL still picks one).
 fn own_pool(opts: OptsBuilder, connections: usize) -> Pool {
-    let constraints = PoolConstraints::new(0, connections).unwrap_or_default();
+    let opts = opts.prefer_socket(false);
+    let constraints = PoolConstraints::new(1, connections).unwrap_or_default();
     let pool_opts = PoolOpts::default()
         .with_constraints(constraints)
+        .with_inactive_connection_ttl(Duration::from_secs(60))
         .with_reset_connection(false);
     Pool::new(opts.pool_opts(pool_opts))
 }

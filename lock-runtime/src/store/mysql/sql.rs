@@ -97,7 +97,7 @@ impl Table {
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
     id           BINARY(32)      NOT NULL PRIMARY KEY,  -- SHA-256 of the key
-    lock_key     MEDIUMBLOB      NOT NULL,              -- the key, for people reading the table
+    lock_key     VARBINARY(255)  NOT NULL,              -- the key's first 255 bytes, for people
     token        VARBINARY(40)   NOT NULL,              -- the holder's token, or '*shared', '*permits:N'
     fencing      BIGINT UNSIGNED NOT NULL,              -- the last grant's fencing value
     expires_at   DATETIME(6)     NOT NULL,              -- by the server's clock, UTC
@@ -136,7 +136,7 @@ impl Table {
             // claim, held says which (the claim rule, `Claim::meets`).
             format!(
                 "CREATE PROCEDURE {claim}(
-    p_id BINARY(32), p_key MEDIUMBLOB, p_token VARBINARY(40), p_ttl BIGINT,
+    p_id BINARY(32), p_key VARBINARY(255), p_token VARBINARY(40), p_ttl BIGINT,
     p_claim VARBINARY(40), p_limit INT, p_waits BOOLEAN)
 MODIFIES SQL DATA
 BEGIN
