@@ -100,7 +100,7 @@ LAYERS = [
     ("contract", lambda m: m[0] == "store"),
     ("error", lambda m: m[0] == "error"),
 ]
-STORES = ("memory", "redis", "redlock", "postgres", "etcd", "zookeeper")
+STORES = ("memory", "redis", "redlock", "postgres", "mysql", "etcd", "zookeeper")
 MAY_USE = {
     "api": {"engine", "contract", "common", "error"},
     # The options are the API's plain data, which the engine reads.
@@ -114,7 +114,7 @@ MAY_USE = {
 NAMES_STORES = ("registry", "stores")
 # Redlock is N Redis stores.
 STORE_USES_STORE = {("redlock", "redis")}
-STORE_FEATURES = re.compile(r'feature\s*=\s*"(redis|postgres|etcd|etcd-tls|zookeeper)"')
+STORE_FEATURES = re.compile(r'feature\s*=\s*"(redis|redis-tls|postgres|mysql|mysql-tls|etcd|etcd-tls|zookeeper)"')
 
 
 def layer_of(module: tuple) -> str:

@@ -89,3 +89,45 @@ pub async fn an_ended_body_frees_its_key_at_once(
         if panic { "panicked" } else { "was cancelled" }
     );
 }
+
+/// Tells `entered` it holds `key`, then runs for 30 s, far past its
+/// 600 ms ttl (renewed every 200 ms).
+#[distributed_lock(key = "{key}", ttl = "600ms")]
+pub async fn long_body(key: &str, entered: oneshot::Sender<()>) -> &'static str {
+    entered.send(()).unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    "finished"
+}
+
+/// A running body's lease undone behind the store's back (`undo()`, once
+/// `entries(key)` counted it): the next renewal finds nothing, the body is
+/// cancelled and the call returns `Lost` naming the key, within 600 ms
+/// (renewals run every 200 ms; far below the 30 s body).
+pub async fn a_lease_undone_under_the_body_is_lost(
+    mut entries: impl AsyncFnMut(&str) -> usize,
+    undo: impl FnOnce(),
+) {
+    let key = unique_key("removed");
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let call = tokio::spawn({
+        let key = key.clone();
+        async move { long_body(&key, entered_tx).await }
+    });
+    entered_rx.await.unwrap();
+    let removed_at = Instant::now();
+    assert_eq!(
+        entries(&key).await,
+        1,
+        "the key is held while the body runs"
+    );
+    undo();
+    match call.await.unwrap() {
+        Err(lock_runtime::LockError::Lost { key: lost }) => assert_eq!(lost, key),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    let noticed = removed_at.elapsed();
+    assert!(
+        noticed < Duration::from_millis(600),
+        "noticed after {noticed:?}"
+    );
+}

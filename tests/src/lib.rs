@@ -33,6 +33,7 @@ pub use redis_server::{
     RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
 };
 pub use sentinel_watch::SentinelWatch;
+pub use server_process::StoreServer;
 pub use warnings::Warnings;
 pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;

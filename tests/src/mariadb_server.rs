@@ -251,6 +251,36 @@ impl MariaDbServer {
     }
 }
 
+impl crate::StoreServer for MariaDbServer {
+    fn url(&self) -> String {
+        MariaDbServer::url(self)
+    }
+
+    fn url_through(port: u16) -> String {
+        format!("mysql://root@127.0.0.1:{port}/locks")
+    }
+
+    fn port(&self) -> u16 {
+        MariaDbServer::port(self)
+    }
+
+    fn kill(&mut self) {
+        MariaDbServer::kill(self);
+    }
+
+    fn restart(&mut self) {
+        MariaDbServer::restart(self);
+    }
+
+    fn pause(&self) {
+        MariaDbServer::pause(self);
+    }
+
+    fn resume(&self) {
+        MariaDbServer::resume(self);
+    }
+}
+
 impl Default for MariaDbServer {
     fn default() -> Self {
         MariaDbServer::new()

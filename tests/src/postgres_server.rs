@@ -335,6 +335,36 @@ impl PostgresServer {
     }
 }
 
+impl crate::StoreServer for PostgresServer {
+    fn url(&self) -> String {
+        PostgresServer::url(self)
+    }
+
+    fn url_through(port: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/postgres")
+    }
+
+    fn port(&self) -> u16 {
+        PostgresServer::port(self)
+    }
+
+    fn kill(&mut self) {
+        PostgresServer::kill(self);
+    }
+
+    fn restart(&mut self) {
+        PostgresServer::restart(self);
+    }
+
+    fn pause(&self) {
+        PostgresServer::pause(self);
+    }
+
+    fn resume(&self) {
+        PostgresServer::resume(self);
+    }
+}
+
 impl Default for PostgresServer {
     fn default() -> Self {
         PostgresServer::new()

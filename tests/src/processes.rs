@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::LockRegistry;
 use redis::Commands;
 
-use crate::{Worker, field, unique_key};
+use crate::{RedisServer, StoreServer, Worker, field, unique_key};
 
 /// How long a worker may take to start and report: a guard against a
 /// hang, not a bound under test, so it leaves room for a busy machine and
@@ -448,6 +448,28 @@ fn expect_cancelled_with_lost(mut holder: Worker, undone_at: Instant) {
         !lines.iter().any(|l| l.starts_with("releasing")),
         "body cancelled: {lines:?}"
     );
+}
+
+/// A store's server and a Redis server for the data the workers race on.
+#[derive(Debug)]
+pub struct WithData<S> {
+    /// The store's server.
+    pub locks: S,
+    /// Where the workers keep the data they race on.
+    pub data: RedisServer,
+}
+
+impl<S: StoreServer> WithData<S> {
+    /// `locks` beside a new data server, and the processes of the
+    /// scenarios every store passes (`exe`: the worker binary).
+    pub fn start(exe: &str, locks: S) -> (WithData<S>, Processes) {
+        let servers = WithData {
+            locks,
+            data: RedisServer::new(),
+        };
+        let processes = Processes::new(exe, &servers.locks.url(), &servers.data.url());
+        (servers, processes)
+    }
 }
 
 /// One `#[test]` per [`Processes`] scenario named, each on fresh servers:

@@ -104,3 +104,42 @@ pub async fn a_waiter_that_times_out_leaves_nothing(a: &LockRegistry, b: &LockRe
         .expect("the key is free once its holder released");
     next.release().await.expect("release");
 }
+
+/// A store whose one server is killed: a lock fails at once with `Store`
+/// naming the key (within 3 s, not after its 5 s `wait_timeout`); once the
+/// server is back, the same registry locks again within 10 s.
+pub async fn a_down_server_gives_a_clear_error_quickly_and_recovers(
+    server: &mut impl crate::StoreServer,
+    registry: &LockRegistry,
+) {
+    let key = unique_key("down");
+    crate::lock_and_release(registry, &key).await;
+    server.kill();
+    let started = Instant::now();
+    let opts = LockOptions::default().wait_timeout(PATIENCE);
+    let err = registry.lock(&key, opts.clone()).await.unwrap_err();
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+    assert!(err.to_string().contains(&key), "{err}");
+    // The bound under test: a store error, not a wait for `wait_timeout`.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the down server's error took {:?}, over the 3 s bound",
+        started.elapsed()
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match registry.lock(&key, opts.clone()).await {
+            Ok(guard) => break guard,
+            Err(err) if Instant::now() < deadline => {
+                assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!(
+                "no recovery after the restart: {}",
+                crate::error_chain(&err)
+            ),
+        }
+    };
+    guard.release().await.unwrap();
+}

@@ -163,3 +163,22 @@ pub(crate) fn children(parent: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A store's one server, as the scenarios several stores share start,
+/// fault and reach it (PostgreSQL, MariaDB).
+pub trait StoreServer {
+    /// The store's URL.
+    fn url(&self) -> String;
+    /// The store's URL through a proxy listening on `port`.
+    fn url_through(port: u16) -> String;
+    /// The port the server listens on.
+    fn port(&self) -> u16;
+    /// Kills the server (SIGKILL).
+    fn kill(&mut self);
+    /// Kills the server and starts it again on its port and data.
+    fn restart(&mut self);
+    /// Freezes the server: connections stay open, nothing answers.
+    fn pause(&self);
+    /// Thaws a frozen server.
+    fn resume(&self);
+}

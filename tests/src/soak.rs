@@ -450,3 +450,32 @@ impl Draws {
         self.0.checked_rem(n).unwrap_or(0)
     }
 }
+
+/// The soak of a store on one server (PostgreSQL, MariaDB): workers
+/// killed, frozen and cut off through proxies of their own, and the
+/// server, in turn, frozen past every lease (twice the 500 ms ttl) or
+/// killed and restarted (crash recovery keeps what was committed); every
+/// body checked. `store` names the store in the report.
+pub fn one_server_frozen_or_restarted<S: crate::StoreServer + 'static>(
+    exe: &str,
+    store: &str,
+    server: &mut S,
+) {
+    let ttl = Duration::from_millis(500);
+    let mut faults = 0;
+    let soak = Soak::new(exe, &server.url(), ttl, 20)
+        .through_proxies(vec![server.port()], |ports| S::url_through(ports[0]));
+    let report = soak.run_with(store, &mut || {
+        faults += 1;
+        if faults % 2 == 1 {
+            server.pause();
+            std::thread::sleep(ttl * 2);
+            server.resume();
+            Some(Fault::kept("server-frozen"))
+        } else {
+            server.restart();
+            Some(Fault::kept("restart"))
+        }
+    });
+    assert!(report.history.grants.len() > 50, "no progress");
+}

@@ -2,36 +2,14 @@
 //! server; the data they race on lives in a Redis server.
 
 use lock_runtime::LockRegistry;
-use lock_tests::processes::Processes;
-use lock_tests::{MariaDbServer, RedisServer, process_scenarios};
+use lock_tests::processes::{Processes, WithData};
+use lock_tests::{MariaDbServer, process_scenarios};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_lock-worker");
 
-/// The lock server and the data server.
-struct Servers {
-    locks: MariaDbServer,
-    data: RedisServer,
-}
-
-impl Servers {
-    fn new() -> Servers {
-        Servers {
-            locks: MariaDbServer::new(),
-            data: RedisServer::new(),
-        }
-    }
-
-    /// The scenarios every store passes, locking here, racing on Redis.
-    fn shared(&self) -> Processes {
-        Processes::new(WORKER, &self.locks.url(), &self.data.url())
-    }
-}
-
 /// Fresh servers, and the processes of the scenarios every store passes.
-fn shared() -> (Servers, Processes) {
-    let servers = Servers::new();
-    let processes = servers.shared();
-    (servers, processes)
+fn shared() -> (WithData<MariaDbServer>, Processes) {
+    WithData::start(WORKER, MariaDbServer::new())
 }
 
 process_scenarios!(shared);
@@ -44,24 +22,20 @@ process_scenarios!(
 
 #[test]
 fn another_process_holding_a_key_is_seen_and_can_be_freed() {
-    let servers = Servers::new();
+    let (servers, processes) = shared();
     let url = servers.locks.url();
-    servers
-        .shared()
-        .another_process_holding_a_key_is_seen_and_can_be_freed(async || {
-            LockRegistry::mysql(&url).await.expect("connect")
-        });
+    processes.another_process_holding_a_key_is_seen_and_can_be_freed(async || {
+        LockRegistry::mysql(&url).await.expect("connect")
+    });
 }
 
 #[test]
 fn a_lease_row_deleted_under_a_running_body_cancels_it() {
-    let servers = Servers::new();
-    servers
-        .shared()
-        .a_lease_undone_under_a_running_body_cancels_it("deleted", |_key| {
-            let deleted = servers
-                .locks
-                .sql("DELETE FROM locks.lock_leases; SELECT ROW_COUNT()");
-            assert_eq!(deleted, "1");
-        });
+    let (servers, processes) = shared();
+    processes.a_lease_undone_under_a_running_body_cancels_it("deleted", |_key| {
+        let deleted = servers
+            .locks
+            .sql("DELETE FROM locks.lock_leases; SELECT ROW_COUNT()");
+        assert_eq!(deleted, "1");
+    });
 }

@@ -115,33 +115,11 @@ async fn bad_settings_credentials_and_missing_rights_are_clear_errors_without_th
 async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     let mut server = MariaDbServer::new();
     let registry = registry(&server).await;
-    let key = unique_key("down");
-    lock_and_release(&registry, &key).await;
-    server.kill();
-    let started = Instant::now();
-    let opts = LockOptions::default().wait_timeout(Duration::from_secs(5));
-    let err = registry.lock(&key, opts.clone()).await.unwrap_err();
-    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
-    assert!(err.to_string().contains(&key), "{err}");
-    // The bound under test: a store error, not a wait for `wait_timeout`.
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "the down server's error took {:?}, over the 3 s bound",
-        started.elapsed()
-    );
-    server.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let guard = loop {
-        match registry.lock(&key, opts.clone()).await {
-            Ok(guard) => break guard,
-            Err(err) if Instant::now() < deadline => {
-                assert!(matches!(err, LockError::Store { .. }), "{err:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("no recovery after the restart: {}", error_chain(&err)),
-        }
-    };
-    guard.release().await.unwrap();
+    lock_tests::scenarios::a_down_server_gives_a_clear_error_quickly_and_recovers(
+        &mut server,
+        &registry,
+    )
+    .await;
 }
 
 /// A lease committed before the server was killed is there after crash

@@ -191,6 +191,8 @@ impl MySqlStoreBuilder {
                 .map_err(|err| format!("invalid URL `{}`: {err}", redact(&url)))?),
             Source::Opts(opts) => Ok(*opts),
         };
+        // The service's pool: as many as mysql_async's default allows.
+        let mut connections = 100;
         let pool = match opts {
             Err(pool) => pool,
             Ok(opts) => {
@@ -199,6 +201,7 @@ impl MySqlStoreBuilder {
                 if self.tls.on || asked {
                     opts = with_tls(opts, self.tls)?;
                 }
+                connections = self.connections;
                 own_pool(opts, self.connections)
             }
         };
@@ -207,6 +210,7 @@ impl MySqlStoreBuilder {
             statements: table.statements(),
             table,
             response_timeout: self.timeouts.response,
+            connections,
         });
         tokio::time::timeout(self.timeouts.connection, create(&shared))
             .await

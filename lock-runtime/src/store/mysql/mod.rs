@@ -164,6 +164,9 @@ pub(super) struct Shared {
     table: Table,
     statements: Statements,
     response_timeout: Duration,
+    /// How many connections the pool may hold: after a server restart,
+    /// that many can be found closed one after the other.
+    connections: usize,
 }
 
 impl Shared {
@@ -224,16 +227,20 @@ impl Shared {
         .await
     }
 
-    /// Runs `once`, and once more when it failed on a connection found
-    /// closed (a pooled one the server dropped: a restart, an idle
-    /// timeout): for statements whose repeat answers as the first did.
+    /// Runs `once`, and again while it fails on a connection found closed
+    /// (a pooled one the server dropped: a restart, an idle timeout; the
+    /// pool discards it), at most once per connection the pool may hold
+    /// and one more: for statements whose repeat answers as the first did.
     async fn again_if_closed<T, F: Future<Output = Result<T, StoreError>>>(
         &self,
         once: impl Fn() -> F,
     ) -> Result<T, StoreError> {
-        match once().await {
-            Err(err) if closed(&err) => once().await,
-            other => other,
+        let mut left = self.connections;
+        loop {
+            match once().await {
+                Err(err) if closed(&err) && left > 0 => left -= 1,
+                other => return other,
+            }
         }
     }
 
