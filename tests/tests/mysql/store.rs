@@ -255,3 +255,29 @@ async fn tls_with_a_client_certificate() {
     assert!(shown.to_lowercase().contains("certificate"), "{shown}");
     assert!(!shown.contains(secret), "password leaked: {shown}");
 }
+
+/// Shares and permits of a key longer than the 255 bytes `lock_key`
+/// keeps: granted, and kept apart from a key that differs past them.
+#[tokio::test]
+async fn shares_and_permits_of_long_keys() {
+    let server = MariaDbServer::new();
+    let registry = registry(&server).await;
+    let long = format!("{}{}", unique_key("long"), "x".repeat(1_000));
+    let read = LockOptions::default().access(Access::Read);
+    let reader = registry
+        .lock(&format!("{long}a"), read.clone())
+        .await
+        .unwrap();
+    let writer = registry
+        .try_lock(&format!("{long}b"), LockOptions::default())
+        .await
+        .unwrap()
+        .expect("a key differing past 255 bytes is another key");
+    let permit = registry
+        .lock(&format!("{long}c"), LockOptions::default().permits(3))
+        .await
+        .unwrap();
+    for guard in [reader, writer, permit] {
+        guard.release().await.unwrap();
+    }
+}

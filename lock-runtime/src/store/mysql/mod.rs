@@ -361,11 +361,13 @@ impl MySqlStore {
         };
         let mut tries = 0;
         let answer = loop {
-            match self
-                .shared
-                .exec_id(&self.shared.statements.acquire, params())
-                .await
-            {
+            // A retried acquire gets the same answer (the contract's first
+            // rule): a repeat on another connection is safe.
+            let once = || {
+                self.shared
+                    .exec_id(&self.shared.statements.acquire, params())
+            };
+            match self.shared.again_if_closed(once).await {
                 Err(err) if rolled_back(&err) && tries < DEADLOCKS_RETRIED => tries += 1,
                 Err(err) if rolled_back(&err) => {
                     // Busy with other callers' first inserts: ask again soon.
@@ -405,19 +407,21 @@ impl MySqlStore {
     async fn claim(&self, request: &AcquireRequest<'_>) -> Result<Acquire, StoreError> {
         let id = row_id(request.key);
         let (asked, limit) = claim_text::text(request.claim);
-        let params = Params::Positional(vec![
-            (&id[..]).into(),
-            request.key.as_bytes().into(),
-            request.token.to_string().into(),
-            micros(request.ttl).into(),
-            asked.into(),
-            limit.into(),
-            request.hints.waits.into(),
-        ]);
-        let row: Option<(i64, u64, Option<String>)> = self
-            .shared
-            .first(&self.shared.statements.claim, params)
-            .await?;
+        let token = request.token.to_string();
+        let params = || {
+            Params::Positional(vec![
+                (&id[..]).into(),
+                shown_key(request.key).into(),
+                token.as_str().into(),
+                micros(request.ttl).into(),
+                asked.as_str().into(),
+                limit.into(),
+                request.hints.waits.into(),
+            ])
+        };
+        // A repeat by the same token answers as the first did.
+        let once = || self.shared.first(&self.shared.statements.claim, params());
+        let row: Option<(i64, u64, Option<String>)> = self.shared.again_if_closed(once).await?;
         let (answer, value, held) = row.ok_or("the claim procedure returned no row")?;
         match answer {
             1 => Ok(Acquire::Acquired {
