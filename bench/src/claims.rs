@@ -1,4 +1,4 @@
-//! Semaphores and read-write locks (rows 21-24): 16 tasks on one key, a
+//! Semaphores and read-write locks (rows 21-24, 29-30): 16 tasks on one key, a
 //! semaphore of 4, and a read-write lock taken for reading 9 times in 10;
 //! lock-runtime beside each store's floor and distributed-lock where it
 //! has the lock type.
@@ -39,9 +39,24 @@ enum ClaimLib {
     /// functions called directly, a plain insert-or-take-over for a
     /// writer, retried at once while refused.
     PgFloor(Arc<tokio_postgres::Client>),
+    /// MySQL without a library: lock-runtime's claim and unclaim procedures
+    /// called directly, a plain insert-or-take-over for a writer, retried
+    /// at once while refused, on a pool as large as the library's.
+    MySqlFloor(mysql_async::Pool),
     PeerRedis(Arc<distributed_lock_redis::RedisLockProvider>),
     PeerPostgres(Arc<distributed_lock_postgres::PostgresLockProvider>),
+    PeerMySql(Arc<distributed_lock_mysql::MySqlLockProvider>),
 }
+
+/// The MySQL floor's writer: takes the key's lease row over when it has
+/// expired (a row of shares or permits ends with its last holder).
+const MYSQL_WRITE: &str = "INSERT INTO lock_leases (id, lock_key, token, fencing, expires_at)
+    VALUES (UNHEX(SHA2(?, 256)), ?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+    ON DUPLICATE KEY UPDATE
+        fencing = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fencing + 1),
+                     fencing + 0 * LAST_INSERT_ID(0)),
+        token = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(token), token),
+        expires_at = IF(token = VALUES(token), VALUES(expires_at), expires_at)";
 
 static REDIS_CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
@@ -69,12 +84,20 @@ impl ClaimLib {
             "lock-runtime" if url.starts_with("redis") => {
                 ClaimLib::Ours(LockRegistry::redis(url).await?)
             }
+            "lock-runtime" if url.starts_with("mysql") => {
+                ClaimLib::Ours(LockRegistry::mysql(url).await?)
+            }
             "lock-runtime" => ClaimLib::Ours(LockRegistry::postgres(url).await?),
             "floor" if url.starts_with("redis") => ClaimLib::RedisFloor(
                 redis::Client::open(url)?
                     .get_multiplexed_async_connection()
                     .await?,
             ),
+            "floor" if url.starts_with("mysql") => {
+                // The procedures and table are lock-runtime's, made by it.
+                drop(LockRegistry::mysql(url).await?);
+                ClaimLib::MySqlFloor(crate::floors::MySqlFloor::pool(url)?)
+            }
             "floor" => {
                 // The functions and table are lock-runtime's, made by it.
                 drop(LockRegistry::postgres(url).await?);
@@ -86,6 +109,21 @@ impl ClaimLib {
             "distributed-lock" if url.starts_with("redis") => ClaimLib::PeerRedis(Arc::new(
                 distributed_lock_redis::RedisLockProvider::builder()
                     .url(url)
+                    .build()
+                    .await?,
+            )),
+            // Its read-write lock reads the key's state on a second pooled
+            // connection while its transaction holds one: on its default
+            // pool (10) 16 tasks wait on each other until the pool times
+            // out, so it gets two connections per task.
+            "distributed-lock" if url.starts_with("mysql") => ClaimLib::PeerMySql(Arc::new(
+                distributed_lock_mysql::MySqlLockProvider::builder()
+                    .pool(
+                        sqlx::mysql::MySqlPoolOptions::new()
+                            .max_connections(2 * TASKS as u32 + 2)
+                            .connect(url)
+                            .await?,
+                    )
                     .build()
                     .await?,
             )),
@@ -212,7 +250,67 @@ impl ClaimLib {
                     .await?;
                 Ok(waited)
             }
-            ClaimLib::PeerRedis(_) | ClaimLib::PeerPostgres(_) => {
+            ClaimLib::MySqlFloor(pool) => {
+                use mysql_async::prelude::Queryable;
+                let token = format!("{:032x}", rand_u128());
+                let ttl = TTL.as_micros() as u64;
+                if let Want::Write = want {
+                    loop {
+                        let mut conn = pool.get_conn().await?;
+                        match conn.exec_drop(MYSQL_WRITE, (key, key, &token, ttl)).await {
+                            // Two first inserts of one key can deadlock: the
+                            // server rolls one back, and it is held.
+                            Err(mysql_async::Error::Server(err)) if err.code == 1213 => continue,
+                            other => other?,
+                        }
+                        if conn.last_insert_id().is_some_and(|id| id > 0) {
+                            break;
+                        }
+                    }
+                    let waited = called.elapsed();
+                    work();
+                    pool.get_conn()
+                        .await?
+                        .exec_drop(
+                            "DELETE FROM lock_leases WHERE id = UNHEX(SHA2(?, 256)) AND token = ?",
+                            (key, &token),
+                        )
+                        .await?;
+                    return Ok(waited);
+                }
+                let (claim, limit) = match want {
+                    Want::Permit => (format!("*permits:{PERMITS}"), PERMITS),
+                    _ => ("*shared".to_owned(), 0),
+                };
+                loop {
+                    let mut conn = pool.get_conn().await?;
+                    let answer: Option<(i32, u64, Option<Vec<u8>>)> = match conn
+                        .exec_first(
+                            "CALL lock_leases_claim_v1(UNHEX(SHA2(?, 256)), ?, ?, ?, ?, ?, 0)",
+                            (key, key, &token, ttl, &claim, limit),
+                        )
+                        .await
+                    {
+                        Err(mysql_async::Error::Server(err)) if err.code == 1213 => continue,
+                        other => other?,
+                    };
+                    if answer.is_some_and(|(answer, _, _)| answer == 1) {
+                        break;
+                    }
+                }
+                let waited = called.elapsed();
+                work();
+                let _: Option<i32> = pool
+                    .get_conn()
+                    .await?
+                    .exec_first(
+                        "CALL lock_leases_unclaim_v1(UNHEX(SHA2(?, 256)), ?, 0, 1)",
+                        (key, &token),
+                    )
+                    .await?;
+                Ok(waited)
+            }
+            ClaimLib::PeerRedis(_) | ClaimLib::PeerPostgres(_) | ClaimLib::PeerMySql(_) => {
                 let handle = self.peer_acquire(key, want).await?;
                 let waited = called.elapsed();
                 work();
@@ -230,6 +328,8 @@ enum PeerClaim {
     RedisWrite(distributed_lock_redis::rw_lock::RedisWriteLockHandle),
     PgRead(distributed_lock_postgres::rw_lock::PostgresReadLockHandle),
     PgWrite(distributed_lock_postgres::rw_lock::PostgresWriteLockHandle),
+    MySqlRead(distributed_lock_mysql::rw_lock::MySqlReadLockHandle),
+    MySqlWrite(distributed_lock_mysql::rw_lock::MySqlWriteLockHandle),
 }
 
 impl PeerClaim {
@@ -240,6 +340,8 @@ impl PeerClaim {
             PeerClaim::RedisWrite(handle) => handle.release().await?,
             PeerClaim::PgRead(handle) => handle.release().await?,
             PeerClaim::PgWrite(handle) => handle.release().await?,
+            PeerClaim::MySqlRead(handle) => handle.release().await?,
+            PeerClaim::MySqlWrite(handle) => handle.release().await?,
         }
         Ok(())
     }
@@ -283,6 +385,14 @@ impl ClaimLib {
                 let lock = provider.create_reader_writer_lock(key);
                 PeerClaim::PgRead(at_once(|| lock.acquire_read(None)).await?)
             }
+            (ClaimLib::PeerMySql(provider), Want::Write) => {
+                let lock = provider.create_reader_writer_lock(key);
+                PeerClaim::MySqlWrite(at_once(|| lock.acquire_write(None)).await?)
+            }
+            (ClaimLib::PeerMySql(provider), _) => {
+                let lock = provider.create_reader_writer_lock(key);
+                PeerClaim::MySqlRead(at_once(|| lock.acquire_read(None)).await?)
+            }
             _ => return Err("not distributed-lock".into()),
         })
     }
@@ -316,8 +426,8 @@ async fn run_claims(
     .await
 }
 
-/// The semaphore and read-write rows of one store (`Redis` or
-/// `PostgreSQL`), numbered from `first`; each contender twice,
+/// The semaphore and read-write rows of one store (`Redis`, `PostgreSQL`
+/// or `MySQL`), numbered from `first`; each contender twice,
 /// interleaved, keeping its faster run.
 pub(crate) async fn claim_rows(
     store: &str,
@@ -348,8 +458,8 @@ pub(crate) async fn claim_rows(
         let mut best: HashMap<&str, Measured> = HashMap::new();
         for _ in 0..2 {
             for (name, lib) in &contenders {
-                // distributed-lock has no semaphore on PostgreSQL.
-                if semaphore && matches!(lib, ClaimLib::PeerPostgres(_)) {
+                // distributed-lock has no semaphore on PostgreSQL or MySQL.
+                if semaphore && matches!(lib, ClaimLib::PeerPostgres(_) | ClaimLib::PeerMySql(_)) {
                     continue;
                 }
                 let m = run_claims(lib, &scenario, name, semaphore, ops).await?;

@@ -277,8 +277,9 @@ impl MySqlFloor {
             expires_at = IF(token = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)";
     const RELEASE: &str = "DELETE FROM floor_leases WHERE id = UNHEX(SHA2(?, 256)) AND token = ?";
 
-    pub(crate) async fn connect(url: &str) -> Result<MySqlFloor, Error> {
-        use mysql_async::prelude::Queryable;
+    /// A pool like the library's: 1 to 8 connections over TCP, kept a
+    /// minute when idle, not reset when returned.
+    pub(crate) fn pool(url: &str) -> Result<mysql_async::Pool, Error> {
         let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(url)?)
             .prefer_socket(false)
             .pool_opts(
@@ -287,7 +288,12 @@ impl MySqlFloor {
                     .with_inactive_connection_ttl(Duration::from_secs(60))
                     .with_reset_connection(false),
             );
-        let pool = mysql_async::Pool::new(opts);
+        Ok(mysql_async::Pool::new(opts))
+    }
+
+    pub(crate) async fn connect(url: &str) -> Result<MySqlFloor, Error> {
+        use mysql_async::prelude::Queryable;
+        let pool = Self::pool(url)?;
         pool.get_conn()
             .await?
             .query_drop(

@@ -26,7 +26,7 @@
 //!   `acquire(None)` + `release`, on Redis (rows 1-5; its acquire there is
 //!   one attempt, so it is retried at once while held, as the floor is)
 //!   and on PostgreSQL (its advisory locks, rows 9-12);
-//! - for PostgreSQL (rows 9-12), etcd (rows 13-16, one member) and
+//! - for PostgreSQL (rows 9-12), MySQL (rows 25-28, on MariaDB), etcd (rows 13-16, one member) and
 //!   ZooKeeper (rows 17-20, one server), each store's floor beside
 //!   `lock-runtime` on it: the library's own acquire statement or
 //!   transaction and an owner-checked delete, without the library (etcd's
@@ -38,8 +38,8 @@
 //!   distinct-key work once at 64 tasks, so a JIT has compiled their
 //!   requests' paths before anything is measured.
 //!
-//! - rows 21-24: semaphores (4 permits) and read-write locks (90 % reads)
-//!   on Redis and PostgreSQL, 16 tasks on one key, beside each store's
+//! - rows 21-24 and 29-30: semaphores (4 permits) and read-write locks
+//!   (90 % reads) on Redis, PostgreSQL and MySQL, 16 tasks on one key, beside each store's
 //!   floor and distributed-lock's semaphore and read-write locks (see
 //!   `claims.rs`).
 //!
@@ -300,7 +300,7 @@ async fn main() -> Result<(), Error> {
     }
     let quick = args.iter().any(|a| a == "--quick");
     if args.first().map(String::as_str) == Some("--store") {
-        // `--store postgres|etcd|zookeeper|claims [--quick]`: that store's
+        // `--store postgres|mysql|etcd|zookeeper|claims [--quick]`: that store's
         // rows alone, printed, not written.
         return one_store(args.get(1).map_or("", String::as_str), quick).await;
     }
@@ -448,7 +448,7 @@ async fn main() -> Result<(), Error> {
     let postgres = lock_tests::PostgresServer::new();
     let (rows, pg_rtt) = store_rows(&POSTGRES, &postgres.url(), quick).await?;
     rows.into_iter().for_each(&mut push);
-    // Semaphores and read-write locks on Redis and PostgreSQL.
+    // Semaphores and read-write locks on Redis and PostgreSQL (MySQL's below).
     let claims = [
         claim_rows("Redis", &url, 21, quick).await?,
         claim_rows("PostgreSQL", &postgres.url(), 23, quick).await?,
@@ -459,6 +459,10 @@ async fn main() -> Result<(), Error> {
     let mysql = lock_tests::MariaDbServer::new();
     let (rows, mysql_rtt) = store_rows(&MYSQL, &mysql.url(), quick).await?;
     rows.into_iter().for_each(&mut push);
+    claim_rows("MySQL", &mysql.url(), 29, quick)
+        .await?
+        .into_iter()
+        .for_each(&mut push);
     store_round_trips.push(format!(
         "MySQL (MariaDB): `SELECT 1` p50 {}",
         fmt_d(mysql_rtt)
@@ -550,15 +554,17 @@ async fn main() -> Result<(), Error> {
          (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          store; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
-         owner-checked delete, no library; for MySQL (MariaDB) the library's insert-or-take-over statement by hand and an owner-checked delete, retried at once while held, on a pool of the library's size (8), no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
+         owner-checked delete, no library; for MySQL (MariaDB) an insert-or-take-over statement that draws the fencing value as the library's does (without the library's refusal answer and writer mark) and an owner-checked delete, retried at once while held, on a pool of the library's size (8), no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \
          and an owner-checked delete, no library (the library queues an entry per contender instead), retried at once while the key is held (and in the hand-off row \
          also the watching floor: retried once a watch opened after the refusal sees the key deleted, as the library waits); for ZooKeeper an ephemeral node created and deleted, no \
-         library); for hand-offs it is the median in round trips ({}). lock-runtime-unfenced is the Redis store without fencing tokens (`Fencing::Off`: \
+         library; in the semaphore and read-write rows, for PostgreSQL and MySQL the library's own claim functions or procedures called directly \
+         and a plain insert-or-take-over for a writer, for Redis a sorted set of holders by expiry, each retried at once while refused); for hand-offs it is the median in round trips ({}). lock-runtime-unfenced is the Redis store without fencing tokens (`Fencing::Off`: \
          a plain `SET NX PX GET` per uncontended acquire, no script); lock-runtime-fair is the Redis \
          store in fair mode (waiters queued in the store, a release grants to the first; grant timeout {:?}). \
          Other libraries: rslock 0.10 (Redis), \
          distributed-lock 0.2 (Redis through fred; PostgreSQL advisory locks through sqlx; MySQL `GET_LOCK` through sqlx, \
-         with an hour's timeout, since its default wait, `GET_LOCK(name, -1)`, is refused by MariaDB), each with its \
+         with an hour's timeout, since its default wait, `GET_LOCK(name, -1)`, is refused by MariaDB; its MySQL read-write lock on a pool of 34, \
+         as it reads state on a second connection beside its transaction's and its default pool of 10 runs dry at 16 tasks), each with its \
          defaults otherwise, locking and releasing the same keys.\n",
         if quick {
             "--quick (figures are rough)"

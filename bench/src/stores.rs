@@ -206,10 +206,13 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
             store_rows(&ZOOKEEPER, &ensemble.connect_string(), quick).await?
         }
         "claims" => {
-            // Rows 21-24: semaphores and read-write locks.
+            // Rows 21-24 and 29-30: semaphores and read-write locks.
             let (redis, postgres) = (RedisServer::new(), lock_tests::PostgresServer::new());
             let mut rows = claim_rows("Redis", &redis.url(), 21, quick).await?;
             rows.extend(claim_rows("PostgreSQL", &postgres.url(), 23, quick).await?);
+            drop((redis, postgres));
+            let mysql = lock_tests::MariaDbServer::new();
+            rows.extend(claim_rows("MySQL", &mysql.url(), 29, quick).await?);
             for m in &rows {
                 println!("{}", row_line(m));
             }
