@@ -44,9 +44,9 @@ struct Holding {
     claim: Claim,
     started_at: Instant,
     ttl: Duration,
-    hold_at_least: Option<Duration>,
-    /// The unit the store counts lingers in.
-    linger_unit: Duration,
+    /// `hold_at_least` counted from when the grant reached this process:
+    /// never earlier than the key was taken.
+    hold_until: Option<Instant>,
     /// Hand-overs in a row that led to this lease.
     chain: u32,
     /// The lease's renewal, and the state the guard shares with it and
@@ -190,8 +190,7 @@ impl LockGuard {
                 claim: opts.claim(),
                 started_at: grant.started_at,
                 ttl: opts.ttl,
-                hold_at_least: opts.hold_at_least,
-                linger_unit: caps.ttl_granularity,
+                hold_until: opts.hold_at_least.map(|hold| Instant::now() + hold),
                 chain: grant.chain,
                 renewal,
             }),
@@ -393,15 +392,15 @@ impl Holding {
         }
     }
 
-    /// What is left of `hold_at_least`, rounded up to the store's unit.
+    /// What is left of `hold_at_least`, rounded up to the millisecond
+    /// (the finest unit a store counts in).
     fn linger(&self) -> Duration {
-        let Some(hold) = self.hold_at_least else {
+        let Some(until) = self.hold_until else {
             return Duration::ZERO;
         };
-        let left = hold.saturating_sub(self.started_at.elapsed()).as_nanos();
-        let unit = self.linger_unit.as_nanos().max(1);
-        let rounded = left.div_ceil(unit) * unit;
-        Duration::from_nanos(u64::try_from(rounded).unwrap_or(u64::MAX))
+        let left = until.saturating_duration_since(Instant::now());
+        let millis = u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        Duration::from_millis(millis)
     }
 }
 

@@ -143,7 +143,11 @@ impl LockOptions {
 
     /// Keeps the lease until at least `hold` after it was taken, even if it
     /// is released sooner: a second instance whose clock is behind then
-    /// cannot run the same scheduled job again.
+    /// cannot run the same scheduled job again. The store frees the key
+    /// then, to the millisecond and within a round trip, on every store
+    /// (etcd's whole-second leases included); only if this process ends
+    /// meanwhile does the store's own expiry end it, up to a second later
+    /// on etcd.
     pub fn hold_at_least(mut self, hold: Duration) -> Self {
         self.hold_at_least = Some(hold);
         self

@@ -19,6 +19,34 @@ fn options() -> LockOptions {
     LockOptions::default().ttl(Duration::from_secs(10))
 }
 
+/// `hold_at_least` of 1 s, the body ending at once: the other client gets
+/// the key no sooner than 1 s after it was taken, and within 750 ms after
+/// that (no store rounds the hold up to a coarser unit: etcd's whole-second
+/// leases made it 2 s and more).
+pub async fn hold_at_least_ends_on_time(a: &LockRegistry, b: &LockRegistry) {
+    let key = unique_key("hold");
+    let hold = Duration::from_secs(1);
+    let taken = Instant::now();
+    let guard = a
+        .try_lock(&key, options().hold_at_least(hold))
+        .await
+        .expect("try_lock")
+        .expect("a free key");
+    guard.release().await.expect("release");
+    // Asked every 20 ms until granted: when it frees is the point.
+    let freed = loop {
+        if let Some(next) = b.try_lock(&key, options()).await.expect("try_lock") {
+            let freed = taken.elapsed();
+            next.release().await.expect("release");
+            break freed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(freed >= hold, "free {freed:?} into a hold of {hold:?}");
+    let bound = hold + Duration::from_millis(750);
+    assert!(freed < bound, "a hold of {hold:?} lasted {freed:?}");
+}
+
 /// A claim that does not fit how the key is held (the claim rule:
 /// `Claim::meets`), asked by another client: `InvalidOptions` at once,
 /// naming the key and both claims, whether it would wait or skip; the

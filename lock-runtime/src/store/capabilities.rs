@@ -27,7 +27,8 @@ pub struct Capabilities {
     /// The shortest ttl the store can honour.
     pub min_ttl: Duration,
     /// The unit the store counts ttls in; a ttl must be a whole number of
-    /// them. Lingers (`hold_at_least`) are rounded up to it.
+    /// them. Lingers (`hold_at_least`) are not: they are kept to the
+    /// millisecond on every store (see [`Lease::release`](super::Lease::release)).
     pub ttl_granularity: Duration,
     /// The longest ttl the store can honour, if it has a limit (ZooKeeper:
     /// the session timeout).

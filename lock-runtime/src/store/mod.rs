@@ -173,8 +173,12 @@ pub trait Lease: Send + Sync + fmt::Debug {
 
     /// Releases the lease and wakes waiters; with a non-zero `linger`, keeps
     /// it for that much longer instead (for `hold_at_least`, only asked of
-    /// stores with [`Capabilities::linger`]). `Ok(false)` when the lease was
-    /// no longer ours.
+    /// stores with [`Capabilities::linger`]), and ends it then, within the
+    /// store's [`margin`](Capabilities::margin), however the store counts
+    /// its ttls: a linger is never rounded up to a coarser unit. A store
+    /// whose leases are coarser (etcd's whole seconds) ends it with a timer
+    /// of its own, the coarser lease only ending it if this process does
+    /// not live that long. `Ok(false)` when the lease was no longer ours.
     fn release(&mut self, linger: Duration) -> Reply<'_, bool>;
 
     /// Passes the lease to the next holder in this process without

@@ -580,11 +580,13 @@ async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
 
 /// A claim of another kind (a semaphore against a mutex, both ways, a read
 /// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
-/// leaves nothing behind (its queued entry is gone when the call returns).
+/// leaves nothing behind (its queued entry is gone when the call returns); a
+/// `hold_at_least` ends on time (not rounded up to whole seconds).
 #[tokio::test]
 async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
     let cluster = EtcdCluster::single();
     let (a, b) = (registry(&cluster).await, registry(&cluster).await);
     lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
     lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
+    lock_tests::scenarios::hold_at_least_ends_on_time(&a, &b).await;
 }

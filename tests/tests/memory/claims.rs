@@ -249,11 +249,13 @@ async fn a_forced_release_frees_every_share_and_tells_every_holder() {
 
 /// A claim of another kind (a semaphore against a mutex, both ways, a read
 /// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
-/// leaves nothing behind. Two registries over one store.
+/// leaves nothing behind; a `hold_at_least` ends on time. Two registries
+/// over one store.
 #[tokio::test]
 async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
     let store = lock_runtime::MemoryStore::default();
     let (a, b) = (LockRegistry::new(store.clone()), LockRegistry::new(store));
     lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
     lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
+    lock_tests::scenarios::hold_at_least_ends_on_time(&a, &b).await;
 }

@@ -450,11 +450,12 @@ async fn a_frozen_server_answers_nobody_until_thawed() {
 
 /// A claim of another kind (a semaphore against a mutex, both ways, a read
 /// lock, another limit) is `InvalidOptions` at once; a timed-out waiter
-/// leaves nothing behind.
+/// leaves nothing behind; a `hold_at_least` ends on time.
 #[tokio::test]
 async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
     let server = PostgresServer::new();
     let (a, b) = (registry(&server).await, registry(&server).await);
     lock_tests::scenarios::a_claim_of_another_kind_is_refused_at_once(&a, &b).await;
     lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
+    lock_tests::scenarios::hold_at_least_ends_on_time(&a, &b).await;
 }

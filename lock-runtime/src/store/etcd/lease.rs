@@ -175,6 +175,7 @@ impl Lease for EtcdLease {
 
     fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
         Reply::new(async move {
+            let asked_at = Instant::now();
             let store = self.store.clone();
             let token = self.token.to_string();
             // Our own deletion (or move) is no loss.
@@ -205,6 +206,18 @@ impl Lease for EtcdLease {
                     .inner
                     .shared
                     .give_back(self.secs, self.spare(), &self.queue);
+            }
+            if let Some(keep) = keep.filter(|_| answer.succeeded()) {
+                // The linger ends on time, not when the whole-second lease
+                // runs out: revoking the lease deletes the entry, the only
+                // one on it. Failing that, the lease still ends it.
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(asked_at + linger).await;
+                    let id = keep.id;
+                    let _ = store
+                        .lease_call(|mut c| async move { c.revoke(id).await })
+                        .await;
+                });
             }
             Ok(answer.succeeded())
         })

@@ -98,7 +98,11 @@
 //! the cluster its minimum when it connects, declares whole seconds from
 //! that minimum in its [`Capabilities`], and refuses other ttls with
 //! `InvalidOptions`: a lock never believes in a shorter or longer lease
-//! than etcd's. A `hold_at_least` is rounded up to whole seconds.
+//! than etcd's. A `hold_at_least` is kept to the millisecond: its entry
+//! moves to a lease of its own, of whole seconds and at least the
+//! cluster's minimum, which this process revokes when the linger ends; the
+//! lease's own expiry only ends it when the process is gone by then (up to
+//! the cluster's minimum, or a second, later).
 //!
 //! # TLS
 //!

@@ -1,6 +1,7 @@
 //! The cases of the contract, one public async fn each.
 
 use super::*;
+use std::time::Instant;
 
 /// Only one holder at a time; a repeated attempt by the holder's token gets
 /// the same answer; a refusal says how long the lease has left.
@@ -163,21 +164,42 @@ pub async fn only_the_holder_renews_or_releases(store: &Clients) {
     assert!(next.release(Duration::ZERO).await.unwrap());
 }
 
-/// A release with a linger keeps the lease for that long, then frees it.
+/// A release with a linger keeps the lease for that long, then frees it
+/// within a fraction of a second: a linger is kept to the millisecond on
+/// every store, never rounded up to a coarser unit of its ttls.
 pub async fn a_lingering_release_keeps_the_lease_that_long(store: &Clients) {
     store
         .needs("a_lingering_release_keeps_the_lease_that_long")
         .await;
     let key = unique_key("contract");
     let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
-    let linger = short_ttl(store.caps()) * 4;
+    let linger = Duration::from_millis(250);
+    let released_at = Instant::now();
     assert!(lease.release(linger).await.unwrap());
     let left = refused(attempt(&store.b, &key, LockToken::random(), TTL).await);
     if let Some(left) = left {
-        assert!(left <= linger, "{left:?}");
+        // A store that counts leases in coarser units says so in them.
+        let unit = store.caps().ttl_granularity;
+        assert!(
+            left <= unit.mul_f64(linger.div_duration_f64(unit).ceil()),
+            "{left:?}"
+        );
     }
-    tokio::time::sleep(linger * 2).await;
-    let (mut next, _) = granted(attempt(&store.b, &key, LockToken::random(), TTL).await);
+    // Asked again every 20 ms until granted: when it frees is the point.
+    let mut next = loop {
+        match attempt(&store.b, &key, LockToken::random(), TTL).await {
+            Acquire::Acquired { lease, .. } => break lease,
+            Acquire::Held { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let freed = released_at.elapsed();
+    assert!(
+        freed >= linger,
+        "freed {freed:?} into a linger of {linger:?}"
+    );
+    // etcd's whole-second leases would free it after a second or more.
+    let bound = linger + Duration::from_millis(750);
+    assert!(freed < bound, "a linger of {linger:?} held {freed:?}");
     assert!(next.release(Duration::ZERO).await.unwrap());
 }
 
