@@ -35,20 +35,24 @@
 //!
 //! # Statements
 //!
-//! Every operation is one statement and one round trip, with the key and
-//! token as parameters (never spliced into the SQL), timed by the server's
-//! clock (`UTC_TIMESTAMP(6)`, constant within a statement), never the
-//! client's, and each runs on its own pooled connection with autocommit:
-//! never inside a transaction of the caller's.
+//! Every operation is one statement and one round trip (a first attempt
+//! at a key found held takes two: see acquire), with the key and token as
+//! parameters (never spliced into the SQL), timed by the server's clock
+//! (`UTC_TIMESTAMP(6)`, constant within a statement), never the client's,
+//! and each runs on its own pooled connection with autocommit: never
+//! inside a transaction of the caller's.
 //!
-//! - acquire is one `INSERT ... ON DUPLICATE KEY UPDATE`: it inserts the
-//!   key's row, takes over an expired one, or renews the same token's
-//!   lease (a retried acquire), and answers through `LAST_INSERT_ID(expr)`,
-//!   which the server sends back in its OK packet: the fencing value when
-//!   granted; when refused, a value with the top bit set that says how the
-//!   key is held and how long its holder has left. The answer never rests
-//!   on affected-row counts, which mean "found" or "changed" as the
-//!   connection's flags say.
+//! - acquire is a plain `INSERT` of the key's row when the key is not
+//!   known to be in demand (a free key has no row), which costs the server
+//!   less than an upsert. When that finds a row, or at once for a key known
+//!   to be contended, it is one `INSERT ... ON DUPLICATE KEY UPDATE`: it
+//!   inserts the key's row, takes over an expired one, or renews the same
+//!   token's lease (a retried acquire), and answers through
+//!   `LAST_INSERT_ID(expr)`, which the server sends back in its OK packet:
+//!   the fencing value when granted; when refused, a value with the top
+//!   bit set that says how the key is held and how long its holder has
+//!   left. The answer never rests on affected-row counts, which mean
+//!   "found" or "changed" as the connection's flags say.
 //! - renew, release and hand-over are owner-checked by token; a release
 //!   deletes the row, or shortens its expiry when it must linger
 //!   (`hold_at_least`); a hand-over moves the row to a new token with a new
@@ -131,6 +135,8 @@ const CAPABILITIES: Capabilities = Capabilities::new("mysql")
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// A row lock not granted within `innodb_lock_wait_timeout`.
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// An `INSERT` of a row id that exists.
+const ER_DUP_ENTRY: u16 = 1062;
 
 /// How often an acquire asks again at once when the server rolled it back
 /// (a deadlock between two first inserts of one key).
@@ -314,12 +320,15 @@ fn closed(err: &StoreError) -> bool {
 /// Whether the server rolled the statement back for a deadlock or a lock
 /// wait: the key is busy; asking again is safe.
 fn rolled_back(err: &StoreError) -> bool {
-    err.get_ref()
-        .downcast_ref::<mysql_async::Error>()
-        .is_some_and(|err| {
-            matches!(err, mysql_async::Error::Server(server)
-                if matches!(server.code, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT))
-        })
+    server_code(err).is_some_and(|code| matches!(code, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT))
+}
+
+/// The server's error code, when the server refused the statement.
+fn server_code(err: &StoreError) -> Option<u16> {
+    match err.get_ref().downcast_ref::<mysql_async::Error>()? {
+        mysql_async::Error::Server(server) => Some(server.code),
+        _ => None,
+    }
 }
 
 /// What the `lock_key` column keeps of `key`: its first 255 bytes.
@@ -346,6 +355,35 @@ impl MySqlStore {
         let id = row_id(request.key);
         let token = request.token.to_string();
         let ttl = micros(request.ttl);
+        let granted = |fencing| Acquire::Acquired {
+            fencing,
+            lease: Box::new(MySqlLease {
+                shared: self.shared.clone(),
+                id,
+                token: request.token,
+                ttl: request.ttl,
+                one_of_many: false,
+            }),
+        };
+        if !request.hints.contended {
+            // A key not known to be in demand most often has no row: a
+            // plain insert takes it. A row (held, lingering, expired, or
+            // ours from an attempt whose answer was lost) makes it fail
+            // with nothing written, and the upsert below decides.
+            let insert = &self.shared.statements.insert;
+            let once = || {
+                let params = (&id[..], shown_key(request.key), token.as_str(), ttl);
+                self.shared.exec_id(insert, params)
+            };
+            match self.shared.again_if_closed(once).await {
+                Ok(fencing) => {
+                    let fencing = fencing.ok_or("the insert set no LAST_INSERT_ID")?;
+                    return Ok(granted(fencing));
+                }
+                Err(err) if server_code(&err) == Some(ER_DUP_ENTRY) || rolled_back(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
         let params = || {
             Params::Positional(vec![
                 (&id[..]).into(),
@@ -379,16 +417,7 @@ impl MySqlStore {
             }
         };
         if answer < HELD {
-            return Ok(Acquire::Acquired {
-                fencing: answer,
-                lease: Box::new(MySqlLease {
-                    shared: self.shared.clone(),
-                    id,
-                    token: request.token,
-                    ttl: request.ttl,
-                    one_of_many: false,
-                }),
-            });
+            return Ok(granted(answer));
         }
         let (kind, remaining) = sql::held(answer);
         let held = match kind {
