@@ -274,7 +274,15 @@ impl Shared {
         let (token, statement) = (token.as_str(), &self.statements.unclaim);
         let once = move || async move {
             let params = (&id[..], token, micros(by), release);
-            let done: Option<i64> = self.first(statement, params).await?;
+            // A call the server rolled back (a deadlock with a claimer)
+            // did nothing: sent again.
+            let mut tries = 0;
+            let done: Option<i64> = loop {
+                match self.first(statement, params).await {
+                    Err(err) if rolled_back(&err) && tries < DEADLOCKS_RETRIED => tries += 1,
+                    other => break other?,
+                }
+            };
             Ok(done == Some(1))
         };
         // A renewal's repeat answers as the first did; a release's would
@@ -448,9 +456,22 @@ impl MySqlStore {
                 request.hints.waits.into(),
             ])
         };
-        // A repeat by the same token answers as the first did.
+        // A repeat by the same token answers as the first did, also after
+        // the server rolled the call back (a deadlock between claimers).
         let once = || self.shared.first(&self.shared.statements.claim, params());
-        let row: Option<(i64, u64, Option<String>)> = self.shared.again_if_closed(once).await?;
+        let mut tries = 0;
+        let row: Option<(i64, u64, Option<String>)> = loop {
+            match self.shared.again_if_closed(once).await {
+                Err(err) if rolled_back(&err) && tries < DEADLOCKS_RETRIED => tries += 1,
+                Err(err) if rolled_back(&err) => {
+                    // Busy with other claimers: ask again soon.
+                    return Ok(Acquire::Held {
+                        remaining: Some(Duration::ZERO),
+                    });
+                }
+                other => break other?,
+            }
+        };
         let (answer, value, held) = row.ok_or("the claim procedure returned no row")?;
         match answer {
             1 => Ok(Acquire::Acquired {
