@@ -93,7 +93,7 @@ def resolve(path: str, here: tuple, modules: set):
 # that matches a module wins). A module may import its own layer and the
 # layers listed for it.
 LAYERS = [
-    ("api", lambda m: m == () or m[0] in ("registry", "guard", "lock_all", "task_locks", "private", "options", "section")),
+    ("api", lambda m: m == () or m[0] in ("registry", "guard", "lock_all", "task_locks", "private", "options", "section", "job")),
     ("engine", lambda m: m[0] in ("acquire", "local_queue", "renewal", "telemetry")),
     ("common", lambda m: m[:2] == ("store", "common")),
     ("store", lambda m: m[0] == "store" and len(m) > 1 and m[1] in STORES),

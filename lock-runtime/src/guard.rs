@@ -303,6 +303,19 @@ impl LockGuard {
         }
     }
 
+    /// Releases the lock, keeping its lease `linger` from now (however
+    /// long: a job's fire marks outlive any ttl); only on stores with a
+    /// linger ([`Capabilities::linger`](crate::store::Capabilities::linger)).
+    pub(crate) async fn release_lingering(mut self, linger: Duration) -> Result<(), LockError> {
+        match self.held.take() {
+            Some(mut held) => {
+                held.hold_until = Some(Instant::now() + linger);
+                held.release().await
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The lock's `distributed_lock` span (from the wait to the release;
     /// see the crate's docs on observability): instrument work done under
     /// the lock with it to see that work inside the lock in traces.

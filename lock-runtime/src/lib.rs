@@ -83,6 +83,10 @@
 //!   `_hand_overs_total`, and the histograms `distributed_lock_wait_seconds`
 //!   and `distributed_lock_hold_seconds`. Install the recorder before the
 //!   first lock: each name's metrics are registered at its first lock.
+//!   Scheduled jobs count their fires in
+//!   `distributed_lock_job_fires_total`, labelled by `job` and `outcome`
+//!   ([`FireOutcome::label`](job::FireOutcome::label)): each replica counts
+//!   what it saw, one replica counts a fire `missed`.
 //! - `testkit`: the store contract as tests (`store_contract!`), for a
 //!   store of your own.
 //!
@@ -93,6 +97,30 @@
 //! finish or undo a step takes `on_lost = "notify"`
 //! ([`LockOptions::on_lost`]): it runs on, learns of the loss from [`lost`]
 //! or [`is_lost`], and the call still returns `Lost`.
+//!
+//! # Scheduled jobs
+//!
+//! A job that every replica schedules and one runs per fire is a
+//! [`job::Job`]: each fire is a lock of its own, named by its scheduled
+//! instant, so a replica whose clock is late finds it taken, no lock timing
+//! is left to choose, and a fire nobody ran is reported missed:
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_runtime::LockRegistry;
+//! use lock_runtime::job::{Job, Schedule};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! let registry = LockRegistry::memory();
+//! let cleanup = Job::new("cleanup", Schedule::every(Duration::from_secs(600)))
+//!     .spawn(&registry, |fire| async move {
+//!         println!("cleaning up for the fire at {:?}", fire.at());
+//!     })?;
+//! cleanup.stop().await;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Recipes
 //!
@@ -208,6 +236,8 @@ mod acquire;
 mod local_queue;
 mod renewal;
 mod telemetry;
+// Scheduled jobs that run once per fire.
+pub mod job;
 // The contract, and the stores under it.
 pub mod store;
 

@@ -286,6 +286,20 @@ pub(crate) fn hold_ended(labels: Labels, started_at: tokio::time::Instant) {
     let _ = (labels, started_at);
 }
 
+/// Records what happened to a fire of the scheduled job `job`, as this
+/// replica saw it (`outcome`: [`FireOutcome::label`](crate::job::FireOutcome::label)).
+pub(crate) fn job_fire(job: &str, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "distributed_lock_job_fires_total",
+        "job" => job.to_owned(),
+        "outcome" => outcome
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (job, outcome);
+}
+
 /// Records a renewal that did not extend the lease.
 pub(crate) fn renewal_failed(labels: Labels) {
     #[cfg(feature = "metrics")]
