@@ -2,6 +2,8 @@
 //! processes of the `lock-worker` binary: they lock through `lock_url` and
 //! race on shared data in the Redis at `data_url`.
 
+mod jobs;
+
 use std::time::{Duration, Instant};
 
 use lock_runtime::LockRegistry;
@@ -498,5 +500,19 @@ macro_rules! process_scenarios {
                 processes.$scenario();
             }
         )*
+    };
+}
+
+/// One `#[test]` per scheduled-job scenario every store passes (see
+/// [`Processes`]), each on fresh servers from `setup()` as in
+/// [`process_scenarios!`](crate::process_scenarios).
+#[macro_export]
+macro_rules! job_scenarios {
+    ($setup:path) => {
+        $crate::process_scenarios!(
+            $setup:
+            scheduled_jobs_run_each_fire_once_and_overlap_as_chosen,
+            a_killed_runner_and_frozen_replicas_leave_fires_missed_never_run_twice,
+        );
     };
 }

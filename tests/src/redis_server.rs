@@ -299,7 +299,8 @@ impl RedisServer {
         crate::server_process::kill(&mut self.child);
     }
 
-    /// Starts the server again on the same port, empty.
+    /// Starts the server again on the same port: empty, or with its data
+    /// if it is [`persistent`](Self::persistent).
     pub fn restart(&mut self) {
         self.kill();
         for _ in 0..3 {

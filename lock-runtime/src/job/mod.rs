@@ -9,6 +9,13 @@
 //! choose: how long a fire's lock is kept after its run follows from the
 //! schedule and the skew.
 //!
+//! A fire runs at most once. The replica that takes a fire's lock marks
+//! it started (`job:{name}:{instant}:started`, a mark whose own lease
+//! lasts as long as the fire's marks, so it outlives a frozen replica)
+//! before it runs the body; a replica that takes the lock later, after
+//! the runner died or was frozen past its lease, finds the mark and does
+//! not run the fire again. Such a fire is reported missed (below).
+//!
 //! What happens to each fire is reported once per replica that saw it
 //! (ran, taken elsewhere, skipped for overlap, store unreachable), and a
 //! fire that no replica ran to its end is reported missed, once across all
@@ -161,8 +168,9 @@ pub enum FireOutcome {
     Done,
     /// This replica ran the body, which returned an error (its text).
     Failed(String),
-    /// This replica ran the body and lost the fire's lock meanwhile (the
-    /// body was cancelled at its next `.await`).
+    /// This replica ran the body and lost the fire's lock meanwhile: the
+    /// body was cancelled at its next `.await`, or ended after the lock's
+    /// lease had run out (the replica was frozen, say).
     Lost,
     /// This replica ran the body and the job was cancelled
     /// ([`JobHandle::cancel`]) before it ended.
@@ -226,6 +234,10 @@ pub enum FireState {
     /// A replica holds it: its run is going on (or its runner died and
     /// its lease has not run out).
     Running,
+    /// A replica started its run, which ended without marking it (its
+    /// runner died, or lost the fire's lock): it is not run again, and is
+    /// reported missed once its attempts are over.
+    Interrupted,
     /// Settled: its run ended, or it was reported missed.
     Settled,
 }
@@ -359,6 +371,10 @@ impl Job {
         format!("{}:done", self.fire_key(fire))
     }
 
+    fn started_key(&self, fire: SystemTime) -> String {
+        format!("{}:started", self.fire_key(fire))
+    }
+
     fn running_key(&self) -> String {
         format!("job:{}:running", self.name)
     }
@@ -386,8 +402,11 @@ impl Job {
         if registry.inspect(&self.done_key(fire)).await?.is_some() {
             return Ok(FireState::Settled);
         }
-        Ok(match registry.inspect(&self.fire_key(fire)).await? {
-            Some(_) => FireState::Running,
+        if registry.inspect(&self.fire_key(fire)).await?.is_some() {
+            return Ok(FireState::Running);
+        }
+        Ok(match registry.inspect(&self.started_key(fire)).await? {
+            Some(_) => FireState::Interrupted,
             None => FireState::Open,
         })
     }
@@ -500,29 +519,60 @@ impl Job {
     }
 
     /// Marks the fire settled (its `:done` key) and releases its lock,
-    /// both kept until the fire's marks may be looked at.
+    /// both kept until the fire's marks may be looked at;
+    /// [`LockError::Lost`] when the lock was lost meanwhile.
     async fn settle_and_release(
         &self,
         registry: &LockRegistry,
         fire: SystemTime,
         next: SystemTime,
         guard: LockGuard,
-    ) {
-        let until = self.keep_until(fire, next);
+    ) -> Result<(), LockError> {
+        let linger = self.linger(fire, next);
+        let _ = self.mark(registry, &self.done_key(fire), linger).await;
+        guard.release_lingering(linger).await
+    }
+
+    /// How long a fire's marks are kept from now: until
+    /// [`keep_until`](Self::keep_until), and at least a period and twice
+    /// the skew, so a run that ends late is still seen ended by the
+    /// replicas looking.
+    fn linger(&self, fire: SystemTime, next: SystemTime) -> Duration {
         let period = next.duration_since(fire).unwrap_or_default();
-        // Kept at least a period and twice the skew from now, so a run
-        // that ends late is still seen ended by the replicas looking.
-        let linger = until
+        self.keep_until(fire, next)
             .duration_since(self.now())
             .unwrap_or_default()
-            .max(period + self.max_skew * 2);
-        if let Ok(Some(done)) = registry
-            .try_lock(&self.done_key(fire), self.options())
-            .await
-        {
-            let _ = done.release_lingering(linger).await;
+            .max(period + self.max_skew * 2)
+    }
+
+    /// Marks `key` for `linger` from now: a lock taken with a lease that
+    /// long (not renewed; up to one of the store's ttl units longer), so a replica frozen between taking and
+    /// releasing it still leaves it marked. `false` when it was marked
+    /// already.
+    async fn mark(
+        &self,
+        registry: &LockRegistry,
+        key: &str,
+        linger: Duration,
+    ) -> Result<bool, LockError> {
+        // The lease: `linger`, rounded up to the unit the store counts
+        // ttls in.
+        let unit = registry
+            .store()
+            .capabilities()
+            .ttl_granularity
+            .as_nanos()
+            .max(1);
+        let nanos = linger.as_nanos().div_ceil(unit).max(1) * unit;
+        let ttl = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let options = self.options().ttl(ttl).watchdog(false);
+        match registry.try_lock(key, options).await? {
+            Some(mark) => {
+                let _ = mark.release_lingering(linger).await;
+                Ok(true)
+            }
+            None => Ok(false),
         }
-        let _ = guard.release_lingering(linger).await;
     }
 }
 
@@ -598,18 +648,31 @@ async fn attempt<F, Fut>(
     let most = (period / 8).clamp(Duration::from_millis(10), Duration::from_secs(2));
     let mut backoff = Duration::from_millis(20).min(most);
     let guard = loop {
-        match registry.try_lock(&key, job.options()).await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) => return job.report(fire, None, FireOutcome::TakenElsewhere),
-            Err(err @ LockError::Store { .. }) => {
-                if job.now() + backoff >= next {
-                    return job.report(fire, None, FireOutcome::Unreachable(err.to_string()));
+        let err = match registry.try_lock(&key, job.options()).await {
+            // Held now, or started before by a replica that lost it (its
+            // runner died or was frozen past its lease): a fire runs once.
+            Ok(Some(guard)) => match job
+                .mark(&registry, &job.started_key(fire), job.linger(fire, next))
+                .await
+            {
+                Ok(true) => break guard,
+                Ok(false) => {
+                    let _ = guard.release().await;
+                    return job.report(fire, None, FireOutcome::TakenElsewhere);
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(most);
-            }
-            Err(err) => return job.report(fire, None, FireOutcome::Unreachable(err.to_string())),
+                Err(err) => {
+                    let _ = guard.release().await;
+                    err
+                }
+            },
+            Ok(None) => return job.report(fire, None, FireOutcome::TakenElsewhere),
+            Err(err) => err,
+        };
+        if !matches!(err, LockError::Store { .. }) || job.now() + backoff >= next {
+            return job.report(fire, None, FireOutcome::Unreachable(err.to_string()));
         }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(most);
     };
     let running = match job.overlap {
         Overlap::Allow => None,
@@ -630,7 +693,7 @@ async fn attempt<F, Fut>(
             match taken {
                 Ok(Some(guard)) => Some(guard),
                 Ok(None) => {
-                    job.settle_and_release(&registry, fire, next, guard).await;
+                    let _ = job.settle_and_release(&registry, fire, next, guard).await;
                     return job.report(fire, None, FireOutcome::SkippedOverlap);
                 }
                 Err(err) => {
@@ -657,7 +720,15 @@ async fn attempt<F, Fut>(
     if let Some(running) = running {
         let _ = running.release().await;
     }
-    job.settle_and_release(&registry, fire, next, guard).await;
+    let released = job.settle_and_release(&registry, fire, next, guard).await;
+    // A run that ended after its lease ran out (its replica frozen, say)
+    // was not alone to its end.
+    let outcome = match (outcome, released) {
+        (FireOutcome::Done | FireOutcome::Failed(_), Err(LockError::Lost { .. })) => {
+            FireOutcome::Lost
+        }
+        (outcome, _) => outcome,
+    };
     job.report(fire, Some((started, ended)), outcome);
 }
 
@@ -682,7 +753,7 @@ async fn settle(job: Arc<Job>, registry: LockRegistry, fire: SystemTime, next: S
             Ok(Some(_)) => return,
             Ok(None) => {
                 if let Ok(Some(guard)) = registry.try_lock(&fire_key, job.options()).await {
-                    job.settle_and_release(&registry, fire, next, guard).await;
+                    let _ = job.settle_and_release(&registry, fire, next, guard).await;
                     return job.report(fire, None, FireOutcome::Missed);
                 }
                 // Held: running, or its runner is gone and its lease not

@@ -336,6 +336,114 @@ async fn soak_pair(a: &str, b: &str, body: &SoakBody<'_>) {
     body.run(&[a.to_owned(), b.to_owned()]).await;
 }
 
+/// One run of a scheduled job's fire: says in the data store when it
+/// started (with how many runs of the job were inside then, itself
+/// included) and ended, and takes `run` in between.
+async fn job_run(
+    conn: &mut MultiplexedConnection,
+    job: &str,
+    fire: &lock_runtime::job::Fire,
+    run: Duration,
+) -> redis::RedisResult<()> {
+    let (fire, pid) = (epoch_ms(fire.at()), std::process::id());
+    let id = format!("{fire}-{pid}");
+    let (runs, inside) = (format!("jobs:{job}:runs"), format!("jobs:{job}:inside"));
+    let count = enter(conn, &inside, &id).await?;
+    let _: i64 = conn
+        .rpush(&runs, format!("start {fire} {pid} {} {count}", now_ms()))
+        .await?;
+    tokio::time::sleep(run).await;
+    let _: i64 = conn.srem(&inside, &id).await?;
+    let _: i64 = conn
+        .rpush(&runs, format!("end {fire} {pid} {}", now_ms()))
+        .await?;
+    Ok(())
+}
+
+fn epoch_ms(at: SystemTime) -> u128 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+/// The `job` scenario: this replica runs the jobs `specs` names
+/// (`suffix:overlap:run_ms,...`, each the job `NAME-suffix`) every
+/// `period`, its clock `offset_ms` off, for `seconds`; prints each report.
+async fn run_jobs(
+    name: &str,
+    period: Duration,
+    offset_ms: i64,
+    seconds: u64,
+    specs: &str,
+    data: &redis::Client,
+) -> Result<(), LockError> {
+    use lock_runtime::job::{Fire, Job, Overlap, Schedule};
+    let registry = lock_runtime::registry()?;
+    let conn = connection(data).await;
+    let offset = Duration::from_millis(offset_ms.unsigned_abs());
+    let mut handles = Vec::new();
+    for spec in specs.split(',') {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let [suffix, overlap, run_ms] = parts[..] else {
+            panic!("a job spec is suffix:overlap:run_ms, not {spec}");
+        };
+        let overlap = match overlap {
+            "allow" => Overlap::Allow,
+            "skip" => Overlap::Skip,
+            "wait" => Overlap::Wait,
+            other => panic!("unknown overlap {other}"),
+        };
+        let run = Duration::from_millis(run_ms.parse().expect("run ms"));
+        let job_name = format!("{name}-{suffix}");
+        let job = Job::new(job_name.clone(), Schedule::every(period))
+            .overlap(overlap)
+            .ttl(Duration::from_secs(1))
+            .max_skew(Duration::from_secs(1))
+            .replica(std::process::id().to_string())
+            .clock(move || {
+                if offset_ms < 0 {
+                    SystemTime::now() - offset
+                } else {
+                    SystemTime::now() + offset
+                }
+            })
+            .on_report(|report| {
+                println!(
+                    "report job={} fire={} replica={} outcome={}",
+                    report.job,
+                    epoch_ms(report.fire),
+                    report.replica,
+                    report.outcome.label()
+                );
+            });
+        let conn = conn.clone();
+        let job_name: std::sync::Arc<str> = job_name.into();
+        handles.push(job.spawn(registry, move |fire: Fire| {
+            let (mut conn, job_name) = (conn.clone(), job_name.clone());
+            async move { job_run(&mut conn, &job_name, &fire, run).await }
+        })?);
+    }
+    println!("started at_ms={}", now_ms());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    println!("stopping at_ms={}", now_ms());
+    for handle in handles {
+        handle.stop().await;
+    }
+    println!("done");
+    Ok(())
+}
+
+/// A ShedLock-style scheduled task: one fixed key, skip mode, held at
+/// least 1 s.
+#[distributed_lock(key = "{key}", mode = "skip", ttl = "30s", hold_at_least = "1s")]
+async fn tick(conn: &mut MultiplexedConnection, key: &str, tick: u128) -> redis::RedisResult<()> {
+    let _: i64 = conn
+        .rpush(
+            format!("ticks:{key}:runs"),
+            format!("{tick} {}", std::process::id()),
+        )
+        .await?;
+    Ok(())
+}
+
 /// The name of `err`'s variant, as the soak's history writes it.
 fn error_kind(err: &LockError) -> String {
     let debug = format!("{err:?}");
@@ -710,6 +818,33 @@ async fn main() -> Result<(), LockError> {
                 handle.await.expect("task");
             }
             println!("done");
+        }
+        "job" => {
+            // job URL NAME PERIOD_MS OFFSET_MS SECONDS SPECS
+            let period = Duration::from_millis(arg(&args, 4, "period ms").parse().expect("ms"));
+            let offset: i64 = arg(&args, 5, "clock offset ms").parse().expect("offset");
+            let secs: u64 = arg(&args, 6, "seconds").parse().expect("seconds");
+            let specs = arg(&args, 7, "job specs");
+            run_jobs(&key, period, offset, secs, &specs, &data).await?;
+        }
+        "ticks" => {
+            // ticks URL KEY PERIOD_MS FIRST_MS TICKS: at FIRST_MS and every
+            // PERIOD_MS after, by the wall clock, the task `tick`.
+            let period: u128 = arg(&args, 4, "period ms").parse().expect("ms");
+            let first: u128 = arg(&args, 5, "first tick ms").parse().expect("ms");
+            let ticks: u128 = arg(&args, 6, "ticks").parse().expect("ticks");
+            let mut conn = connection(&data).await;
+            let mut ran = 0;
+            for n in 0..ticks {
+                let at = first + n * period;
+                let wait = at.saturating_sub(now_ms());
+                tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+                if let Some(result) = tick(&mut conn, &key, at).await? {
+                    result.expect("redis data command");
+                    ran += 1;
+                }
+            }
+            println!("done ran={ran}");
         }
         "wait-12s" => {
             let options =

@@ -140,3 +140,34 @@ fn waiting_processes_get_the_lock_in_the_order_they_queued() {
         "not in queue order: {acquired_at:?}"
     );
 }
+
+/// The scheduled-job scenarios on three members.
+fn three() -> (Servers, Processes) {
+    let servers = Servers::new(3);
+    let processes = servers.shared();
+    (servers, processes)
+}
+
+lock_tests::job_scenarios!(three);
+
+/// The leader killed while a fire is due: the fire runs once, on the
+/// leader the others elect.
+#[test]
+fn a_fire_due_while_the_leader_is_killed_runs_once_late() {
+    let (mut servers, processes) = three();
+    processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(3), false, || {
+        let leader = servers.locks.leader().expect("a leader");
+        servers.locks.kill(leader);
+        lock_tests::wait_until_blocking("a new leader", Duration::from_secs(10), || {
+            servers.locks.leader().is_some()
+        });
+    });
+}
+
+/// The task of the issue that found `hold_at_least` rounded up to whole
+/// seconds here: three replicas, a 2 s schedule, a 1 s hold.
+#[test]
+fn a_task_held_at_least_1s_on_2s_ticks_runs_every_tick_once() {
+    let (_servers, processes) = three();
+    processes.a_task_held_at_least_1s_on_2s_ticks_runs_every_tick_once(8);
+}

@@ -1,6 +1,8 @@
 //! Many real OS processes (`lock-worker`) locking through one MariaDB
 //! server; the data they race on lives in a Redis server.
 
+use std::time::Duration;
+
 use lock_runtime::LockRegistry;
 use lock_tests::processes::{Processes, WithData};
 use lock_tests::{MariaDbServer, process_scenarios};
@@ -37,5 +39,15 @@ fn a_lease_row_deleted_under_a_running_body_cancels_it() {
             .locks
             .sql("DELETE FROM locks.lock_leases; SELECT ROW_COUNT()");
         assert_eq!(deleted, "1");
+    });
+}
+
+lock_tests::job_scenarios!(shared);
+
+#[test]
+fn a_fire_due_while_the_server_restarts_runs_once_late() {
+    let (mut servers, processes) = shared();
+    processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(5), true, || {
+        servers.locks.restart();
     });
 }

@@ -195,16 +195,19 @@ async fn sessions_killed_with_pg_terminate_backend_are_replaced() {
     );
     assert_ne!(killed, "0", "sessions were killed");
     // A statement on a killed session fails; the next one gets a new one.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a
-        .try_lock(&unique_key("probe"), LockOptions::default())
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "statement connections not replaced"
-        );
+    // Both registries lost theirs: each is probed until it has a new one.
+    for registry in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while registry
+            .try_lock(&unique_key("probe"), LockOptions::default())
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "statement connections not replaced"
+            );
+        }
     }
     let after = handoff(&server, &a, &b, &key).await;
     assert!(

@@ -204,3 +204,55 @@ fn now_ms() -> u128 {
         .unwrap()
         .as_millis()
 }
+
+/// The scheduled-job scenarios on one server (which also holds the data),
+/// a server restarted with its data (append-only, fsynced) while a fire
+/// is due, and the fault-free one on a cluster of three primaries and on
+/// a Sentinel group.
+mod jobs {
+    use super::*;
+    use lock_tests::{RedisCluster, RedisSentinels};
+
+    mod server {
+        lock_tests::job_scenarios!(super::super::shared);
+    }
+
+    fn cluster() -> ((RedisCluster, RedisServer), Processes) {
+        let (cluster, data) = (RedisCluster::spawn(3), RedisServer::new());
+        let processes = Processes::new(WORKER, &cluster.url(), &data.url());
+        ((cluster, data), processes)
+    }
+
+    mod cluster {
+        lock_tests::process_scenarios!(
+            super::cluster: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
+        );
+    }
+
+    fn sentinel() -> ((RedisSentinels, RedisServer), Processes) {
+        let (group, data) = (RedisSentinels::spawn(), RedisServer::new());
+        let processes = Processes::new(WORKER, &group.url(), &data.url());
+        ((group, data), processes)
+    }
+
+    mod sentinel {
+        lock_tests::process_scenarios!(
+            super::sentinel: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
+        );
+    }
+
+    #[test]
+    fn a_fire_due_while_the_server_restarts_runs_once_late() {
+        let (mut server, data) = (RedisServer::persistent(), RedisServer::new());
+        let processes = Processes::new(WORKER, &server.url(), &data.url());
+        processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(2), true, || {
+            server.restart()
+        });
+    }
+
+    #[test]
+    fn a_task_held_at_least_1s_on_2s_ticks_runs_every_tick_once() {
+        let (_server, processes) = shared();
+        processes.a_task_held_at_least_1s_on_2s_ticks_runs_every_tick_once(6);
+    }
+}

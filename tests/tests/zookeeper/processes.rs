@@ -264,3 +264,28 @@ fn killing_the_leader_while_processes_contend_breaks_no_exclusion() {
         servers.locks.kill(leader);
     });
 }
+
+/// The scheduled-job scenarios on three servers.
+fn three() -> (Servers, Processes) {
+    let servers = Servers::new(3);
+    let processes = servers
+        .processes(Duration::from_secs(30))
+        .expiry_slack(EXPIRY_SLACK);
+    (servers, processes)
+}
+
+lock_tests::job_scenarios!(three);
+
+/// The leader killed while a fire is due: the fire runs once, through
+/// the leader the others elect.
+#[test]
+fn a_fire_due_while_the_leader_is_killed_runs_once_late() {
+    let (mut servers, processes) = three();
+    processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(4), false, || {
+        let leader = servers.locks.leader().expect("a leader");
+        servers.locks.kill(leader);
+        lock_tests::wait_until_blocking("a new leader", Duration::from_secs(15), || {
+            servers.locks.leader().is_some()
+        });
+    });
+}
