@@ -10,6 +10,7 @@
 mod errors;
 mod expand;
 mod input;
+mod job;
 mod key;
 mod parse;
 mod valid;
@@ -147,6 +148,51 @@ use proc_macro::TokenStream;
 /// itself, or another annotated function with the same key) is re-entrant:
 /// it runs at once under the outer lock and shares its fencing token.
 ///
+/// # Scheduled jobs
+///
+/// With `job = "name"` and a schedule, the attribute declares a job that
+/// every replica of a service runs and that runs once per fire across
+/// them (see `lock_runtime::job`): the `async fn` is the job's body, and
+/// takes nothing or the fire (`lock_runtime::job::Fire`, whose `at()` is
+/// the fire's scheduled instant). It becomes a plain function that starts
+/// the job on this replica, on the global registry (or `registry = ..`),
+/// and returns its `JobHandle`: keep it, and `stop()` it at shutdown.
+///
+/// ```
+/// use lock_runtime::job::Fire;
+/// use lock_runtime::{LockError, LockRegistry, distributed_lock};
+///
+/// #[distributed_lock(job = "nightly-report", every = "24h")]
+/// async fn nightly_report(fire: Fire) -> Result<(), std::io::Error> {
+///     println!("the report due at {:?}", fire.at());
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// lock_runtime::init(LockRegistry::memory())?;
+/// let report = nightly_report()?;
+/// // ... at shutdown: no new fires, a running one ends.
+/// report.stop().await;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// | argument | default | meaning |
+/// |---|---|---|
+/// | `job = "…"` | required | the job's name: the same on every replica; its fires' locks are `job:{name}:{instant}` |
+/// | `every = "1h"` | required | the period: fires at every whole multiple of it since the Unix epoch (UTC); a literal as above or a `Duration` expression |
+/// | `overlap = "allow"`, `"skip"` or `"wait"` | `"allow"` | what a fire does while another run of the job goes on |
+/// | `ttl = "30s"` | `"30s"` | a run's lease, renewed while it runs: how long a crashed runner holds the fire |
+/// | `max_skew = "2s"` | `"2s"` | the largest difference between replicas' clocks |
+/// | `registry = expr` | the global registry | the registry the job locks in |
+/// | `crate = "path"` | `::lock_runtime` | as above |
+///
+/// The lock's own arguments (`key`, `mode`, `hold_at_least`, ...) are
+/// refused here: each fire is a lock of its own, held while it runs and
+/// kept after it as long as the schedule and the skew need; no lock timing
+/// is left to choose.
+///
 /// # Errors
 ///
 /// - [`LockError::NotInitialized`] if `lock_runtime::init` was not called;
@@ -196,5 +242,9 @@ use proc_macro::TokenStream;
 /// [`LockError::Store`]: ../lock_runtime/enum.LockError.html#variant.Store
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::distributed_lock(args.into(), item.into()).into()
+    let (args, item) = (args.into(), item.into());
+    if job::is_job(&args) {
+        return job::expand(args, item).into();
+    }
+    expand::distributed_lock(args, item).into()
 }

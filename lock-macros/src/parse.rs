@@ -170,7 +170,12 @@ impl LockArgs {
 }
 
 /// Stores `value` in `slot` unless the argument was already given.
-fn set_once<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::Result<()> {
+pub(crate) fn set_once<T>(
+    slot: &mut Option<T>,
+    value: T,
+    span: Span,
+    name: &str,
+) -> syn::Result<()> {
     if slot.is_some() {
         return Err(syn::Error::new(
             span,
@@ -314,17 +319,7 @@ impl LockArgs {
         } else if lookahead.peek(Token![crate]) {
             let span = input.parse::<Token![crate]>()?.span;
             let lit = parse_value::<LitStr>(input)?;
-            lit.parse::<syn::Path>()
-                .map_err(|_| {
-                    syn::Error::new(
-                        lit.span(),
-                        format!(
-                            "invalid crate path {:?}; expected a path such as \"lock_runtime\"",
-                            lit.value()
-                        ),
-                    )
-                })
-                .and_then(|path| set_once(&mut args.krate, path, span, "crate"))
+            crate_path(&lit).and_then(|path| set_once(&mut args.krate, path, span, "crate"))
         } else if input.peek(Ident::peek_any) {
             let ident = input.call(Ident::parse_any)?;
             let expected = ARGUMENTS
@@ -341,6 +336,19 @@ impl LockArgs {
         };
         Ok(result)
     }
+}
+
+/// The path a `crate = ".."` argument names.
+pub(crate) fn crate_path(lit: &LitStr) -> syn::Result<syn::Path> {
+    lit.parse::<syn::Path>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid crate path {:?}; expected a path such as \"lock_runtime\"",
+                lit.value()
+            ),
+        )
+    })
 }
 
 /// Refuses a `permits` literal that is not a `u32`; its value's rules
@@ -399,7 +407,7 @@ fn skip_argument(input: ParseStream<'_>) -> syn::Result<()> {
 }
 
 /// Parses `= VALUE`.
-fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
+pub(crate) fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
     input.parse::<Token![=]>()?;
     input.parse()
 }
@@ -408,7 +416,7 @@ fn parse_value<T: Parse>(input: ParseStream<'_>) -> syn::Result<T> {
 /// error; a bad or duplicate value as the inner one, so parsing can go on.
 /// A string literal is checked now; any other expression must be a
 /// `Duration` (the compiler checks its type, the runtime its value).
-fn duration_arg(
+pub(crate) fn duration_arg(
     input: ParseStream<'_>,
     slot: &mut Option<DurationArg>,
     span: Span,

@@ -211,3 +211,38 @@ async fn a_bad_schedule_is_refused_naming_the_job() {
         "{said}"
     );
 }
+
+/// The store the attribute-form job below runs on, shared by its
+/// "replicas" (each call of the function is one).
+fn attribute_store() -> LockRegistry {
+    static STORE: std::sync::OnceLock<MemoryStore> = std::sync::OnceLock::new();
+    LockRegistry::new(STORE.get_or_init(MemoryStore::default).clone())
+}
+
+/// Each run of the attribute-form job, by fire.
+static ATTRIBUTE_RUNS: Mutex<BTreeMap<u128, u32>> = Mutex::new(BTreeMap::new());
+
+/// The attribute's job form: a function that starts the job.
+#[lock_runtime::distributed_lock(job = "attribute-form", every = "100ms", registry = attribute_store())]
+async fn attribute_form(fire: Fire) {
+    *ATTRIBUTE_RUNS
+        .lock()
+        .unwrap()
+        .entry(epoch_millis(fire.at()))
+        .or_default() += 1;
+}
+
+#[tokio::test]
+async fn the_attribute_form_starts_a_job_each_call_a_replica() {
+    let replicas = [attribute_form().unwrap(), attribute_form().unwrap()];
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for replica in replicas {
+        replica.stop().await;
+    }
+    let runs = ATTRIBUTE_RUNS.lock().unwrap().clone();
+    assert!(runs.len() >= 7, "{runs:?}");
+    assert!(runs.values().all(|&n| n == 1), "a fire run twice: {runs:?}");
+    // No fire between the first and the last was left out.
+    let (first, last) = (runs.keys().next().unwrap(), runs.keys().last().unwrap());
+    assert_eq!(runs.len() as u128, (last - first) / 100 + 1, "{runs:?}");
+}
