@@ -1,27 +1,28 @@
-//! The run-once scheduled job: K instances fire the same job on the same
-//! schedule, with clocks skewed by up to a second, and each tick must run
+//! The run-once scheduled job: K instances run the same job on the same
+//! schedule, with clocks skewed by up to a second, and each fire must run
 //! exactly once.
 //!
 //! ```sh
 //! cargo run -p examples --example scheduled_job                       # 3 instances as tasks, in memory
-//! cargo run -p examples --example scheduled_job -- --no-hold          # without hold_at_least: ticks run twice
 //! cargo run -p examples --example scheduled_job -- --redis redis://127.0.0.1:6379 --instances 4
 //! cargo run -p examples --example scheduled_job -- --postgres postgres://postgres@127.0.0.1/postgres
 //! cargo run -p examples --features etcd --example scheduled_job -- --etcd 127.0.0.1:2379
 //! cargo run -p examples --features zookeeper --example scheduled_job -- --zookeeper 127.0.0.1:2181
 //! ```
 //!
-//! The job is `mode = "skip"`: an instance that finds the lock held does not
-//! run it. Skipping alone is not enough: the job takes 100 ms, and an
-//! instance whose clock is 500 ms behind fires after it finished and would
-//! run it again. `hold_at_least = "1500ms"` keeps the lock past the skew, so
-//! the late instances skip. Ticks are 3 s apart.
+//! Each instance runs the job through `lock_runtime::job` (in a service,
+//! `#[distributed_lock(job = "nightly-report", every = "24h")]` declares
+//! the same; the example uses the runtime API to set each instance's clock
+//! behind). A fire is named by its scheduled instant, so an instance whose
+//! clock is a second behind finds the fire it is late for already taken,
+//! and no lock timing (`hold_at_least`) has to be chosen to cover the skew.
+//! Fires are 2 s apart; the job takes 100 ms.
 //!
 //! Options: `--instances K` (3), `--ticks N` (4), `--redis URL`,
-//! `--postgres URL`, `--etcd ENDPOINTS` or `--zookeeper CONNECT` (the lock
-//! store, which also keeps the ledger; instances become processes the example starts), `--no-hold`.
-//! Exits with status 1 if a tick ran other than once with `hold_at_least`
-//! on.
+//! `--postgres URL`, `--mysql URL`, `--etcd ENDPOINTS` or `--zookeeper
+//! CONNECT` (the lock store, which also keeps the ledger; instances become
+//! processes the example starts). Exits with status 1 if a fire ran other
+//! than once.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -29,11 +30,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use examples::{Error, STORE_FLAGS, StoreFlag};
-use lock_runtime::distributed_lock;
+use lock_runtime::job::{FireOutcome, Job, Schedule};
 use redis::AsyncCommands;
 
-/// Time between ticks.
-const PERIOD: Duration = Duration::from_secs(3);
+/// Time between fires.
+const PERIOD: Duration = Duration::from_secs(2);
 /// The largest clock skew between instances.
 const MAX_SKEW: Duration = Duration::from_secs(1);
 /// How long one run of the job takes.
@@ -44,7 +45,6 @@ struct Args {
     instances: usize,
     ticks: u64,
     store: StoreFlag,
-    hold: bool,
     /// In a process the example starts: its instance number, run id and start.
     instance: Option<(usize, String, u128)>,
 }
@@ -54,14 +54,12 @@ fn parse_args() -> Result<Args, Error> {
         instances: 3,
         ticks: 4,
         store: StoreFlag::Memory,
-        hold: true,
         instance: None,
     };
     args.store = examples::parse_flags("scheduled_job", |flag, value| {
         match flag {
             "--instances" => args.instances = value()?.parse()?,
             "--ticks" => args.ticks = value()?.parse()?,
-            "--no-hold" => args.hold = false,
             "--instance" => {
                 let (i, run, start) = (value()?.parse()?, value()?, value()?.parse()?);
                 args.instance = Some((i, run, start));
@@ -272,30 +270,6 @@ impl Ledger {
     }
 }
 
-/// The nightly report, run once per tick across all instances.
-#[distributed_lock(
-    key = "job:report:{run}",
-    mode = "skip",
-    ttl = "10s",
-    hold_at_least = "1500ms"
-)]
-async fn report(run: &str, tick: u64, instance: usize, ledger: &Ledger) -> Result<(), Error> {
-    tokio::time::sleep(JOB_TIME).await;
-    ledger.record(tick, instance, true).await
-}
-
-/// The same job with skip mode only: late instances run it again.
-#[distributed_lock(key = "job:report:{run}", mode = "skip", ttl = "10s")]
-async fn report_without_hold(
-    run: &str,
-    tick: u64,
-    instance: usize,
-    ledger: &Ledger,
-) -> Result<(), Error> {
-    tokio::time::sleep(JOB_TIME).await;
-    ledger.record(tick, instance, true).await
-}
-
 /// Instance `i`'s clock is behind by this much (evenly spread up to MAX_SKEW).
 fn skew(i: usize, instances: usize) -> Duration {
     MAX_SKEW * i as u32 / (instances as u32 - 1)
@@ -307,38 +281,69 @@ fn now_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// One instance: at each tick of its (skewed) clock, tries the job.
+/// One instance: runs the job `report:{run}` from `first_ms`, the first
+/// fire, for `args.ticks` fires, its clock behind by its skew. Each fire
+/// runs on the instance that takes it first; the others find it taken.
 async fn instance(
     i: usize,
     args: Args,
     run: String,
-    start_ms: u128,
+    first_ms: u128,
     ledger: Ledger,
 ) -> Result<(), Error> {
     let skew = skew(i, args.instances);
-    for tick in 1..=args.ticks {
-        let fire_at = start_ms + ((tick - 1) as u128 * PERIOD.as_millis()) + skew.as_millis();
-        let wait = fire_at.saturating_sub(now_ms());
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        let ran = if args.hold {
-            report(&run, tick, i, &ledger).await?
-        } else {
-            report_without_hold(&run, tick, i, &ledger).await?
-        };
-        let what = match ran {
-            Some(result) => {
-                result?;
-                "ran the job"
-            }
-            None => {
-                ledger.record(tick, i, false).await?;
-                "skipped: the lock is held"
-            }
-        };
-        println!(
-            "  tick {tick}: instance #{i} (clock {} ms behind) {what}",
-            skew.as_millis()
-        );
+    let first = UNIX_EPOCH + Duration::from_millis(first_ms as u64);
+    let tick_of = move |fire: SystemTime| {
+        let since = fire.duration_since(first).unwrap_or_default();
+        since.as_millis() as u64 / PERIOD.as_millis() as u64 + 1
+    };
+    let taken: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let seen = Arc::clone(&taken);
+    let job = Job::new(format!("report:{run}"), Schedule::every(PERIOD))
+        .max_skew(MAX_SKEW)
+        .replica(format!("#{i}"))
+        .clock(move || SystemTime::now() - skew)
+        .on_report(move |report| {
+            let tick = tick_of(report.fire);
+            let what = match &report.outcome {
+                FireOutcome::Done => "ran the job".to_owned(),
+                FireOutcome::TakenElsewhere => {
+                    seen.lock().expect("taken").push(tick);
+                    "found it taken: skipped".to_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            println!(
+                "  tick {tick}: instance #{i} (clock {} ms behind) {what}",
+                skew.as_millis()
+            );
+        });
+    // Started once this instance's clock reads half a period before the
+    // first fire, and stopped half a period after the last.
+    let half = PERIOD.as_millis() / 2;
+    let start_at = first_ms - half + skew.as_millis();
+    tokio::time::sleep(Duration::from_millis(
+        start_at.saturating_sub(now_ms()) as u64
+    ))
+    .await;
+    let body_ledger = ledger.clone();
+    let handle = job.spawn(lock_runtime::registry()?, move |fire| {
+        let ledger = body_ledger.clone();
+        async move {
+            tokio::time::sleep(JOB_TIME).await;
+            ledger.record(tick_of(fire.at()), i, true).await
+        }
+    })?;
+    let last_ms = first_ms + (args.ticks as u128 - 1) * PERIOD.as_millis();
+    let stop_at = last_ms + half + skew.as_millis();
+    tokio::time::sleep(Duration::from_millis(
+        stop_at.saturating_sub(now_ms()) as u64
+    ))
+    .await;
+    handle.stop().await;
+    let taken = taken.lock().expect("taken").clone();
+    for tick in taken {
+        ledger.record(tick, i, false).await?;
     }
     Ok(())
 }
@@ -377,10 +382,14 @@ async fn main() -> Result<(), Error> {
             )
             .await?;
     }
-    // Leave the instances time to start before the first tick.
-    let start_ms = now_ms() + 500;
+    // The first fire at least a second away, to leave the instances time
+    // to start.
+    let start_ms = Schedule::every(PERIOD)
+        .next_after(SystemTime::now() + Duration::from_secs(1))
+        .duration_since(UNIX_EPOCH)?
+        .as_millis();
     println!(
-        "scheduled job: {} instances ({}), {} ticks {} s apart, clocks behind by {}, hold_at_least {}",
+        "scheduled job: {} instances ({}), {} ticks {} s apart, clocks behind by {}",
         args.instances,
         if args.store.is_shared() {
             format!("processes on {}", args.store.name())
@@ -393,7 +402,6 @@ async fn main() -> Result<(), Error> {
             .map(|i| format!("{} ms", skew(i, args.instances).as_millis()))
             .collect::<Vec<_>>()
             .join(", "),
-        if args.hold { "1500ms" } else { "OFF" }
     );
     if args.store.is_shared() {
         let exe = std::env::current_exe()?;
@@ -405,9 +413,6 @@ async fn main() -> Result<(), Error> {
                 .args(args.store.args())
                 .args(["--instances", &args.instances.to_string()])
                 .args(["--ticks", &args.ticks.to_string()]);
-            if !args.hold {
-                command.arg("--no-hold");
-            }
             children.push(command.spawn()?);
         }
         for mut child in children {
@@ -472,15 +477,10 @@ async fn main() -> Result<(), Error> {
             }
         );
     }
-    match (wrong, args.hold) {
-        (0, _) => println!("OK: every tick ran exactly once."),
-        (_, false) => println!(
-            "{wrong} tick(s) ran more than once without hold_at_least, as seed 003 describes."
-        ),
-        (_, true) => {
-            println!("FAILED: {wrong} tick(s) did not run exactly once.");
-            std::process::exit(1);
-        }
+    if wrong > 0 {
+        println!("FAILED: {wrong} tick(s) did not run exactly once.");
+        std::process::exit(1);
     }
+    println!("OK: every tick ran exactly once.");
     Ok(())
 }

@@ -122,6 +122,11 @@
 //! # }
 //! ```
 //!
+//! The attribute declares the same: `#[distributed_lock(job = "cleanup",
+//! every = "10m")]` on an `async fn` taking nothing or the [`job::Fire`]
+//! makes a function that starts the job and returns its
+//! [`job::JobHandle`] (see the attribute's docs).
+//!
 //! # Recipes
 //!
 //! **A job on at most N replicas.** Each tick, every replica tries; at most

@@ -140,13 +140,6 @@ fn scheduled_job_runs_each_tick_once_in_memory() {
     assert!(out.contains("OK: every tick ran exactly once."), "{out}");
 }
 
-#[test]
-fn scheduled_job_without_hold_at_least_runs_ticks_twice() {
-    let (ok, out) = run("scheduled_job", &["--ticks", "1", "--no-hold"]);
-    assert!(ok, "{out}");
-    assert!(out.contains("tick 1: ran by #0, #1, #2 (WRONG)"), "{out}");
-}
-
 /// The scheduled job as 3 processes on a store (`flag value`, named
 /// `backend` in the output): each of 2 ticks runs exactly once.
 fn scheduled_job_across_processes(flag: &str, value: &str, backend: &str) {
