@@ -1,5 +1,5 @@
 //! The attribute's scheduled-job form: `#[distributed_lock(job = "name",
-//! every = "1h")]` on an `async fn` that takes nothing or the fire, which
+//! every = "1h")]` (or `cron = ".."`) on an `async fn` that takes nothing or the fire, which
 //! becomes a function that starts the job on this replica
 //! (`lock_runtime::job::Job::spawn`) and returns its handle.
 
@@ -17,7 +17,7 @@ use crate::parse::{self, DurationArg};
 /// The arguments of the job form, in the order the error message lists
 /// them.
 const JOB_ARGUMENTS: &[&str] = &[
-    "job", "every", "overlap", "ttl", "max_skew", "registry", "crate",
+    "job", "every", "cron", "overlap", "ttl", "max_skew", "registry", "crate",
 ];
 
 /// Whether `args` is the job form: one of its arguments is `job = ..`.
@@ -45,6 +45,7 @@ enum Overlap {
 struct JobArgs {
     job: Option<LitStr>,
     every: Option<DurationArg>,
+    cron: Option<LitStr>,
     overlap: Option<Overlap>,
     ttl: Option<DurationArg>,
     max_skew: Option<DurationArg>,
@@ -73,6 +74,10 @@ impl Parse for JobArgs {
                     }
                 })?,
                 "every" => parse::duration_arg(input, &mut args.every, span, "every")?,
+                "cron" => {
+                    let lit = parse::parse_value::<LitStr>(input)?;
+                    parse::set_once(&mut args.cron, lit, span, "cron")
+                }
                 "ttl" => parse::duration_arg(input, &mut args.ttl, span, "ttl")?,
                 "max_skew" => parse::duration_arg(input, &mut args.max_skew, span, "max_skew")?,
                 "overlap" => {
@@ -165,18 +170,6 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
     let Some(name) = &args.job else {
         unreachable!("the job form has a `job` argument")
     };
-    let every = match &args.every {
-        Some(every) => Some(every),
-        None => {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                "a scheduled job needs its schedule, e.g. `every = \"1h\"`",
-            ));
-            None
-        }
-    };
-    let fire = errors.take(check_function(&func)).flatten();
-    let every = errors.or(every)?.expect("checked above");
     let krate = args
         .krate
         .as_ref()
@@ -188,6 +181,29 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
         }
         DurationArg::Expr(expr) => quote!(#expr),
     };
+    let schedule = match (&args.every, &args.cron) {
+        (Some(every), None) => {
+            let every = duration(every);
+            Some(quote!(#krate::job::Schedule::every(#every)))
+        }
+        (None, Some(cron)) => Some(quote!(#krate::job::Schedule::cron(#cron))),
+        (Some(_), Some(cron)) => {
+            errors.push(syn::Error::new(
+                cron.span(),
+                "a job has one schedule: `every = ..` or `cron = ..`, not both",
+            ));
+            None
+        }
+        (None, None) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "a scheduled job needs its schedule, e.g. `every = \"1h\"` or `cron = \"0 3 * * *\"`",
+            ));
+            None
+        }
+    };
+    let fire = errors.take(check_function(&func)).flatten();
+    let schedule = errors.or(schedule)?.expect("checked above");
     let mut settings = Vec::new();
     if let Some(overlap) = args.overlap {
         let variant = match overlap {
@@ -205,7 +221,6 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
         let skew = duration(skew);
         settings.push(quote!(.max_skew(#skew)));
     }
-    let every = duration(every);
     let registry = Ident::new("__job_registry", Span::mixed_site());
     let take_registry = match &args.registry {
         Some(expr) => quote!(let #registry = #krate::__private::registry_of(&#expr);),
@@ -241,7 +256,7 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
                 #stmts
             }
             #take_registry
-            #krate::job::Job::new(#name, #krate::job::Schedule::every(#every))
+            #krate::job::Job::new(#name, #schedule)
                 #(#settings)*
                 .spawn(&#registry, move |#argument: #krate::job::Fire| #call)
         }

@@ -181,7 +181,8 @@ use proc_macro::TokenStream;
 /// | argument | default | meaning |
 /// |---|---|---|
 /// | `job = "…"` | required | the job's name: the same on every replica; its fires' locks are `job:{name}:{instant}` |
-/// | `every = "1h"` | required | the period: fires at every whole multiple of it since the Unix epoch (UTC); a literal as above or a `Duration` expression |
+/// | `every = "1h"` | one of the two | the period: fires at every whole multiple of it since the Unix epoch (UTC); a literal as above or a `Duration` expression |
+/// | `cron = "0 3 * * *"` | one of the two | a cron expression, read in UTC (five fields, or six with seconds first); needs lock-runtime's `cron` feature; one that does not parse is refused when the job starts |
 /// | `overlap = "allow"`, `"skip"` or `"wait"` | `"allow"` | what a fire does while another run of the job goes on |
 /// | `ttl = "30s"` | `"30s"` | a run's lease, renewed while it runs: how long a crashed runner holds the fire |
 /// | `max_skew = "2s"` | `"2s"` | the largest difference between replicas' clocks |

@@ -246,3 +246,41 @@ async fn the_attribute_form_starts_a_job_each_call_a_replica() {
     let (first, last) = (runs.keys().next().unwrap(), runs.keys().last().unwrap());
     assert_eq!(runs.len() as u128, (last - first) / 100 + 1, "{runs:?}");
 }
+
+/// Each run of the cron-form job, by fire.
+static CRON_RUNS: Mutex<BTreeMap<u128, u32>> = Mutex::new(BTreeMap::new());
+
+/// The attribute's job form on a cron schedule: every second.
+#[lock_runtime::distributed_lock(job = "cron-form", cron = "* * * * * *", registry = attribute_store())]
+async fn cron_form(fire: Fire) {
+    *CRON_RUNS
+        .lock()
+        .unwrap()
+        .entry(epoch_millis(fire.at()))
+        .or_default() += 1;
+}
+
+#[tokio::test]
+async fn a_cron_schedule_fires_on_its_seconds_once_across_replicas() {
+    let replicas = [cron_form().unwrap(), cron_form().unwrap()];
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    for replica in replicas {
+        replica.stop().await;
+    }
+    let runs = CRON_RUNS.lock().unwrap().clone();
+    assert!(runs.len() >= 2, "{runs:?}");
+    assert!(runs.keys().all(|fire| fire % 1000 == 0), "{runs:?}");
+    assert!(runs.values().all(|&n| n == 1), "a fire run twice: {runs:?}");
+}
+
+#[tokio::test]
+async fn a_bad_cron_expression_is_refused_naming_the_job() {
+    let err = Job::new("bad-cron", Schedule::cron("61 * * * *"))
+        .spawn(&LockRegistry::memory(), |_| async {})
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("job:bad-cron") && said.contains("invalid cron expression \"61 * * * *\""),
+        "{said}"
+    );
+}

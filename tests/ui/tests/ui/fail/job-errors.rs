@@ -15,10 +15,14 @@ async fn two_arguments(a: u32, b: u32) {}
 #[distributed_lock(job = "e", every = "1h")]
 fn not_async() {}
 
+#[distributed_lock(job = "f", every = "1h", cron = "0 3 * * *")]
+async fn two_schedules() {}
+
 fn main() {
     let _ = with_a_key();
     let _ = without_a_schedule();
     let _ = bad_values();
     let _ = two_arguments();
     let _ = not_async();
+    let _ = two_schedules();
 }
