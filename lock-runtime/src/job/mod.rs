@@ -32,6 +32,35 @@
 //! marks it, so the others do not. A fire whose runner is still running
 //! (or died and its lease has not yet run out) is looked at again until
 //! one of the two is true.
+//!
+//! # From a scheduler you already run
+//!
+//! A service whose scheduler (tokio-cron-scheduler, say) already fires on
+//! every replica calls [`Job::run_fire`] from it, with the fire the
+//! schedule names ([`Schedule::nearest`] to the time of the call): the
+//! fire runs on one replica, and the others are told it was taken.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use lock_runtime::LockRegistry;
+//! use lock_runtime::job::{FireOutcome, Job, Schedule};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! let registry = LockRegistry::memory();
+//! let schedule = Schedule::every(Duration::from_secs(60));
+//! let job = Job::new("sweep", schedule.clone());
+//! // In the scheduler's callback, each minute:
+//! let fire = schedule.nearest(SystemTime::now());
+//! let outcome = job
+//!     .run_fire(&registry, fire, |fire| async move {
+//!         println!("sweeping for {:?}", fire.at());
+//!     })
+//!     .await?;
+//! assert_eq!(outcome, FireOutcome::Done);
+//! # Ok(())
+//! # }
+//! ```
 
 mod schedule;
 
@@ -426,6 +455,23 @@ impl Job {
         Fut: Future + Send + 'static,
         Fut::Output: FireResult,
     {
+        self.check(registry)?;
+        let (control, watching) = watch::channel(Control::Run);
+        let task = tokio::spawn(drive(
+            Arc::new(self),
+            registry.clone(),
+            Arc::new(body),
+            watching,
+        ));
+        Ok(JobHandle {
+            control,
+            task: Some(task),
+        })
+    }
+
+    /// Refuses a job whose schedule or ttl cannot work on `registry`, or
+    /// a store that cannot keep a lock after its release.
+    fn check(&self, registry: &LockRegistry) -> Result<(), LockError> {
         let key = self.running_key();
         let invalid = |reason: String| LockError::invalid_options(&key, reason);
         self.schedule.check().map_err(invalid)?;
@@ -439,17 +485,54 @@ impl Job {
         caps.check(Claim::Exclusive, self.ttl, None)
             .map_err(invalid)?;
         registry.full_key(&self.fire_key(SystemTime::now()))?;
-        let (control, watching) = watch::channel(Control::Run);
-        let task = tokio::spawn(drive(
-            Arc::new(self),
+        Ok(())
+    }
+
+    /// Runs the fire at `fire` here unless another replica takes it, for
+    /// a scheduler of your own (tokio-cron-scheduler, say) that calls this
+    /// on every replica at each fire; returns what happened, also reported
+    /// as [`spawn`](Self::spawn) reports it.
+    ///
+    /// `fire` names the fire: every replica must pass the same instant,
+    /// the schedule's, not its clock reading; [`Schedule::nearest`] gives
+    /// it from the time the scheduler called. The overlap choice, the
+    /// marks and the retries on store errors (until the next fire is due)
+    /// are as with `spawn`; a fire no replica ran is not reported missed
+    /// here, since the scheduler, not the job, knows which fires were due.
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`](Self::spawn).
+    pub async fn run_fire<F, Fut>(
+        &self,
+        registry: &LockRegistry,
+        fire: SystemTime,
+        body: F,
+    ) -> Result<FireOutcome, LockError>
+    where
+        F: Fn(Fire) -> Fut + Send + Sync + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: FireResult,
+    {
+        self.check(registry)?;
+        let next = self.schedule.next_after(fire);
+        // Never cancelled: the sender lives as long as the attempt.
+        let (_control, watching) = watch::channel(Control::Run);
+        let span = tracing::info_span!(
+            "scheduled_job",
+            job = %self.name,
+            fire = epoch_millis(fire),
+            replica = %self.replica,
+        );
+        let attempt = attempt(
+            Arc::new(self.clone()),
             registry.clone(),
             Arc::new(body),
+            fire,
+            next,
             watching,
-        ));
-        Ok(JobHandle {
-            control,
-            task: Some(task),
-        })
+        );
+        Ok(attempt.instrument(span).await)
     }
 
     /// Sleeps until this replica's clock reads `at` (read again at least
@@ -490,7 +573,7 @@ impl Job {
         fire: SystemTime,
         ran: Option<(SystemTime, SystemTime)>,
         outcome: FireOutcome,
-    ) {
+    ) -> FireOutcome {
         let ms = epoch_millis(fire);
         telemetry::job_fire(&self.name, outcome.label());
         match &outcome {
@@ -508,14 +591,17 @@ impl Job {
             }
         }
         if let Some(reporter) = &self.reporter {
-            reporter(&FireReport {
+            let report = FireReport {
                 job: self.name.clone(),
                 fire,
                 replica: self.replica.clone(),
                 ran,
                 outcome,
-            });
+            };
+            reporter(&report);
+            return report.outcome;
         }
+        outcome
     }
 
     /// Marks the fire settled (its `:done` key) and releases its lock,
@@ -638,7 +724,8 @@ async fn attempt<F, Fut>(
     fire: SystemTime,
     next: SystemTime,
     mut control: watch::Receiver<Control>,
-) where
+) -> FireOutcome
+where
     F: Fn(Fire) -> Fut + Send + Sync + 'static,
     Fut: Future + Send + 'static,
     Fut::Output: FireResult,
@@ -729,7 +816,7 @@ async fn attempt<F, Fut>(
         }
         (outcome, _) => outcome,
     };
-    job.report(fire, Some((started, ended)), outcome);
+    job.report(fire, Some((started, ended)), outcome)
 }
 
 /// Until `guard`'s lease is lost; never without one.
@@ -754,7 +841,8 @@ async fn settle(job: Arc<Job>, registry: LockRegistry, fire: SystemTime, next: S
             Ok(None) => {
                 if let Ok(Some(guard)) = registry.try_lock(&fire_key, job.options()).await {
                     let _ = job.settle_and_release(&registry, fire, next, guard).await;
-                    return job.report(fire, None, FireOutcome::Missed);
+                    job.report(fire, None, FireOutcome::Missed);
+                    return;
                 }
                 // Held: running, or its runner is gone and its lease not
                 // yet out.

@@ -114,6 +114,35 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// The fire nearest `at`, before or after it: the fire a scheduler
+    /// that calls at each fire, a little early or late, is calling for.
+    pub fn nearest(&self, at: SystemTime) -> SystemTime {
+        let next = self.next_after(at);
+        let previous = self.last_at_or_before(at);
+        let ahead = next.duration_since(at).unwrap_or_default();
+        let behind = at.duration_since(previous).unwrap_or(Duration::MAX);
+        if behind <= ahead { previous } else { next }
+    }
+
+    /// The last fire at or before `at` (the epoch when there is none).
+    fn last_at_or_before(&self, at: SystemTime) -> SystemTime {
+        match &self.kind {
+            Kind::Every { period, .. } => {
+                let next = self.next_after(at);
+                next.checked_sub(*period).unwrap_or(UNIX_EPOCH)
+            }
+            #[cfg(feature = "cron")]
+            Kind::Cron { parsed, .. } => {
+                let Ok(cron) = parsed else { return UNIX_EPOCH };
+                let from = chrono::DateTime::<chrono::Utc>::from(at);
+                cron.find_previous_occurrence(&from, true)
+                    .map_or(UNIX_EPOCH, SystemTime::from)
+            }
+        }
+    }
+}
+
 /// The first fire of `every(period).offset(offset)` strictly after `at`.
 fn every_next_after(period: Duration, offset: Duration, at: SystemTime) -> SystemTime {
     let period = period.as_nanos().max(1);
@@ -200,6 +229,15 @@ mod tests {
             err.starts_with("invalid cron expression \"61 * * * *\": "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_nearest_fire_is_before_or_after() {
+        let every = Schedule::every(Duration::from_millis(500));
+        assert_eq!(every.nearest(at(1_000)), at(1_000));
+        assert_eq!(every.nearest(at(1_020)), at(1_000));
+        assert_eq!(every.nearest(at(1_480)), at(1_500));
+        assert_eq!(every.nearest(at(1_250)), at(1_000));
     }
 
     #[test]

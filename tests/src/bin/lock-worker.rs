@@ -366,13 +366,15 @@ fn epoch_ms(at: SystemTime) -> u128 {
 
 /// The `job` scenario: this replica runs the jobs `specs` names
 /// (`suffix:overlap:run_ms,...`, each the job `NAME-suffix`) every
-/// `period`, its clock `offset_ms` off, for `seconds`; prints each report.
+/// `period` with leases of `ttl`, its clock `offset_ms` off, for
+/// `seconds`; prints each report.
 async fn run_jobs(
     name: &str,
     period: Duration,
     offset_ms: i64,
     seconds: u64,
     specs: &str,
+    ttl: Duration,
     data: &redis::Client,
 ) -> Result<(), LockError> {
     use lock_runtime::job::{Fire, Job, Overlap, Schedule};
@@ -395,7 +397,7 @@ async fn run_jobs(
         let job_name = format!("{name}-{suffix}");
         let job = Job::new(job_name.clone(), Schedule::every(period))
             .overlap(overlap)
-            .ttl(Duration::from_secs(1))
+            .ttl(ttl)
             .max_skew(Duration::from_secs(1))
             .replica(std::process::id().to_string())
             .clock(move || {
@@ -820,12 +822,13 @@ async fn main() -> Result<(), LockError> {
             println!("done");
         }
         "job" => {
-            // job URL NAME PERIOD_MS OFFSET_MS SECONDS SPECS
+            // job URL NAME PERIOD_MS OFFSET_MS SECONDS SPECS TTL_MS
             let period = Duration::from_millis(arg(&args, 4, "period ms").parse().expect("ms"));
             let offset: i64 = arg(&args, 5, "clock offset ms").parse().expect("offset");
             let secs: u64 = arg(&args, 6, "seconds").parse().expect("seconds");
             let specs = arg(&args, 7, "job specs");
-            run_jobs(&key, period, offset, secs, &specs, &data).await?;
+            let ttl = Duration::from_millis(arg(&args, 8, "ttl ms").parse().expect("ms"));
+            run_jobs(&key, period, offset, secs, &specs, ttl, &data).await?;
         }
         "ticks" => {
             // ticks URL KEY PERIOD_MS FIRST_MS TICKS: at FIRST_MS and every

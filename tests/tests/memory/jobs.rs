@@ -36,6 +36,10 @@ impl Ledger {
     fn count(outcomes: &[FireOutcome], wanted: &FireOutcome) -> usize {
         outcomes.iter().filter(|o| *o == wanted).count()
     }
+
+    fn count_refs(outcomes: &[&FireOutcome], wanted: &FireOutcome) -> usize {
+        outcomes.iter().filter(|o| **o == wanted).count()
+    }
 }
 
 /// A clock `skew_ms` off the real one (plus what `jump` holds, in ms).
@@ -283,4 +287,70 @@ async fn a_bad_cron_expression_is_refused_naming_the_job() {
         said.contains("job:bad-cron") && said.contains("invalid cron expression \"61 * * * *\""),
         "{said}"
     );
+}
+
+/// A scheduler of the user's own (a ticker per replica, each late by its
+/// own delay, as tokio-cron-scheduler on three replicas would be) calls
+/// `run_fire` with the schedule's nearest fire: each fire runs once, the
+/// others are told it was taken elsewhere.
+#[tokio::test]
+async fn run_fire_from_an_outside_scheduler_runs_each_fire_once() {
+    let store = MemoryStore::default();
+    let schedule = Schedule::every(PERIOD);
+    let runs: Arc<Mutex<BTreeMap<u128, Vec<usize>>>> = Arc::default();
+    let outcomes: Arc<Mutex<Vec<(u128, FireOutcome)>>> = Arc::default();
+    let first = schedule.next_after(SystemTime::now() + PERIOD);
+    let tickers: Vec<_> = [0u64, 40, 90]
+        .into_iter()
+        .enumerate()
+        .map(|(replica, late_ms)| {
+            let (registry, schedule) = (LockRegistry::new(store.clone()), schedule.clone());
+            let (runs, outcomes) = (runs.clone(), outcomes.clone());
+            let job = Job::new("outside", schedule.clone()).replica(format!("replica {replica}"));
+            tokio::spawn(async move {
+                for n in 0..5u32 {
+                    let due = first + PERIOD * n + Duration::from_millis(late_ms);
+                    let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+                    tokio::time::sleep(wait).await;
+                    let fire = schedule.nearest(SystemTime::now());
+                    let runs = runs.clone();
+                    let outcome = job
+                        .run_fire(&registry, fire, move |fire| {
+                            let runs = runs.clone();
+                            async move {
+                                let mut runs = runs.lock().unwrap();
+                                runs.entry(epoch_millis(fire.at()))
+                                    .or_default()
+                                    .push(replica);
+                            }
+                        })
+                        .await
+                        .unwrap();
+                    outcomes.lock().unwrap().push((epoch_millis(fire), outcome));
+                }
+            })
+        })
+        .collect();
+    for ticker in tickers {
+        ticker.await.unwrap();
+    }
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 5, "{runs:?}");
+    assert!(runs.values().all(|by| by.len() == 1), "{runs:?}");
+    let outcomes = outcomes.lock().unwrap().clone();
+    for fire in runs.keys() {
+        let seen: Vec<&FireOutcome> = outcomes
+            .iter()
+            .filter(|(f, _)| f == fire)
+            .map(|(_, o)| o)
+            .collect();
+        assert_eq!(
+            (
+                Ledger::count_refs(&seen, &FireOutcome::Done),
+                Ledger::count_refs(&seen, &FireOutcome::TakenElsewhere)
+            ),
+            (1, 2),
+            "fire {fire}: {seen:?}"
+        );
+    }
 }
