@@ -280,9 +280,13 @@ impl Finished {
     }
 }
 
-/// The store's name in the figures: the lock URL's scheme.
+/// The store's name in the figures: the lock URL's scheme, or `redlock`
+/// for several Redis URLs.
 fn store_name(url: &str) -> &str {
-    url.split("://").next().unwrap_or(url)
+    match url.split("://").next().unwrap_or(url) {
+        "redis" if url.contains(',') => "redlock",
+        scheme => scheme,
+    }
 }
 
 impl Processes {

@@ -49,6 +49,14 @@ fn shared() -> ((RedisServers, RedisServer), Processes) {
 
 process_scenarios!(shared);
 
+/// Scheduled jobs keep their promise on Redlock too: its release can
+/// linger, which marks a fire taken.
+mod jobs {
+    lock_tests::process_scenarios!(
+        super::shared: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
+    );
+}
+
 /// Several processes contend on one key while a controller kills and
 /// restarts random minorities of five persistent nodes (`appendfsync
 /// always`: a restarted node keeps its leases and counters, as the Redlock
