@@ -14,7 +14,9 @@
 //! lasts as long as the fire's marks, so it outlives a frozen replica)
 //! before it runs the body; a replica that takes the lock later, after
 //! the runner died or was frozen past its lease, finds the mark and does
-//! not run the fire again. Such a fire is reported missed (below).
+//! not run the fire again. Such a fire is reported missed (below), or
+//! [lost](FireOutcome::Lost) by its runner when that one lives to the end
+//! of its body and marks the fire first.
 //!
 //! What happens to each fire is reported once per replica that saw it
 //! (ran, taken elsewhere, skipped for overlap, store unreachable), and a
