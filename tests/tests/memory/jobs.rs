@@ -223,27 +223,45 @@ fn attribute_store() -> LockRegistry {
     LockRegistry::new(STORE.get_or_init(MemoryStore::default).clone())
 }
 
-/// Each run of the attribute-form job, by fire.
-static ATTRIBUTE_RUNS: Mutex<BTreeMap<u128, u32>> = Mutex::new(BTreeMap::new());
+/// Runs of an attribute-form job, by fire.
+type Runs = Mutex<BTreeMap<u128, u32>>;
 
-/// The attribute's job form: a function that starts the job.
-#[lock_runtime::distributed_lock(job = "attribute-form", every = "100ms", registry = attribute_store())]
-async fn attribute_form(fire: Fire) {
-    *ATTRIBUTE_RUNS
+/// Counts a run of `fire` in `runs`.
+fn count_run(runs: &Runs, fire: &Fire) {
+    *runs
         .lock()
         .unwrap()
         .entry(epoch_millis(fire.at()))
         .or_default() += 1;
 }
 
-#[tokio::test]
-async fn the_attribute_form_starts_a_job_each_call_a_replica() {
-    let replicas = [attribute_form().unwrap(), attribute_form().unwrap()];
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+/// Two replicas started by `start` (an attribute-form job's function),
+/// stopped after `run`; the runs `runs` counted.
+async fn two_replicas(
+    start: fn() -> Result<JobHandle, lock_runtime::LockError>,
+    run: Duration,
+    runs: &Runs,
+) -> BTreeMap<u128, u32> {
+    let replicas = [start().unwrap(), start().unwrap()];
+    tokio::time::sleep(run).await;
     for replica in replicas {
         replica.stop().await;
     }
-    let runs = ATTRIBUTE_RUNS.lock().unwrap().clone();
+    runs.lock().unwrap().clone()
+}
+
+/// Each run of the attribute-form job, by fire.
+static ATTRIBUTE_RUNS: Runs = Mutex::new(BTreeMap::new());
+
+/// The attribute's job form: a function that starts the job.
+#[lock_runtime::distributed_lock(job = "attribute-form", every = "100ms", registry = attribute_store())]
+async fn attribute_form(fire: Fire) {
+    count_run(&ATTRIBUTE_RUNS, &fire);
+}
+
+#[tokio::test]
+async fn the_attribute_form_starts_a_job_each_call_a_replica() {
+    let runs = two_replicas(attribute_form, Duration::from_millis(1000), &ATTRIBUTE_RUNS).await;
     assert!(runs.len() >= 7, "{runs:?}");
     assert!(runs.values().all(|&n| n == 1), "a fire run twice: {runs:?}");
     // No fire between the first and the last was left out.
@@ -252,26 +270,17 @@ async fn the_attribute_form_starts_a_job_each_call_a_replica() {
 }
 
 /// Each run of the cron-form job, by fire.
-static CRON_RUNS: Mutex<BTreeMap<u128, u32>> = Mutex::new(BTreeMap::new());
+static CRON_RUNS: Runs = Mutex::new(BTreeMap::new());
 
 /// The attribute's job form on a cron schedule: every second.
 #[lock_runtime::distributed_lock(job = "cron-form", cron = "* * * * * *", registry = attribute_store())]
 async fn cron_form(fire: Fire) {
-    *CRON_RUNS
-        .lock()
-        .unwrap()
-        .entry(epoch_millis(fire.at()))
-        .or_default() += 1;
+    count_run(&CRON_RUNS, &fire);
 }
 
 #[tokio::test]
 async fn a_cron_schedule_fires_on_its_seconds_once_across_replicas() {
-    let replicas = [cron_form().unwrap(), cron_form().unwrap()];
-    tokio::time::sleep(Duration::from_millis(2600)).await;
-    for replica in replicas {
-        replica.stop().await;
-    }
-    let runs = CRON_RUNS.lock().unwrap().clone();
+    let runs = two_replicas(cron_form, Duration::from_millis(2600), &CRON_RUNS).await;
     assert!(runs.len() >= 2, "{runs:?}");
     assert!(runs.keys().all(|fire| fire % 1000 == 0), "{runs:?}");
     assert!(runs.values().all(|&n| n == 1), "a fire run twice: {runs:?}");
