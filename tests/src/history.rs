@@ -17,7 +17,9 @@
 //!
 //! A body holding several keys at once writes a `start` and an `end` line
 //! per key, under one holder. `start` lines also say when their attempt
-//! began (`asked_us`). The runner appends `killed pid=P at_us=T` for each
+//! began (`asked_us`), or, for a body of several keys, since when its
+//! leases may have been held (`held_from_us`: the attempt's beginning, as
+//! one key may be granted long before the last). The runner appends `killed pid=P at_us=T` for each
 //! worker it SIGKILLs, `T` just after the signal was sent (a body of that
 //! worker with no `end` line may have acted until then, and no later: a
 //! process runs none of its code once SIGKILL is pending), `frozen pid=P from_us=F to_us=T` for each it froze,
@@ -90,6 +92,9 @@ pub struct Grant {
     pub fencing: u64,
     /// When the body began.
     pub start_us: u64,
+    /// The earliest its lease may have been granted: `start_us`, or for a
+    /// body of several keys, when its attempt began.
+    pub held_from_us: u64,
     /// When it last acted; `None` if its process died first.
     pub end_us: Option<u64>,
     /// When it took its last step, if it said so before it was released
@@ -249,6 +254,10 @@ impl History {
                         claim: field(line, "claim").unwrap_or("x").to_owned(),
                         fencing: number("fencing")?,
                         start_us: number("at_us")?,
+                        held_from_us: match field(line, "held_from_us") {
+                            Some(_) => number("held_from_us")?,
+                            None => number("at_us")?,
+                        },
                         end_us: None,
                         done_us: None,
                         outcome: "died".to_owned(),
@@ -405,12 +414,14 @@ impl History {
     }
 
     /// Whether `before`'s lease may have been lost by the store in a lossy
-    /// outage begun before `after` was granted, and `before` stopped (told,
-    /// ended, or its process died) within `lease` of the outage's end.
+    /// outage begun before `after` was granted (the lease granted before
+    /// the outage's end, though its body may have begun after), and
+    /// `before` stopped (told, ended, or its process died) within `lease`
+    /// of the outage's end.
     fn lost_with_the_store(&self, before: &Grant, after: &Grant, lease: u64) -> bool {
         self.outages.iter().any(|outage| {
             outage.lossy
-                && before.start_us < outage.lost_until_us
+                && before.held_from_us < outage.lost_until_us
                 && after.start_us > outage.from_us
                 && self.end_of(before, u64::MAX) <= outage.lost_until_us + lease
         })
@@ -977,6 +988,27 @@ mod tests {
         let found = history(&back).violations(1_000, LEASE);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].starts_with("fencing not increasing"), "{found:?}");
+    }
+
+    #[test]
+    fn a_body_of_several_keys_may_begin_after_the_outage_that_lost_its_first_lease() {
+        // Its first key granted before the outage, its second after: its
+        // body begins after the outage, and stops at its next renewal.
+        let text = "outage kind=data-dropped from_us=200 to_us=210 lossy=true\n\
+                    start key=a holder=1.0.0 fencing=5 held_from_us=100 at_us=230\n\
+                    start key=b holder=1.0.0 fencing=3 held_from_us=100 at_us=230\n\
+                    start key=a holder=2.0.0 fencing=6 at_us=250\n\
+                    end key=a holder=1.0.0 at_us=300 outcome=lost\n\
+                    end key=b holder=1.0.0 at_us=300 outcome=lost\n";
+        assert_eq!(history(text).violations(1_000, LEASE), Vec::<String>::new());
+        // Asked after the outage: its leases were granted after it too.
+        let after = text.replace("held_from_us=100", "held_from_us=215");
+        let found = history(&after).violations(1_000, LEASE);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("overlap by 50 µs: a by 1.0.0"),
+            "{found:?}"
+        );
     }
 
     #[test]

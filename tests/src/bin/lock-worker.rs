@@ -264,8 +264,8 @@ struct SoakBody<'a> {
 impl SoakBody<'_> {
     /// Says it began on each of `keys` (with each one's fencing token),
     /// then takes its steps, each noted as the last moment it acted. A
-    /// body of several keys does not say when it asked: its wait on one
-    /// key includes the others'.
+    /// body of several keys does not say when it asked (its wait on one
+    /// key includes the others'), but that its leases may be held since.
     async fn run(&self, keys: &[String]) {
         use lock_tests::history::now_us;
         let start = now_us();
@@ -274,7 +274,7 @@ impl SoakBody<'_> {
             let asked = if keys.len() == 1 {
                 format!(" asked_us={}", self.asked)
             } else {
-                String::new()
+                format!(" held_from_us={}", self.asked)
             };
             self.history.line(&format!(
                 "start key={key} holder={} claim={} fencing={}{asked} at_us={start}",
