@@ -140,6 +140,40 @@ fn scheduled_job_runs_each_tick_once_in_memory() {
     assert!(out.contains("OK: every tick ran exactly once."), "{out}");
 }
 
+/// Three replicas, each firing from a tokio-cron-scheduler of its own
+/// through a registry of its own when `store` names one: every fire runs
+/// once, the other two replicas told it was taken.
+fn cron_scheduler_runs_each_fire_once(store: &[&str], backend: &str) {
+    let args = [store, &["--fires", "2"]].concat();
+    let (ok, out) = run("cron_scheduler", &args);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("on {backend}; 2 fires counted")),
+        "{out}"
+    );
+    let fires: Vec<&str> = out
+        .lines()
+        .filter(|line| line.contains(" ran by "))
+        .collect();
+    assert_eq!(fires.len(), 2, "{out}");
+    for fire in fires {
+        assert!(fire.contains("(once); taken elsewhere for #"), "{out}");
+        assert_eq!(fire.matches('#').count(), 3, "{out}");
+    }
+    assert!(out.contains("OK: every fire ran exactly once."), "{out}");
+}
+
+#[test]
+fn cron_scheduler_runs_each_fire_once_in_memory() {
+    cron_scheduler_runs_each_fire_once(&[], "in-memory");
+}
+
+#[test]
+fn cron_scheduler_runs_each_fire_once_on_redis() {
+    let server = RedisServer::new();
+    cron_scheduler_runs_each_fire_once(&["--redis", &server.url()], "Redis");
+}
+
 /// The scheduled job as 3 processes on a store (`flag value`, named
 /// `backend` in the output): each of 2 ticks runs exactly once.
 fn scheduled_job_across_processes(flag: &str, value: &str, backend: &str) {

@@ -40,7 +40,9 @@
 //! A service whose scheduler (tokio-cron-scheduler, say) already fires on
 //! every replica calls [`Job::run_fire`] from it, with the fire the
 //! schedule names ([`Schedule::nearest`] to the time of the call): the
-//! fire runs on one replica, and the others are told it was taken.
+//! fire runs on one replica, and the others are told it was taken. (The
+//! repository's `cron_scheduler` example does so from tokio-cron-scheduler,
+//! with the same cron expression for the scheduler and the [`Schedule`].)
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
