@@ -32,7 +32,11 @@ fn run(name: &str, args: &[&str]) -> (bool, String) {
         .expect("run example");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    eprintln!("$ {name} {}\n{stdout}{stderr}", args.join(" "));
+    eprintln!(
+        "$ {name} {}\n{stdout}{stderr}({})",
+        args.join(" "),
+        output.status
+    );
     (output.status.success(), stdout)
 }
 

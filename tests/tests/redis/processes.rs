@@ -205,10 +205,10 @@ fn now_ms() -> u128 {
         .as_millis()
 }
 
-/// The scheduled-job scenarios on one server (which also holds the data),
-/// a server restarted with its data (append-only, fsynced) while a fire
-/// is due, and the fault-free one on a cluster of three primaries and on
-/// a Sentinel group.
+/// The scheduled-job scenarios (fault-free, and a killed runner with
+/// frozen replicas) on one server (which also holds the data), on a
+/// cluster of three primaries and on a Sentinel group; and a server
+/// restarted with its data (append-only, fsynced) while a fire is due.
 mod jobs {
     use super::*;
     use lock_tests::{RedisCluster, RedisSentinels};
@@ -224,9 +224,7 @@ mod jobs {
     }
 
     mod cluster {
-        lock_tests::process_scenarios!(
-            super::cluster: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
-        );
+        lock_tests::job_scenarios!(super::cluster);
     }
 
     fn sentinel() -> ((RedisSentinels, RedisServer), Processes) {
@@ -236,9 +234,7 @@ mod jobs {
     }
 
     mod sentinel {
-        lock_tests::process_scenarios!(
-            super::sentinel: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
-        );
+        lock_tests::job_scenarios!(super::sentinel);
     }
 
     #[test]

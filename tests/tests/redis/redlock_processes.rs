@@ -50,11 +50,10 @@ fn shared() -> ((RedisServers, RedisServer), Processes) {
 process_scenarios!(shared);
 
 /// Scheduled jobs keep their promise on Redlock too: its release can
-/// linger, which marks a fire taken.
+/// linger, which marks a fire taken; a killed runner's and frozen
+/// replicas' fires are missed, never run twice.
 mod jobs {
-    lock_tests::process_scenarios!(
-        super::shared: scheduled_jobs_run_each_fire_once_and_overlap_as_chosen
-    );
+    lock_tests::job_scenarios!(super::shared);
 }
 
 /// Several processes contend on one key while a controller kills and
