@@ -610,7 +610,9 @@ impl Job {
 
     /// Marks the fire settled (its `:done` key) and releases its lock,
     /// both kept until the fire's marks may be looked at;
-    /// [`LockError::Lost`] when the lock was lost meanwhile.
+    /// [`LockError::Lost`] when the lock was lost meanwhile. A store error
+    /// on the mark is tried again, with backoff, until the replicas look
+    /// at the fire: a fire left unmarked would be reported missed.
     async fn settle_and_release(
         &self,
         registry: &LockRegistry,
@@ -618,9 +620,27 @@ impl Job {
         next: SystemTime,
         guard: LockGuard,
     ) -> Result<(), LockError> {
-        let linger = self.linger(fire, next);
-        let _ = self.mark(registry, &self.done_key(fire), linger).await;
-        guard.release_lingering(linger).await
+        let (most, mut backoff) = self.backoff(fire, next);
+        let looked_at = self.settle_at(fire, next);
+        loop {
+            let linger = self.linger(fire, next);
+            match self.mark(registry, &self.done_key(fire), linger).await {
+                Err(LockError::Store { .. }) if self.now() + backoff < looked_at => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(most);
+                }
+                _ => break,
+            }
+        }
+        guard.release_lingering(self.linger(fire, next)).await
+    }
+
+    /// How a fire's attempts back off after a store error: at most an
+    /// eighth of its period (10 ms to 2 s), starting from 20 ms or less.
+    fn backoff(&self, fire: SystemTime, next: SystemTime) -> (Duration, Duration) {
+        let period = next.duration_since(fire).unwrap_or_default();
+        let most = (period / 8).clamp(Duration::from_millis(10), Duration::from_secs(2));
+        (most, Duration::from_millis(20).min(most))
     }
 
     /// How long a fire's marks are kept from now: until
@@ -735,9 +755,7 @@ where
     Fut::Output: FireResult,
 {
     let key = job.fire_key(fire);
-    let period = next.duration_since(fire).unwrap_or_default();
-    let most = (period / 8).clamp(Duration::from_millis(10), Duration::from_secs(2));
-    let mut backoff = Duration::from_millis(20).min(most);
+    let (most, mut backoff) = job.backoff(fire, next);
     let guard = loop {
         let err = match registry.try_lock(&key, job.options()).await {
             // Held now, or started before by a replica that lost it (its

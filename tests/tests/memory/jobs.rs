@@ -111,6 +111,11 @@ async fn three_skewed_replicas_run_each_fire_once() {
         .map(|(fire, _)| *fire)
         .collect();
     assert!(ran.len() >= 8, "{outcomes:?}");
+    eprintln!(
+        "memory, three skewed replicas: {} fires seen, {} run",
+        outcomes.len(),
+        ran.len()
+    );
     for (fire, seen) in &outcomes {
         assert!(
             Ledger::count(seen, &FireOutcome::Done) <= 1,
