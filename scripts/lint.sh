@@ -2,8 +2,7 @@
 # The checks beside the tests: clippy with warnings denied on the workspace
 # (all targets, all features) and on the benchmark, the docs with warnings
 # denied, the module layering, and the published crates packaged and built
-# as crates.io would get them. `.ci/run` runs it in the background, in a
-# target folder of its own, while the tests run.
+# as crates.io would get them. `.ci/run` runs it before the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,5 +25,7 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
 # earlier run's sources.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-{limits,macros,runtime}-[0-9]*
 cargo package -p lock-limits -p lock-macros -p lock-runtime
-# The benchmark: a workspace of its own.
-cargo clippy --manifest-path bench/Cargo.toml --all-targets -- -D warnings
+# The benchmark: a workspace of its own, checked in the workspace's target
+# folder, where the dependencies the two share are built already.
+target=${CARGO_TARGET_DIR:-target}
+cargo clippy --manifest-path bench/Cargo.toml --target-dir "$target" --all-targets -- -D warnings
