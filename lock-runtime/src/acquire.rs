@@ -220,8 +220,25 @@ async fn contend(
                 };
                 attempt.settle();
                 let remaining = match answer {
-                    Acquire::Acquired { fencing, lease } => {
+                    Acquire::Acquired { fencing, mut lease } => {
                         place.take().into_iter().for_each(Stake::settle);
+                        // A lease the store prepared ahead counts from then.
+                        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                        let took = started_at.elapsed();
+                        if took >= parts.capabilities.valid_for(opts.ttl) {
+                            // Answered too late to be counted on: no lock,
+                            // and the lease given back in the background.
+                            tokio::spawn(async move {
+                                let _ = lease.release(Duration::ZERO).await;
+                            });
+                            let ttl = opts.ttl;
+                            let late = format!(
+                                "the store granted the lock {took:?} after the request, \
+                                 when its lease (ttl {ttl:?} less the store's margin) \
+                                 had run out; it was given back"
+                            );
+                            return Err(LockError::store(key, "acquire", late.into()));
+                        }
                         // Asked for none: whatever the store made is not promised.
                         let fencing = if opts.fencing { fencing } else { 0 };
                         tracing::debug!(
@@ -231,8 +248,6 @@ async fn contend(
                             waited_ms = started.elapsed().as_millis() as u64,
                             "lock acquired"
                         );
-                        // A lease the store prepared ahead counts from then.
-                        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                         let grant = Grant {
                             lease,
                             loss,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_runtime::store::Store;
 use lock_runtime::store::testkit::Clients;
 use lock_runtime::store_contract;
 use lock_runtime::{LockError, LockOptions, LockRegistry, MemoryStore};
@@ -383,8 +384,9 @@ async fn options_a_store_cannot_honour_name_the_store_and_the_reason() {
     assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
 }
 
-/// A store whose renewals wait at a gate, and which records, in order,
-/// when a renewal was sent and answered and when a release was sent.
+/// A store whose renewals wait at a gate, whose grants may come late, and
+/// which records, in order, when a renewal was sent and answered and when
+/// a release was sent.
 mod gated {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -403,6 +405,8 @@ mod gated {
         pub(super) renewing: Notify,
         /// Lets the renewal waiting at the gate through.
         pub(super) open: Notify,
+        /// Told when a release is sent.
+        pub(super) releasing: Notify,
     }
 
     impl Gate {
@@ -415,6 +419,8 @@ mod gated {
     pub(super) struct GatedStore {
         pub(super) inner: MemoryStore,
         pub(super) gate: Arc<Gate>,
+        /// How long after the memory store's answer a grant is answered.
+        pub(super) grant_delay: Duration,
     }
 
     #[derive(Debug)]
@@ -438,6 +444,7 @@ mod gated {
         fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
             Reply::new(async move {
                 self.gate.record("release sent");
+                self.gate.releasing.notify_one();
                 self.inner.release(linger).await
             })
         }
@@ -451,13 +458,16 @@ mod gated {
         fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
             Reply::new(async move {
                 Ok(match self.inner.acquire(request).await? {
-                    Acquire::Acquired { fencing, lease } => Acquire::Acquired {
-                        fencing,
-                        lease: Box::new(GatedLease {
-                            inner: lease,
-                            gate: self.gate.clone(),
-                        }),
-                    },
+                    Acquire::Acquired { fencing, lease } => {
+                        tokio::time::sleep(self.grant_delay).await;
+                        Acquire::Acquired {
+                            fencing,
+                            lease: Box::new(GatedLease {
+                                inner: lease,
+                                gate: self.gate.clone(),
+                            }),
+                        }
+                    }
                     other => other,
                 })
             })
@@ -491,6 +501,7 @@ async fn a_release_waits_for_the_renewal_in_flight() {
     let store = gated::GatedStore {
         inner: MemoryStore::new(),
         gate: gate.clone(),
+        grant_delay: Duration::ZERO,
     };
     let registry = LockRegistry::new(store);
     let key = unique_key("renewing");
@@ -509,4 +520,33 @@ async fn a_release_waits_for_the_renewal_in_flight() {
         ["renewal sent", "renewal answered", "release sent"]
     );
     assert!(!is_held(&registry, &key).await, "released");
+}
+
+/// A grant answered after its lease could no longer be counted on (the ttl
+/// less the store's margin, from the request) is no lock: the call fails
+/// with a store error naming the key, and the lease is given back, though
+/// the store still holds it for another moment.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_after_its_lease_ran_out_is_an_error_and_given_back() {
+    let gate = Arc::new(gated::Gate::default());
+    let ttl = Duration::from_secs(1);
+    let margin = ttl - MemoryStore::new().capabilities().valid_for(ttl);
+    let store = gated::GatedStore {
+        inner: MemoryStore::new(),
+        gate: gate.clone(),
+        grant_delay: ttl - margin / 2,
+    };
+    let registry = LockRegistry::new(store);
+    let key = unique_key("late");
+    let options = LockOptions::default().ttl(ttl);
+    let err = registry.lock(&key, options.clone()).await.unwrap_err();
+    assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        err.to_string().contains(&key) && cause.as_ref().is_some_and(|c| c.contains("run out")),
+        "{err}: {cause:?}"
+    );
+    gate.releasing.notified().await;
+    assert_eq!(*gate.events.lock().unwrap(), ["release sent"]);
+    assert_eq!(registry.local_keys(), 0, "nothing held");
 }

@@ -593,14 +593,17 @@ async fn a_node_deleted_while_the_holder_was_away_is_lost_once_it_is_back() {
 }
 
 /// Two of three servers die: a lock attempt fails with a clear error
-/// within its wait_timeout, and locks work again once one is back.
+/// within its wait_timeout, and locks work again once one is back. (The
+/// first request after the restart may wait seconds for the ensemble; a
+/// ttl as long as the session leaves its grant time to be renewed.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_quorum_is_a_clear_error_and_locks_work_again_after() {
     let mut zk = ZooKeeperEnsemble::spawn(3);
-    let registry = registry(&zk, Duration::from_secs(4)).await;
+    let session = Duration::from_secs(4);
+    let registry = registry(&zk, session).await;
     let key = unique_key("quorum");
     let options = LockOptions::default()
-        .ttl(Duration::from_secs(2))
+        .ttl(session)
         .wait_timeout(Duration::from_secs(3));
     registry
         .lock(&key, options.clone())
