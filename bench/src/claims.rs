@@ -286,7 +286,7 @@ impl ClaimLib {
                     let mut conn = pool.get_conn().await?;
                     let answer: Option<(i32, u64, Option<Vec<u8>>)> = match conn
                         .exec_first(
-                            "CALL lock_leases_claim_v1(UNHEX(SHA2(?, 256)), ?, ?, ?, ?, ?, 0)",
+                            "CALL lock_leases_claim_v2(UNHEX(SHA2(?, 256)), ?, ?, ?, ?, ?, 0)",
                             (key, key, &token, ttl, &claim, limit),
                         )
                         .await
@@ -304,7 +304,7 @@ impl ClaimLib {
                     .get_conn()
                     .await?
                     .exec_first(
-                        "CALL lock_leases_unclaim_v1(UNHEX(SHA2(?, 256)), ?, 0, 1)",
+                        "CALL lock_leases_unclaim_v2(UNHEX(SHA2(?, 256)), ?, 0, 1)",
                         (key, &token),
                     )
                     .await?;

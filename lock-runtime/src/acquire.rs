@@ -26,6 +26,12 @@ use crate::telemetry::{self, Labels, Outcome};
 /// The longest a waiter sleeps between attempts when no release arrives.
 pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// How many grants in a row a call in skip mode gives back for arriving
+/// after their lease ran out (a store slower than the ttl, for a moment)
+/// before it fails with `LockError::Store`; a waiter asks again while its
+/// wait lasts.
+const LATE_GRANTS_SKIPPING: u32 = 3;
+
 /// The delay before the next attempt when the holder's remaining time is
 /// unknown.
 const UNKNOWN_HOLD_DELAY: Duration = Duration::from_millis(50);
@@ -189,6 +195,8 @@ async fn contend(
         // Whether the store answered the last call: if not, undoing the
         // stakes would wait on it too.
         let mut answering = true;
+        // Grants answered too late in a row (see `LATE_GRANTS_SKIPPING`).
+        let mut late = 0;
         let outcome = async {
             loop {
                 let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
@@ -221,24 +229,42 @@ async fn contend(
                 attempt.settle();
                 let remaining = match answer {
                     Acquire::Acquired { fencing, mut lease } => {
-                        place.take().into_iter().for_each(Stake::settle);
                         // A lease the store prepared ahead counts from then.
                         let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                         let took = started_at.elapsed();
                         if took >= parts.capabilities.valid_for(opts.ttl) {
-                            // Answered too late to be counted on: no lock,
-                            // and the lease given back in the background.
-                            tokio::spawn(async move {
-                                let _ = lease.release(Duration::ZERO).await;
-                            });
+                            // Answered too late to be counted on: no lock.
+                            // Given back before the token asks again (a
+                            // release arriving after the next grant would
+                            // end that one).
+                            late += 1;
+                            let Some(given_back) =
+                                within(deadline, lease.release(Duration::ZERO)).await
+                            else {
+                                answering = false;
+                                return Err(timed_out());
+                            };
+                            tracing::warn!(
+                                parent: wait,
+                                key,
+                                took_ms = took.as_millis() as u64,
+                                "the store granted the lock after its lease ran out; given back"
+                            );
+                            // A waiter asks again while its wait lasts.
+                            if given_back.is_ok()
+                                && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
+                            {
+                                continue;
+                            }
                             let ttl = opts.ttl;
-                            let late = format!(
+                            let why = format!(
                                 "the store granted the lock {took:?} after the request, \
                                  when its lease (ttl {ttl:?} less the store's margin) \
-                                 had run out; it was given back"
+                                 had run out ({late} times running); it was given back"
                             );
-                            return Err(LockError::store(key, "acquire", late.into()));
+                            return Err(LockError::store(key, "acquire", why.into()));
                         }
+                        place.take().into_iter().for_each(Stake::settle);
                         // Asked for none: whatever the store made is not promised.
                         let fencing = if opts.fencing { fencing } else { 0 };
                         tracing::debug!(

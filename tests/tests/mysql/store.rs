@@ -48,7 +48,85 @@ async fn the_table_is_created_once_and_shared() {
     assert!(is_held(&b, &key).await);
     assert_eq!(server.sql("SELECT COUNT(*) FROM locks.lock_leases"), "1");
     guard.release().await.unwrap();
-    assert_eq!(server.sql("SELECT COUNT(*) FROM locks.lock_leases"), "0");
+    assert!(!is_held(&b, &key).await);
+}
+
+/// A released key keeps its row, free, with its fencing value, and the
+/// next grant (in another process too) draws a greater one. A purge
+/// deletes the rows of keys free for more than ten minutes, with their
+/// holder rows, and nothing else; a key purged starts again above its
+/// last value (by the server's clock).
+#[tokio::test]
+async fn a_released_keys_row_is_kept_until_purged() {
+    let server = MariaDbServer::new();
+    let store = MySqlStore::builder(&server.url()).connect().await.unwrap();
+    let (a, b) = (LockRegistry::new(store.clone()), registry(&server).await);
+    let fenced = LockOptions::default().fencing(true);
+    let count = |table: &str, condition: &str| {
+        server.sql(&format!(
+            "SELECT COUNT(*) FROM locks.{table} WHERE {condition}"
+        ))
+    };
+    let [old, recent, held, shared] = ["old", "recent", "held", "shared"].map(unique_key);
+    let id = |key: &str| format!("UNHEX(SHA2('{key}', 256))");
+    let mut last = 0;
+    for registry in [&a, &b, &a] {
+        let guard = registry.lock(&old, fenced.clone()).await.unwrap();
+        assert!(
+            guard.fencing_token() > last,
+            "{} after {last}",
+            guard.fencing_token()
+        );
+        last = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(
+        count("lock_leases", "TRUE"),
+        "1",
+        "the released key's row is kept"
+    );
+    assert_eq!(
+        count("lock_leases", "expires_at > UTC_TIMESTAMP(6)"),
+        "0",
+        "and free"
+    );
+    lock_and_release(&a, &recent).await;
+    let holding = a.lock(&held, fenced.clone()).await.unwrap();
+    let read = LockOptions::default().access(Access::Read);
+    a.lock(&shared, read)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // `old` and `shared` free for eleven minutes, `shared` with a holder
+    // row its crashed holder left.
+    server.sql(&format!(
+        "UPDATE locks.lock_leases SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 660 SECOND
+         WHERE id IN ({}, {});
+         INSERT INTO locks.lock_leases_holders
+         VALUES ({}, 'crashed', 1, UTC_TIMESTAMP(6) - INTERVAL 700 SECOND)",
+        id(&old),
+        id(&shared),
+        id(&shared)
+    ));
+    assert_eq!(store.purge().await.unwrap(), 2);
+    assert_eq!(
+        count("lock_leases", "TRUE"),
+        "2",
+        "`recent` and `held` stay"
+    );
+    assert_eq!(count("lock_leases", &format!("id = {}", id(&held))), "1");
+    assert_eq!(count("lock_leases_holders", "TRUE"), "0");
+    assert_eq!(store.purge().await.unwrap(), 0);
+    let again = b.lock(&old, fenced).await.unwrap();
+    assert!(
+        again.fencing_token() > last,
+        "{} after {last}",
+        again.fencing_token()
+    );
+    again.release().await.unwrap();
+    holding.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -86,9 +164,9 @@ async fn bad_settings_credentials_and_missing_rights_are_clear_errors_without_th
     server.sql(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.lock_leases TO 'app'@'%'; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON locks.lock_leases_holders TO 'app'@'%'; \
-         GRANT EXECUTE ON PROCEDURE locks.lock_leases_claim_v1 TO 'app'@'%'; \
-         GRANT EXECUTE ON PROCEDURE locks.lock_leases_unclaim_v1 TO 'app'@'%'; \
-         GRANT EXECUTE ON PROCEDURE locks.lock_leases_force_v1 TO 'app'@'%'",
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_claim_v2 TO 'app'@'%'; \
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_unclaim_v2 TO 'app'@'%'; \
+         GRANT EXECUTE ON PROCEDURE locks.lock_leases_force_v2 TO 'app'@'%'",
     );
     let app = LockRegistry::mysql(&right).await.unwrap();
     lock_and_release(&app, &unique_key("app")).await;

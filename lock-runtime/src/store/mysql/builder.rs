@@ -2,7 +2,7 @@
 //! the service's own `mysql_async::Opts`, or its pool), the table, the
 //! number of connections, the poll interval and timeouts.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
@@ -79,8 +79,8 @@ impl MySqlStoreBuilder {
     timeout_setters!(call: "one statement", "2 s"; connect: "2 s");
 
     /// The lease table's name (default `lock_leases`; the holders' table is
-    /// the name with `_holders`, the procedures with `_claim_v1`,
-    /// `_unclaim_v1` and `_force_v1`). Letters, digits and `_`, at most 48
+    /// the name with `_holders`, the procedures with `_claim_v2`,
+    /// `_unclaim_v2` and `_force_v2`). Letters, digits and `_`, at most 48
     /// bytes, not starting with a digit.
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
@@ -211,6 +211,7 @@ impl MySqlStoreBuilder {
             table,
             response_timeout: self.timeouts.response,
             connections,
+            freed: Mutex::default(),
         });
         tokio::time::timeout(self.timeouts.connection, create(&shared))
             .await

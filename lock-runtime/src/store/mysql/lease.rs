@@ -43,7 +43,12 @@ impl Lease for MySqlLease {
             if linger.is_zero() {
                 return self.shared.release(&self.id, self.token).await;
             }
-            self.shared.extend(&self.id, self.token, linger).await
+            let held = self.shared.extend(&self.id, self.token, linger).await?;
+            if held {
+                // Free once the linger ends.
+                self.shared.freed_now(&self.id);
+            }
+            Ok(held)
         })
     }
 

@@ -19,7 +19,7 @@
 //!     id BINARY(32) NOT NULL, token VARBINARY(40) NOT NULL, fencing BIGINT UNSIGNED NOT NULL,
 //!     expires_at DATETIME(6) NOT NULL, PRIMARY KEY (id, token)
 //! ) ENGINE=InnoDB;
-//! -- and three procedures: lock_leases_claim_v1, lock_leases_unclaim_v1, lock_leases_force_v1
+//! -- and three procedures: lock_leases_claim_v2, lock_leases_unclaim_v2, lock_leases_force_v2
 //! ```
 //!
 //! All of it is made on first use when missing (one process at a time,
@@ -42,10 +42,12 @@
 //! and each runs on its own pooled connection with autocommit: never
 //! inside a transaction of the caller's.
 //!
-//! - acquire is a plain `INSERT` of the key's row when the key is not
-//!   known to be in demand (a free key has no row), which costs the server
-//!   less than an upsert. When that finds a row, or at once for a key known
-//!   to be contended, it is one `INSERT ... ON DUPLICATE KEY UPDATE`: it
+//! - acquire, for a key not known to be in demand, is a plain `INSERT` of
+//!   the key's row, which costs the server less than an upsert, or, for a
+//!   key this process released (its row is kept), an `UPDATE` that takes
+//!   the row over if it is free. When that finds the key held, or at once
+//!   for a key known to be contended, it is one `INSERT ... ON DUPLICATE
+//!   KEY UPDATE`: it
 //!   inserts the key's row, takes over an expired one, or renews the same
 //!   token's lease (a retried acquire), and answers through
 //!   `LAST_INSERT_ID(expr)`, which the server sends back in its OK packet:
@@ -54,9 +56,13 @@
 //!   left. The answer never rests on affected-row counts, which mean
 //!   "found" or "changed" as the connection's flags say.
 //! - renew, release and hand-over are owner-checked by token; a release
-//!   deletes the row, or shortens its expiry when it must linger
-//!   (`hold_at_least`); a hand-over moves the row to a new token with a new
-//!   fencing value.
+//!   marks the row free (or shortens its expiry when it must linger:
+//!   `hold_at_least`), keeping it; a hand-over moves the row to a new token
+//!   with a new fencing value.
+//! - rows of keys free for more than ten minutes are deleted by each store
+//!   every five minutes or so ([`MySqlStore::purge`]): a consistent read
+//!   that locks nothing finds them, and each is deleted by primary key
+//!   unless taken meanwhile.
 //!
 //! # Waiting
 //!
@@ -84,12 +90,15 @@
 //!
 //! A key's values come from its row: each grant takes the greater of the
 //! last value plus one and the server's clock in microseconds since the
-//! epoch. So values strictly increase per key, including across a row
-//! deleted at a release and made again, a server restart, and commits the
-//! server lost (a crash with `innodb_flush_log_at_trx_commit` other than 1,
-//! a failover to a replica that missed them), unless the server's clock is
-//! stepped back by more than the time between two grants of a key. No
-//! per-key state is kept once a key is free.
+//! epoch, reading the last value under the row's lock. A release keeps the
+//! row, so a grant whose statement read the clock before a later grant and
+//! release of the key (a statement the server ran late) still draws a
+//! greater value. The clock carries the values across what a row cannot:
+//! a row purged after ten minutes free, and commits the server lost (a
+//! crash with `innodb_flush_log_at_trx_commit` other than 1, a failover to
+//! a replica that missed them). So values strictly increase per key unless
+//! the server's clock is stepped back by more than the time between two
+//! grants of the key.
 //!
 //! # Servers
 //!
@@ -106,9 +115,10 @@ pub use builder::MySqlStoreBuilder;
 use lease::MySqlLease;
 use sql::{HELD, Statements, Table, micros};
 
+use std::collections::HashSet;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use mysql_async::prelude::{FromRow, Queryable};
@@ -173,7 +183,18 @@ pub(super) struct Shared {
     /// How many connections the pool may hold: after a server restart,
     /// that many can be found closed one after the other.
     connections: usize,
+    /// Row ids of keys this process released, whose rows are kept free:
+    /// taking one again tries [`Statements::take`] first. At most
+    /// [`FREED_KNOWN`]; forgotten all at once beyond.
+    freed: Mutex<HashSet<[u8; 32]>>,
 }
+
+/// The most released keys [`Shared::freed`] knows.
+const FREED_KNOWN: usize = 4096;
+
+/// How often each store purges the rows of keys long free (see
+/// [`MySqlStore::purge`]), give or take a fifth.
+const PURGE_EVERY: Duration = Duration::from_secs(300);
 
 impl Shared {
     /// Runs `run` on a pooled connection, within the response timeout
@@ -250,15 +271,62 @@ impl Shared {
         }
     }
 
-    /// Deletes an exclusive lease: whether it was ours.
+    /// Ends an exclusive lease, its row kept free: whether it was ours.
     async fn release(&self, id: &[u8; 32], token: LockToken) -> Result<bool, StoreError> {
         let params = (&id[..], token.to_string());
-        let statement = &self.statements.release;
-        self.on_conn(async |conn| {
-            conn.exec_drop(statement, params).await?;
-            Ok(conn.affected_rows() == 1)
-        })
-        .await
+        let released = self
+            .exec_id(&self.statements.release, params)
+            .await?
+            .is_some();
+        if released {
+            self.freed_now(id);
+        }
+        Ok(released)
+    }
+
+    /// Notes that `id`'s row is kept, free (or soon: a lingering release).
+    fn freed_now(&self, id: &[u8; 32]) {
+        let mut freed = self.freed.lock().unwrap_or_else(|e| e.into_inner());
+        if freed.len() >= FREED_KNOWN {
+            freed.clear();
+        }
+        freed.insert(*id);
+    }
+
+    /// Whether this process freed `id`'s row (and has not forgotten).
+    fn was_freed(&self, id: &[u8; 32]) -> bool {
+        self.freed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id)
+    }
+
+    /// Deletes the rows of keys free for longer than [`sql::KEPT_FREE_SECS`]
+    /// (at most [`sql::PURGED_AT_MOST`]), and their holder rows: how many.
+    async fn purge(&self) -> Result<u64, StoreError> {
+        let statements = &self.statements;
+        let ids: Vec<Vec<u8>> = self
+            .on_conn(async |conn| conn.exec(&statements.purge_find, ()).await)
+            .await?;
+        let mut purged = 0;
+        for id in ids {
+            // By primary key, each in its own statement: no lock held on
+            // rows in use, and a key taken meanwhile is left alone.
+            let deleted = self
+                .on_conn(async |conn| {
+                    conn.exec_drop(&statements.purge_key, (&id,)).await?;
+                    Ok(conn.affected_rows())
+                })
+                .await?;
+            if deleted == 1 {
+                self.exec_id(&statements.purge_holders, (&id,)).await?;
+                purged += 1;
+            }
+        }
+        if purged > 0 {
+            self.freed.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+        Ok(purged)
     }
 
     /// Extends a share or permit to `by` from now, or releases it: whether
@@ -291,6 +359,24 @@ impl Shared {
             once().await
         } else {
             self.again_if_closed(once).await
+        }
+    }
+}
+
+/// Purges the rows of keys long free every [`PURGE_EVERY`] or so, while
+/// the store lives.
+async fn purge_now_and_then(shared: Weak<Shared>) {
+    let fifth = PURGE_EVERY / 5;
+    loop {
+        let pause = PURGE_EVERY - fifth + fifth.mul_f64(2.0 * rand::random::<f64>());
+        tokio::time::sleep(pause).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match shared.purge().await {
+            Ok(0) => {}
+            Ok(purged) => tracing::debug!(purged, "purged the rows of keys long free"),
+            Err(err) => tracing::warn!(%err, "could not purge the rows of keys long free"),
         }
     }
 }
@@ -350,12 +436,28 @@ fn row_id(key: &str) -> [u8; 32] {
 }
 
 impl MySqlStore {
+    /// The store over `shared`, which it purges now and then while it
+    /// lives (see [`purge`](Self::purge)).
     fn new(shared: Arc<Shared>, poll: Duration, shown: String) -> Self {
+        tokio::spawn(purge_now_and_then(Arc::downgrade(&shared)));
         MySqlStore {
             shared,
             capabilities: CAPABILITIES.with_polled_releases(poll),
             shown,
         }
+    }
+
+    /// Deletes the rows of keys free for more than ten minutes, at most
+    /// 500 of them, and returns how many. A released key's row is kept
+    /// that long, with its fencing value (see the module's "Fencing"). The
+    /// store does this on its own every five minutes or so; call it to
+    /// clear the table sooner.
+    ///
+    /// # Errors
+    ///
+    /// The server's, when it cannot be reached or refuses the statements.
+    pub async fn purge(&self) -> Result<u64, StoreError> {
+        self.shared.purge().await
     }
 
     /// One exclusive attempt: granted, or how the key is held.
@@ -373,11 +475,23 @@ impl MySqlStore {
                 one_of_many: false,
             }),
         };
-        if !request.hints.contended {
-            // A key not known to be in demand most often has no row: a
-            // plain insert takes it. A row (held, lingering, expired, or
-            // ours from an attempt whose answer was lost) makes it fail
-            // with nothing written, and the upsert below decides.
+        if !request.hints.contended && self.shared.was_freed(&id) {
+            // A key this process released: its row is most often still
+            // free. Held (by another, or by us after an attempt whose
+            // answer was lost) or purged, the upsert below decides.
+            let take = &self.shared.statements.take;
+            let once = || self.shared.exec_id(take, (token.as_str(), ttl, &id[..]));
+            match self.shared.again_if_closed(once).await {
+                Ok(Some(fencing)) => return Ok(granted(fencing)),
+                Ok(None) => {}
+                Err(err) if rolled_back(&err) => {}
+                Err(err) => return Err(err),
+            }
+        } else if !request.hints.contended {
+            // A key not known to be in demand, nor freed here, most often
+            // has no row: a plain insert takes it. A row (held, free,
+            // expired, or ours from an attempt whose answer was lost) makes
+            // it fail with nothing written, and the upsert below decides.
             let insert = &self.shared.statements.insert;
             let once = || {
                 let params = (&id[..], shown_key(request.key), token.as_str(), ttl);

@@ -22,10 +22,20 @@ pub(super) const HELD: u64 = 1 << 62;
 const MAX_KIND: u32 = (1 << 30) - 1;
 
 /// Microseconds since the Unix epoch by the server's clock: where a key's
-/// fencing values start, so that a key whose row was deleted (released,
-/// purged, lost with the server's last commits) starts again above every
-/// value it had, unless the server's clock was stepped back meanwhile.
+/// fencing values start, so that a key whose row was deleted (purged, lost
+/// with the server's last commits) starts again above every value it had,
+/// unless the server's clock was stepped back meanwhile.
 const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+/// How long a free key's row is kept before [`Statements::purge_find`]
+/// finds it: far longer than any statement waits for a row lock
+/// (`innodb_lock_wait_timeout`, 50 s by default), so that no statement
+/// that read the clock before the key's last grant is still to write a
+/// fencing value when the row goes.
+pub(super) const KEPT_FREE_SECS: u32 = 600;
+
+/// The most rows one purge deletes.
+pub(super) const PURGED_AT_MOST: u32 = 500;
 
 /// The lease table's name, checked, and the SQL under it.
 #[derive(Clone, Debug)]
@@ -36,11 +46,16 @@ pub(super) struct Table {
 /// The statements the store sends, made once per table name.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Takes a key that has no row, the common case: a plain `INSERT`,
-    /// which costs the server less than the upsert below; a duplicate-key
-    /// error when the row exists. `LAST_INSERT_ID` is the fencing value.
-    /// Parameters: id, key, token, ttl µs.
+    /// Takes a key that has no row (never used, or purged): a plain
+    /// `INSERT`, which costs the server less than the upsert below; a
+    /// duplicate-key error when the row exists. `LAST_INSERT_ID` is the
+    /// fencing value. Parameters: id, key, token, ttl µs.
     pub(super) insert: String,
+    /// Takes a key whose row is free (a released key's row is kept): an
+    /// `UPDATE` by primary key, cheaper than the upsert; `LAST_INSERT_ID`
+    /// is the fencing value, none when the row was held or is gone.
+    /// Parameters: token, ttl µs, id.
+    pub(super) take: String,
     /// Takes a free or expired key for an exclusive claim, or renews the
     /// same token's lease; a refusal sets [`HELD`] with how it is held.
     /// Parameters: id, key, token, ttl µs, waits (0/1), token, token,
@@ -50,8 +65,8 @@ pub(super) struct Statements {
     /// `LAST_INSERT_ID` is its fencing value when it was still ours.
     /// Parameters: µs, id, token.
     pub(super) extend: String,
-    /// Deletes an exclusive lease; one row deleted when it was ours.
-    /// Parameters: id, token.
+    /// Ends an exclusive lease, keeping the row (and its fencing value)
+    /// free: `LAST_INSERT_ID` set when it was ours. Parameters: id, token.
     pub(super) release: String,
     /// Moves an exclusive lease to a new token with a new fencing value
     /// (`LAST_INSERT_ID`, 0 when it was no longer ours). Parameters: new
@@ -61,8 +76,15 @@ pub(super) struct Statements {
     pub(super) claim: String,
     /// Extends or releases a share or permit: 1 when it was still held.
     pub(super) unclaim: String,
-    /// Deletes the key's lease and every share or permit of it.
+    /// Ends the key's lease and every share or permit of it.
     pub(super) force: String,
+    /// Up to [`PURGED_AT_MOST`] rows of keys free for longer than
+    /// [`KEPT_FREE_SECS`], read without locking anything.
+    pub(super) purge_find: String,
+    /// Deletes one of them, if it is still free that long. Parameter: id.
+    pub(super) purge_key: String,
+    /// Deletes the holder rows of a key so purged. Parameter: id.
+    pub(super) purge_holders: String,
     /// The key's row and its newest live holder.
     pub(super) inspect: String,
 }
@@ -89,9 +111,9 @@ impl Table {
     pub(super) fn procedures(&self) -> [String; 3] {
         let t = &self.name;
         [
-            format!("{t}_claim_v1"),
-            format!("{t}_unclaim_v1"),
-            format!("{t}_force_v1"),
+            format!("{t}_claim_v2"),
+            format!("{t}_unclaim_v2"),
+            format!("{t}_force_v2"),
         ]
     }
 
@@ -231,13 +253,12 @@ MODIFIES SQL DATA
 BEGIN
     DECLARE k_token VARBINARY(40) DEFAULT NULL;
     DECLARE k_expires DATETIME(6);
-    DECLARE k_writer DATETIME(6);
     DECLARE now_ DATETIME(6);
     DECLARE ends DATETIME(6) DEFAULT NULL;
     DECLARE mine INT DEFAULT 0;
     DECLARE done INT DEFAULT 0;
     {begin}
-    SELECT token, expires_at, writer_until INTO k_token, k_expires, k_writer
+    SELECT token, expires_at INTO k_token, k_expires
         FROM {t} WHERE id = p_id FOR UPDATE;
     SET now_ = UTC_TIMESTAMP(6);
     body: BEGIN
@@ -259,21 +280,17 @@ BEGIN
         END IF;
         DELETE FROM {t}_holders WHERE id = p_id AND (token = p_token OR expires_at <= now_);
         SELECT MAX(expires_at) INTO ends FROM {t}_holders WHERE id = p_id;
-        IF ends IS NOT NULL THEN
-            UPDATE {t} SET expires_at = ends WHERE id = p_id;
-        ELSEIF k_writer > now_ THEN
-            -- Free, with the waiting writer's mark kept for its turn.
-            UPDATE {t} SET expires_at = now_ WHERE id = p_id;
-        ELSE
-            DELETE FROM {t} WHERE id = p_id;
-        END IF;
+        -- The last one out frees the row, which keeps its fencing value
+        -- (and a waiting writer's mark, for its turn).
+        UPDATE {t} SET expires_at = COALESCE(ends, now_) WHERE id = p_id;
     END body;
     COMMIT;
     SELECT done;
 END"
             ),
-            // Deletes the key's lease and every share or permit of it: 1 when
-            // something was held.
+            // Ends the key's lease and every share or permit of it, keeping
+            // the row free with its fencing value: 1 when something was
+            // held.
             format!(
                 "CREATE PROCEDURE {force}(p_id BINARY(32))
 MODIFIES SQL DATA
@@ -281,7 +298,8 @@ BEGIN
     DECLARE k_expires DATETIME(6) DEFAULT NULL;
     {begin}
     SELECT expires_at INTO k_expires FROM {t} WHERE id = p_id FOR UPDATE;
-    DELETE FROM {t} WHERE id = p_id;
+    UPDATE {t} SET token = '', writer_until = NULL,
+        expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE id = p_id;
     DELETE FROM {t}_holders WHERE id = p_id;
     COMMIT;
     SELECT COALESCE(k_expires > UTC_TIMESTAMP(6), 0);
@@ -319,6 +337,10 @@ END"
              LEAST({MAX_KIND}, CAST(SUBSTRING(token, 10) AS UNSIGNED))))"
         );
         let first_value = format!("LAST_INSERT_ID(GREATEST(1, {NOW_US}))");
+        let free_long = format!(
+            "expires_at < {now} - INTERVAL {KEPT_FREE_SECS} SECOND
+    AND (writer_until IS NULL OR writer_until < {now})"
+        );
         Statements {
             insert: format!(
                 "INSERT INTO {t} (id, lock_key, token, fencing, expires_at)
@@ -340,11 +362,22 @@ ON DUPLICATE KEY UPDATE
     token = IF(expires_at <= {now}, ?, token),
     expires_at = IF(token = ?, {now} + INTERVAL ? MICROSECOND, expires_at)"
             ),
+            take: format!(
+                "UPDATE {t} SET token = ?, fencing = LAST_INSERT_ID(GREATEST(fencing + 1, {NOW_US})),
+    expires_at = {now} + INTERVAL ? MICROSECOND
+WHERE id = ? AND expires_at <= {now}"
+            ),
             extend: format!(
                 "UPDATE {t} SET fencing = LAST_INSERT_ID(fencing), expires_at = {now} + INTERVAL ? MICROSECOND
 WHERE id = ? AND token = ? AND expires_at > {now}"
             ),
-            release: format!("DELETE FROM {t} WHERE id = ? AND token = ? AND expires_at > {now}"),
+            // Free a second ago: also to a statement that read the clock
+            // a moment before this one. A waiting writer's mark is served.
+            release: format!(
+                "UPDATE {t} SET fencing = LAST_INSERT_ID(fencing), token = '',
+    expires_at = {now} - INTERVAL 1 SECOND, writer_until = NULL
+WHERE id = ? AND token = ? AND expires_at > {now}"
+            ),
             hand_over: format!(
                 "UPDATE {t} SET token = ?, fencing = LAST_INSERT_ID(GREATEST(fencing + 1, {NOW_US})),
     expires_at = {now} + INTERVAL ? MICROSECOND
@@ -353,6 +386,15 @@ WHERE id = ? AND token = ? AND expires_at > {now}"
             claim: format!("CALL {claim}(?, ?, ?, ?, ?, ?, ?)"),
             unclaim: format!("CALL {unclaim}(?, ?, ?, ?)"),
             force: format!("CALL {force}(?)"),
+            purge_find: format!(
+                "SELECT id FROM {t} WHERE {free_long}
+LIMIT {PURGED_AT_MOST}"
+            ),
+            purge_key: format!("DELETE FROM {t} WHERE id = ? AND {free_long}"),
+            purge_holders: format!(
+                "DELETE FROM {t}_holders WHERE id = ?
+    AND expires_at < {now} - INTERVAL {KEPT_FREE_SECS} SECOND"
+            ),
             inspect: format!(
                 "SELECT l.token, l.fencing, TIMESTAMPDIFF(MICROSECOND, {now}, l.expires_at),
     h.token, h.fencing, TIMESTAMPDIFF(MICROSECOND, {now}, h.expires_at),
