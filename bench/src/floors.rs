@@ -262,7 +262,8 @@ impl PgFloor {
 /// The MySQL floor: the library's statements by hand, on a pool as large
 /// as the library's (8 connections): the insert-or-take-over of a lease
 /// row, its fencing value drawn in the same statement, retried at once
-/// while held, and an owner-checked delete.
+/// while held, and an owner-checked release that keeps the row free (as
+/// the library's does, so that a key's fencing values only grow).
 pub(crate) struct MySqlFloor {
     pub(crate) pool: mysql_async::Pool,
 }
@@ -275,7 +276,9 @@ impl MySqlFloor {
                          fencing + 0 * LAST_INSERT_ID(0)),
             token = IF(expires_at <= UTC_TIMESTAMP(6), ?, token),
             expires_at = IF(token = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)";
-    const RELEASE: &str = "DELETE FROM floor_leases WHERE id = UNHEX(SHA2(?, 256)) AND token = ?";
+    const RELEASE: &str =
+        "UPDATE floor_leases SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND
+        WHERE id = UNHEX(SHA2(?, 256)) AND token = ? AND expires_at > UTC_TIMESTAMP(6)";
 
     /// A pool like the library's: 1 to 8 connections over TCP, kept a
     /// minute when idle, not reset when returned.

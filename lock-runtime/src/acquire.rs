@@ -27,9 +27,9 @@ use crate::telemetry::{self, Labels, Outcome};
 pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// How many grants in a row a call in skip mode gives back for arriving
-/// after their lease ran out (a store slower than the ttl, for a moment)
-/// before it fails with `LockError::Store`; a waiter asks again while its
-/// wait lasts.
+/// after their lease ran out and failing a renewal in time (a store slower
+/// than the ttl, for a moment) before it fails with `LockError::Store`; a
+/// waiter asks again while its wait lasts.
 const LATE_GRANTS_SKIPPING: u32 = 3;
 
 /// The delay before the next attempt when the holder's remaining time is
@@ -230,39 +230,53 @@ async fn contend(
                 let remaining = match answer {
                     Acquire::Acquired { fencing, mut lease } => {
                         // A lease the store prepared ahead counts from then.
-                        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                        let mut started_at =
+                            lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                        let valid_for = parts.capabilities.valid_for(opts.ttl);
                         let took = started_at.elapsed();
-                        if took >= parts.capabilities.valid_for(opts.ttl) {
-                            // Answered too late to be counted on: no lock.
-                            // Given back before the token asks again (a
-                            // release arriving after the next grant would
-                            // end that one).
-                            late += 1;
-                            let Some(given_back) =
-                                within(deadline, lease.release(Duration::ZERO)).await
-                            else {
+                        if took >= valid_for {
+                            // Answered too late to be counted on: renewed at
+                            // once, and counted from the renewal if still ours.
+                            let renewed_at = Instant::now();
+                            let Some(renewed) = within(deadline, lease.renew()).await else {
                                 answering = false;
                                 return Err(timed_out());
                             };
-                            tracing::warn!(
-                                parent: wait,
-                                key,
-                                took_ms = took.as_millis() as u64,
-                                "the store granted the lock after its lease ran out; given back"
-                            );
-                            // A waiter asks again while its wait lasts.
-                            if given_back.is_ok()
-                                && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
-                            {
-                                continue;
+                            if matches!(renewed, Ok(true)) && renewed_at.elapsed() < valid_for {
+                                started_at = renewed_at;
+                            } else {
+                                // No lock. Given back before the token asks
+                                // again (a release arriving after the next
+                                // grant would end that one).
+                                late += 1;
+                                let Some(given_back) =
+                                    within(deadline, lease.release(Duration::ZERO)).await
+                                else {
+                                    answering = false;
+                                    return Err(timed_out());
+                                };
+                                tracing::warn!(
+                                    parent: wait,
+                                    key,
+                                    took_ms = took.as_millis() as u64,
+                                    "the store granted the lock after its lease ran out, \
+                                     and did not renew it in time; given back"
+                                );
+                                // A waiter asks again while its wait lasts.
+                                if given_back.is_ok()
+                                    && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
+                                {
+                                    continue;
+                                }
+                                let ttl = opts.ttl;
+                                let why = format!(
+                                    "the store granted the lock {took:?} after the request, \
+                                     when its lease (ttl {ttl:?} less the store's margin) \
+                                     had run out, and did not renew it in time ({late} times \
+                                     running); it was given back"
+                                );
+                                return Err(LockError::store(key, "acquire", why.into()));
                             }
-                            let ttl = opts.ttl;
-                            let why = format!(
-                                "the store granted the lock {took:?} after the request, \
-                                 when its lease (ttl {ttl:?} less the store's margin) \
-                                 had run out ({late} times running); it was given back"
-                            );
-                            return Err(LockError::store(key, "acquire", why.into()));
                         }
                         place.take().into_iter().for_each(Stake::settle);
                         // Asked for none: whatever the store made is not promised.

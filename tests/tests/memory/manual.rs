@@ -384,9 +384,9 @@ async fn options_a_store_cannot_honour_name_the_store_and_the_reason() {
     assert_eq!(registry.local_keys(), 0, "nothing held after bad input");
 }
 
-/// A store whose renewals wait at a gate, whose grants may come late, and
-/// which records, in order, when a renewal was sent and answered and when
-/// a release was sent.
+/// A store whose renewals wait at a gate (or a set time), whose grants may
+/// come late, and which records, in order, when a renewal was sent and
+/// answered and when a release was sent.
 mod gated {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{Arc, Mutex};
@@ -422,20 +422,28 @@ mod gated {
         pub(super) late_grants: AtomicU32,
         /// How long after the memory store's answer a late grant is answered.
         pub(super) grant_delay: Duration,
+        /// How long a renewal takes; `None`: it waits at the gate.
+        pub(super) renewal_delay: Option<Duration>,
     }
 
     #[derive(Debug)]
     struct GatedLease {
         inner: Box<dyn Lease>,
         gate: Arc<Gate>,
+        renewal_delay: Option<Duration>,
     }
 
     impl Lease for GatedLease {
         fn renew(&self) -> Reply<'_, bool> {
             Reply::new(async move {
                 self.gate.record("renewal sent");
-                self.gate.renewing.notify_one();
-                self.gate.open.notified().await;
+                match self.renewal_delay {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => {
+                        self.gate.renewing.notify_one();
+                        self.gate.open.notified().await;
+                    }
+                }
                 let renewed = self.inner.renew().await;
                 self.gate.record("renewal answered");
                 renewed
@@ -472,6 +480,7 @@ mod gated {
                             lease: Box::new(GatedLease {
                                 inner: lease,
                                 gate: self.gate.clone(),
+                                renewal_delay: self.renewal_delay,
                             }),
                         }
                     }
@@ -510,6 +519,7 @@ async fn a_release_waits_for_the_renewal_in_flight() {
         gate: gate.clone(),
         late_grants: 0.into(),
         grant_delay: Duration::ZERO,
+        renewal_delay: None,
     };
     let registry = LockRegistry::new(store);
     let key = unique_key("renewing");
@@ -531,52 +541,57 @@ async fn a_release_waits_for_the_renewal_in_flight() {
 }
 
 /// A grant answered after its lease could no longer be counted on (the ttl
-/// less the store's margin, from the request) is no lock, though the store
-/// still holds it for another moment: it is given back and asked for
-/// again, by a waiter while its wait lasts (then `Timeout`), in skip mode
-/// three times before the call fails with a store error naming the key.
+/// less the store's margin, from the request), though the store still
+/// holds it for another moment, is renewed at once and counts from the
+/// renewal. Not renewed in time, it is no lock: it is given back and asked
+/// for again, by a waiter while its wait lasts (then `Timeout`), in skip
+/// mode three times before the call fails with a store error naming the
+/// key.
 #[tokio::test(start_paused = true)]
-async fn a_grant_answered_after_its_lease_ran_out_is_given_back() {
+async fn a_grant_answered_after_its_lease_ran_out_is_renewed_or_given_back() {
     let ttl = Duration::from_secs(1);
     let margin = ttl - MemoryStore::new().capabilities().valid_for(ttl);
-    let registry = |gate: &Arc<gated::Gate>, late_grants: u32| {
+    let registry = |gate: &Arc<gated::Gate>, late_grants: u32, renewal: Duration| {
         LockRegistry::new(gated::GatedStore {
             inner: MemoryStore::new(),
             gate: gate.clone(),
             late_grants: late_grants.into(),
             grant_delay: ttl - margin / 2,
+            renewal_delay: Some(renewal),
         })
     };
     let key = unique_key("late");
     let options = LockOptions::default().ttl(ttl);
+    let round = ["renewal sent", "renewal answered", "release sent"];
 
     let gate = Arc::new(gated::Gate::default());
-    let guard = registry(&gate, 1)
-        .lock(&key, options.clone())
-        .await
-        .unwrap();
-    assert_eq!(*gate.events.lock().unwrap(), ["release sent"]);
-    guard.release().await.unwrap();
+    let renewed = registry(&gate, 1, Duration::ZERO);
+    let guard = renewed.lock(&key, options.clone()).await.unwrap();
+    assert_eq!(
+        *gate.events.lock().unwrap(),
+        ["renewal sent", "renewal answered"]
+    );
+    assert!(guard.release().await.is_ok(), "held from the renewal");
 
     let gate = Arc::new(gated::Gate::default());
-    let always = registry(&gate, u32::MAX);
-    let waiting = options.clone().wait_timeout(ttl * 5 / 2);
-    let err = always.lock(&key, waiting).await.unwrap_err();
+    let slow = registry(&gate, u32::MAX, ttl);
+    let waiting = options.clone().wait_timeout(ttl * 9 / 2);
+    let err = slow.lock(&key, waiting).await.unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
-    assert_eq!(*gate.events.lock().unwrap(), ["release sent"; 2]);
+    assert_eq!(*gate.events.lock().unwrap(), round.repeat(2));
 
     let gate = Arc::new(gated::Gate::default());
-    let always = registry(&gate, u32::MAX);
-    let err = always.try_lock(&key, options).await.unwrap_err();
+    let slow = registry(&gate, u32::MAX, ttl);
+    let err = slow.try_lock(&key, options).await.unwrap_err();
     assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     let cause = std::error::Error::source(&err).map(ToString::to_string);
     assert!(
         err.to_string().contains(&key)
             && cause
                 .as_ref()
-                .is_some_and(|c| c.contains("run out (3 times running)")),
+                .is_some_and(|c| c.contains("did not renew it in time (3 times running)")),
         "{err}: {cause:?}"
     );
-    assert_eq!(*gate.events.lock().unwrap(), ["release sent"; 3]);
-    assert_eq!(always.local_keys(), 0, "nothing held");
+    assert_eq!(*gate.events.lock().unwrap(), round.repeat(3));
+    assert_eq!(slow.local_keys(), 0, "nothing held");
 }

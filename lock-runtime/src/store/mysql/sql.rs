@@ -373,8 +373,10 @@ WHERE id = ? AND token = ? AND expires_at > {now}"
             ),
             // Free a second ago: also to a statement that read the clock
             // a moment before this one. A waiting writer's mark is served.
+            // The token stays (a row updated in place costs the server
+            // less): the holder's own statements all ask for a live lease.
             release: format!(
-                "UPDATE {t} SET fencing = LAST_INSERT_ID(fencing), token = '',
+                "UPDATE {t} SET fencing = LAST_INSERT_ID(fencing),
     expires_at = {now} - INTERVAL 1 SECOND, writer_until = NULL
 WHERE id = ? AND token = ? AND expires_at > {now}"
             ),
