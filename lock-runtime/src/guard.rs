@@ -17,7 +17,7 @@ use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Renewable, Renewal, Schedule};
-use crate::store::{Claim, HandOver, Lease, LossListener, LossSignal, Reply};
+use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -102,14 +102,9 @@ impl State {
         telemetry::hold_ended(self.labels, self.started_at);
     }
 
-    /// Takes the turn out if `wanted` says so.
-    fn take_turn_if(&self, wanted: impl FnOnce(&LocalTurn) -> bool) -> Option<LocalTurn> {
-        let mut turn = self.turn();
-        if turn.as_ref().is_some_and(wanted) {
-            turn.take()
-        } else {
-            None
-        }
+    /// Takes the turn out, if it is still here.
+    fn take_turn(&self) -> Option<LocalTurn> {
+        self.turn().take()
     }
 }
 
@@ -130,8 +125,8 @@ impl Renewable for State {
         self.loss.raise(reason);
     }
 
-    fn ends_at(&self, at: tokio::time::Instant, reason: &'static str) {
-        self.loss.ends_at(at, reason);
+    fn ends_at(&self, at: tokio::time::Instant, why: Deadline) {
+        self.loss.ends_at(at, why);
     }
 
     fn span(&self) -> &Span {
@@ -147,7 +142,7 @@ impl LossListener for State {
     fn lease_lost(&self, reason: &'static str) {
         tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
         self.ended(Some(reason));
-        drop(self.take_turn_if(|_| true));
+        drop(self.take_turn());
     }
 }
 
@@ -344,10 +339,14 @@ impl Holding {
         };
         let state = &*state;
         let key = state.key();
+        // Nothing else takes the turn from here on (the loss listener is
+        // gone), so it is taken out once, under one lock.
+        let mut turn = state.take_turn();
         if was_held
             && linger.is_zero()
             && chain < MAX_HAND_OVERS
-            && let Some(turn) = state.take_turn_if(LocalTurn::has_waiters)
+            && turn.as_ref().is_some_and(LocalTurn::has_waiters)
+            && let Some(turn) = turn.take()
         {
             let grant = Grant {
                 lease,
@@ -382,7 +381,7 @@ impl Holding {
         }
         let released = lease.release(linger).await;
         // The next local waiter goes ahead once the store has the release.
-        drop(state.take_turn_if(|_| true));
+        drop(turn);
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;

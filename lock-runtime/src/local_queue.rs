@@ -10,7 +10,7 @@
 //! A grant left behind for a waiter that went away is released.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -93,7 +93,7 @@ impl LocalQueues {
         }
         queues.map.remove(&queue.key);
         // Rather than let it block other processes until its ttl.
-        let handed = queue.handed().take();
+        let handed = queue.take_handed();
         if Arc::get_mut(&mut queue).is_some() {
             queues.spare = Some(queue);
         }
@@ -144,6 +144,8 @@ struct KeyQueue {
     turn: Semaphore,
     /// A lease handed over for the next holder, until it takes it up.
     handed: Mutex<Option<Grant>>,
+    /// Whether `handed` holds one: set under its lock, read without.
+    has_handed: AtomicBool,
 }
 
 impl KeyQueue {
@@ -153,6 +155,7 @@ impl KeyQueue {
             users: AtomicUsize::new(0),
             turn: Semaphore::new(1),
             handed: Mutex::new(None),
+            has_handed: AtomicBool::new(false),
         }
     }
 
@@ -161,6 +164,24 @@ impl KeyQueue {
         self.handed
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Leaves `grant` for the next turn.
+    fn put_handed(&self, grant: Grant) {
+        let mut handed = self.handed();
+        *handed = Some(grant);
+        self.has_handed.store(true, Ordering::Release);
+    }
+
+    /// The grant the last turn left, if any; the common case (none) takes
+    /// no lock.
+    fn take_handed(&self) -> Option<Grant> {
+        if !self.has_handed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut handed = self.handed();
+        self.has_handed.store(false, Ordering::Relaxed);
+        handed.take()
     }
 }
 
@@ -264,7 +285,7 @@ impl LocalTurn {
 
     /// Takes up the lease the previous holder handed over, if any.
     pub(crate) fn take_handed(&self) -> Option<Grant> {
-        self.member.as_ref()?.queue().handed().take()
+        self.member.as_ref()?.queue().take_handed()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
@@ -298,7 +319,7 @@ impl LocalTurn {
             // Never asked of an unqueued turn, which has no waiters.
             return Ok(HandOver::Released);
         };
-        *member.queue().handed() = Some(Grant {
+        member.queue().put_handed(Grant {
             lease,
             loss,
             fencing,

@@ -18,14 +18,15 @@
 //! and plans its next wake-up at the earliest due. Only a renewal that is
 //! actually due spawns a task, for its round trip.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
-use crate::store::{LossListener, Reply};
+use crate::store::{Deadline, LossListener, Reply};
 use crate::telemetry::reason;
+use crate::ticks;
 
 /// The lease a renewal looks after: renews it, and hears its verdict.
 pub(crate) trait Renewable: Send + Sync {
@@ -35,9 +36,9 @@ pub(crate) trait Renewable: Send + Sync {
     fn renew(&self) -> Reply<'_, bool>;
     /// The lease is lost, for `reason`.
     fn lose(&self, reason: &'static str);
-    /// The holder stops counting on the lease at `at`, for `reason`, unless
+    /// The holder stops counting on the lease at `at`, for `why`, unless
     /// told a later time first.
-    fn ends_at(&self, at: Instant, reason: &'static str);
+    fn ends_at(&self, at: Instant, why: Deadline);
     /// The lock's span, the parent of the renewal's events.
     fn span(&self) -> &tracing::Span;
     /// A renewal did not extend the lease (counted).
@@ -86,8 +87,9 @@ pub(crate) struct Entry<R: ?Sized = dyn Renewable> {
     schedule: Schedule,
     /// Set when the guard releases: no more renewals, no verdicts.
     stopped: AtomicBool,
-    /// Until when the lease is known valid (local clock, margin deducted).
-    valid_until: Mutex<Instant>,
+    /// Until when the lease is known valid (local clock, margin
+    /// deducted), in [`ticks`].
+    valid_until: AtomicI64,
     lease: R,
 }
 
@@ -109,7 +111,11 @@ impl<R: Renewable + ?Sized> Entry<R> {
     }
 
     fn valid_until(&self) -> Instant {
-        *lock(&self.valid_until)
+        ticks::instant(self.valid_until.load(Ordering::Acquire))
+    }
+
+    fn set_valid_until(&self, at: Instant) {
+        self.valid_until.store(ticks::of(at), Ordering::Release);
     }
 
     fn is_stopped(&self) -> bool {
@@ -144,13 +150,13 @@ impl<R: Renewable + ?Sized> Entry<R> {
     fn tell_deadline(&self) {
         let valid_until = self.valid_until();
         let ends = if self.schedule.renew {
-            reason::LATE
+            Deadline::Late
         } else {
-            reason::TTL
+            Deadline::Ttl
         };
         match self.stop_at() {
             Some(stop_at) if stop_at <= valid_until => {
-                self.lease.ends_at(stop_at, reason::MAX_HOLD);
+                self.lease.ends_at(stop_at, Deadline::MaxHold);
             }
             _ => self.lease.ends_at(valid_until, ends),
         }
@@ -222,7 +228,7 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
         match outcome {
             Ok(Ok(true)) => {
                 tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
-                *lock(&entry.valid_until) = sent_at + entry.schedule.valid_for;
+                entry.set_valid_until(sent_at + entry.schedule.valid_for);
                 entry.tell_deadline();
                 let due = entry.next_due(sent_at);
                 entry.renewer.schedule(id, &entry, due);
@@ -262,7 +268,7 @@ impl<R: Renewable + 'static> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
         let started_at = schedule.started_at;
         let entry = Arc::new(Entry {
-            valid_until: Mutex::new(started_at + schedule.valid_for),
+            valid_until: AtomicI64::new(ticks::of(started_at + schedule.valid_for)),
             schedule,
             stopped: AtomicBool::new(false),
             lease: held,

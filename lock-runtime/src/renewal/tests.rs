@@ -39,8 +39,8 @@ impl Renewable for Held {
         self.losses.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn ends_at(&self, at: Instant, reason: &'static str) {
-        *self.ends.lock().unwrap() = Some((at, reason));
+    fn ends_at(&self, at: Instant, why: Deadline) {
+        *self.ends.lock().unwrap() = Some((at, why.reason()));
     }
 
     fn span(&self) -> &tracing::Span {

@@ -2,11 +2,14 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::telemetry::reason;
+use crate::ticks;
 
 /// The signal that one lease is lost.
 ///
@@ -26,15 +29,13 @@ pub struct LossSignal {
 struct LossShared {
     raised: AtomicBool,
     notify: Notify,
-    /// When the signal was made: what `deadline` counts from.
-    made_at: Instant,
-    /// When the holder stops counting on the lease, in nanoseconds from
-    /// `made_at` (`u64::MAX`: no deadline): looked at whenever the
-    /// holder's task wakes (see [`LossSignal::raised`]), so an atomic, not
-    /// a lock.
-    deadline: AtomicU64,
-    /// Why the lease is lost at its deadline; read only then.
-    deadline_reason: Mutex<&'static str>,
+    /// When the holder stops counting on the lease, in [`ticks`]
+    /// ([`ticks::NEVER`]: no deadline): looked at whenever the holder's
+    /// task wakes (see [`LossSignal::raised`]), so an atomic, not a lock.
+    deadline: AtomicI64,
+    /// Why the lease is lost at its deadline (a [`Deadline`]); read only
+    /// then.
+    deadline_reason: AtomicU8,
     /// Told once when the signal is raised; the runtime's holder of the lease.
     listener: Mutex<Option<Weak<dyn LossListener>>>,
 }
@@ -49,23 +50,41 @@ impl Default for LossShared {
         LossShared {
             raised: AtomicBool::new(false),
             notify: Notify::new(),
-            made_at: Instant::now(),
-            deadline: AtomicU64::new(NO_DEADLINE),
-            deadline_reason: Mutex::new(""),
+            deadline: AtomicI64::new(ticks::NEVER),
+            deadline_reason: AtomicU8::new(Deadline::Late as u8),
             listener: Mutex::new(None),
         }
     }
 }
 
-/// The deadline of a signal that has none.
-const NO_DEADLINE: u64 = u64::MAX;
+/// Why a holder stops counting on its lease at a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Deadline {
+    /// The renewal did not get through before the lease ran out.
+    Late,
+    /// `max_hold` was reached.
+    MaxHold,
+    /// The ttl passed with the watchdog off.
+    Ttl,
+}
 
-impl LossShared {
-    /// `at` in nanoseconds from when the signal was made; 0 for an
-    /// instant before (already past, as the clock never goes back).
-    fn since_made(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.made_at).as_nanos();
-        u64::try_from(since).unwrap_or(NO_DEADLINE - 1)
+impl Deadline {
+    /// The loss's reason, as logs and metrics name it.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Deadline::Late => reason::LATE,
+            Deadline::MaxHold => reason::MAX_HOLD,
+            Deadline::Ttl => reason::TTL,
+        }
+    }
+
+    fn from_u8(value: u8) -> Deadline {
+        match value {
+            v if v == Deadline::MaxHold as u8 => Deadline::MaxHold,
+            v if v == Deadline::Ttl as u8 => Deadline::Ttl,
+            _ => Deadline::Late,
+        }
     }
 }
 
@@ -132,16 +151,14 @@ impl LossSignal {
     }
 
     /// Sets when the holder stops counting on the lease (its ttl less the
-    /// margin, or `max_hold`), and the reason it is lost then.
-    pub(crate) fn ends_at(&self, at: Instant, reason: &'static str) {
-        *self
-            .shared
-            .deadline_reason
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner()) = reason;
+    /// margin, or `max_hold`), and why it is lost then.
+    pub(crate) fn ends_at(&self, at: Instant, why: Deadline) {
+        // The reason first: a reader that sees the new deadline passed
+        // (`Acquire`) sees its reason too.
         self.shared
-            .deadline
-            .store(self.shared.since_made(at), Ordering::Release);
+            .deadline_reason
+            .store(why as u8, Ordering::Relaxed);
+        self.shared.deadline.store(ticks::of(at), Ordering::Release);
     }
 
     /// Whether the signal is raised, raising it first if its deadline has
@@ -154,15 +171,11 @@ impl LossSignal {
     /// atomic load and a clock read.
     fn past_deadline(&self) -> bool {
         let deadline = self.shared.deadline.load(Ordering::Acquire);
-        if deadline == NO_DEADLINE || self.shared.since_made(Instant::now()) < deadline {
+        if deadline == ticks::NEVER || ticks::of(Instant::now()) < deadline {
             return false;
         }
-        let reason = *self
-            .shared
-            .deadline_reason
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        self.raise(reason);
+        let why = Deadline::from_u8(self.shared.deadline_reason.load(Ordering::Relaxed));
+        self.raise(why.reason());
         true
     }
 
