@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Span;
 
 use crate::error::LockError;
-use crate::local_queue::{Grant, LocalQueues, LocalTurn};
+use crate::local_queue::{Grant, LocalQueues, LocalTurn, QueueMember};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
@@ -137,23 +137,27 @@ async fn contend(
         waited: started.elapsed(),
     };
     // Tasks of this process queue for an exclusive claim, so one of them
-    // contends in the store; claims many may hold at once go to the store.
-    let turn = if claim == Claim::Exclusive {
-        match parts.local.join(full_key).try_lock() {
-            Ok(turn) => turn,
-            Err(member) => {
-                *contended = true;
-                if mode == Mode::Skip {
-                    tracing::debug!(parent: wait, key, "lock held by another task of this process; skipping");
-                    return Ok(None);
-                }
-                within(deadline, member.lock())
-                    .await
-                    .ok_or_else(timed_out)?
+    // contends in the store, and for a semaphore's permits, so as many as
+    // it has; shares, which any number may hold, go to the store.
+    let width = match claim {
+        Claim::Exclusive => Some(1),
+        Claim::Permit { limit } => Some(limit.get()),
+        Claim::Shared => None,
+    };
+    let member = width.and_then(|width| parts.local.join(full_key, width));
+    let turn = match member.map(QueueMember::try_lock) {
+        None => LocalTurn::unqueued(full_key.clone()),
+        Some(Ok(turn)) => turn,
+        Some(Err(member)) => {
+            *contended = true;
+            if mode == Mode::Skip {
+                tracing::debug!(parent: wait, key, "lock held by other tasks of this process; skipping");
+                return Ok(None);
             }
+            within(deadline, member.lock())
+                .await
+                .ok_or_else(timed_out)?
         }
-    } else {
-        LocalTurn::unqueued(full_key.clone())
     };
     if let Some(mut handed) = turn.take_handed() {
         if handed.ttl == opts.ttl && !handed.loss.is_raised() {

@@ -1,6 +1,8 @@
 //! The local queue: one per key that tasks of this registry hold or wait
-//! for, so that only the task at its front contends in the store; and both
-//! ends of the in-process hand-over, which passes a lease along that queue.
+//! for, so that only as many tasks as the store could grant at once (one
+//! for an exclusive claim, `limit` for a semaphore's permits) contend in
+//! the store, the others waiting here in order; and both ends of the
+//! in-process hand-over, which passes an exclusive lease along that queue.
 //!
 //! A holder that releases while other tasks of its process queue behind it
 //! asks the store to move the lease to a new token ([`Lease::hand_over`]),
@@ -43,30 +45,39 @@ struct Queues {
 }
 
 impl LocalQueues {
-    /// Gets or creates the queue for `full_key`, and joins it.
-    pub(crate) fn join(&self, full_key: &Arc<str>) -> QueueMember {
+    /// Gets or creates the queue for `full_key`, `width` tasks wide (how
+    /// many may hold the key at once), and joins it; `None` when the key's
+    /// queue is of another width (claims that do not match: the store
+    /// answers them).
+    pub(crate) fn join(&self, full_key: &Arc<str>, width: u32) -> Option<QueueMember> {
         let key = self.hashing.key(full_key.clone());
         let mut queues = self.queues();
         let Queues { map, spare } = &mut *queues;
-        let queue = map
-            .entry(key)
-            .or_insert_with_key(|key| match spare.take() {
+        let queue = map.entry(key).or_insert_with_key(|key| {
+            let fresh = KeyQueue::new(key.clone(), width);
+            match spare.take() {
                 Some(mut queue) => {
                     if let Some(empty) = Arc::get_mut(&mut queue) {
-                        *empty = KeyQueue::new(key.clone());
+                        *empty = fresh;
+                        queue
+                    } else {
+                        Arc::new(fresh)
                     }
-                    queue
                 }
-                None => Arc::new(KeyQueue::new(key.clone())),
-            })
-            .clone();
+                None => Arc::new(fresh),
+            }
+        });
+        if queue.width != width {
+            return None;
+        }
+        let queue = queue.clone();
         // Counted under the map's lock, as leaving is.
         queue.users.fetch_add(1, Ordering::Relaxed);
         drop(queues);
-        QueueMember {
+        Some(QueueMember {
             queues: self.clone(),
             queue: Some(queue),
-        }
+        })
     }
 
     /// How many keys have a queue.
@@ -136,11 +147,13 @@ struct KeyQueue {
     /// The full key, as the map holds it (with its hash, to leave it
     /// without hashing it again).
     key: HashedKey,
+    /// How many of its tasks may hold the key at once (the permits of
+    /// `turn`), fixed by the task that made the queue.
+    width: u32,
     /// The tasks that hold or wait for the key; changed under the map's
     /// lock, so the last one out removes the queue.
     users: AtomicUsize,
-    /// The turn: the semaphore's one permit, taken by the front of the
-    /// queue.
+    /// The turns: `width` permits, taken by the front of the queue.
     turn: Semaphore,
     /// A lease handed over for the next holder, until it takes it up.
     handed: Mutex<Option<Grant>>,
@@ -149,11 +162,12 @@ struct KeyQueue {
 }
 
 impl KeyQueue {
-    fn new(key: HashedKey) -> Self {
+    fn new(key: HashedKey, width: u32) -> Self {
         KeyQueue {
             key,
+            width,
             users: AtomicUsize::new(0),
-            turn: Semaphore::new(1),
+            turn: Semaphore::new(width as usize),
             handed: Mutex::new(None),
             has_handed: AtomicBool::new(false),
         }
@@ -276,11 +290,14 @@ impl LocalTurn {
         &self.key
     }
 
-    /// Whether other tasks of this process wait behind this turn.
+    /// Whether other tasks of this process wait behind this turn, one
+    /// of them for this holder's lease: the turn is the key's only one (an
+    /// exclusive claim's), so a hand-over can go to the next.
     pub(crate) fn has_waiters(&self) -> bool {
-        self.member
-            .as_ref()
-            .is_some_and(|member| member.queue().users.load(Ordering::Relaxed) > 1)
+        self.member.as_ref().is_some_and(|member| {
+            let queue = member.queue();
+            queue.width == 1 && queue.users.load(Ordering::Relaxed) > 1
+        })
     }
 
     /// Takes up the lease the previous holder handed over, if any.

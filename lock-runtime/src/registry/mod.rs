@@ -58,7 +58,8 @@ pub fn registry() -> Result<&'static LockRegistry, LockError> {
 ///
 /// Cheap to clone; clones share the queues. Within one registry, tasks that
 /// want the same key queue locally (first come, first served), so only one
-/// of them contends in the store at a time.
+/// of them contends in the store at a time (for a semaphore of N permits,
+/// N of them).
 ///
 /// # Examples
 ///

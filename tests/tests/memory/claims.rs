@@ -259,3 +259,96 @@ async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
     lock_tests::scenarios::a_waiter_that_times_out_leaves_nothing(&a, &b).await;
     lock_tests::scenarios::hold_at_least_ends_on_time(&a, &b).await;
 }
+
+/// The memory store, counting the acquires that reach it.
+#[derive(Debug, Default)]
+struct CountingStore {
+    inner: lock_runtime::MemoryStore,
+    acquires: Arc<AtomicUsize>,
+}
+
+impl lock_runtime::store::Store for CountingStore {
+    fn capabilities(&self) -> &lock_runtime::store::Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: lock_runtime::store::AcquireRequest<'a>,
+    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::Acquire> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(request)
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: lock_runtime::store::LockToken,
+    ) -> lock_runtime::store::Reply<'a, bool> {
+        self.inner.abandon(key, token)
+    }
+
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::ReleaseWatch> {
+        self.inner.watch(key)
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> lock_runtime::store::Reply<'a, bool> {
+        self.inner.force_release(key)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> lock_runtime::store::Reply<'a, Option<lock_runtime::store::LeaseInfo>> {
+        self.inner.inspect(key)
+    }
+}
+
+/// Tasks of one process queue in the process for a semaphore's permits,
+/// as they do for a mutex: no more of them ask the store at a time than it
+/// has permits, and each waiter asks it once, when a holder of this
+/// process has let a permit go.
+#[tokio::test]
+async fn a_semaphores_waiters_in_one_process_queue_in_the_process() {
+    let store = CountingStore::default();
+    let acquires = store.acquires.clone();
+    let locks = LockRegistry::new(store);
+    let k = unique_key("queued-permits");
+    let opts = LockOptions::default().permits(2);
+    let first = locks.lock(&k, opts.clone()).await.unwrap();
+    let second = locks.lock(&k, opts.clone()).await.unwrap();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (locks, k, opts) = (locks.clone(), k.clone(), opts.clone());
+            tokio::spawn(async move { locks.lock(&k, opts).await?.release().await })
+        })
+        .collect();
+    // Polled: nothing signals that a task joined the queue.
+    let queued = async {
+        while locks.local_queue_len(&k) < 6 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("the four waiters queue behind the two holders");
+    assert_eq!(
+        acquires.load(Ordering::SeqCst),
+        2,
+        "the waiters wait in the process, not in the store"
+    );
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        acquires.load(Ordering::SeqCst),
+        6,
+        "each waiter asked the store once, when its turn came"
+    );
+    assert_eq!(locks.local_keys(), 0);
+}
