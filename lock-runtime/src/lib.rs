@@ -241,7 +241,6 @@ mod acquire;
 mod local_queue;
 mod renewal;
 mod telemetry;
-mod ticks;
 // Scheduled jobs that run once per fire.
 pub mod job;
 // The contract, and the stores under it.

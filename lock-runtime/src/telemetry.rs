@@ -64,9 +64,11 @@ pub(crate) const UNNAMED: &str = "unnamed";
 /// raised the loss signal came from the store.
 pub(crate) mod reason {
     pub(crate) const REFUSED: &str = "the store no longer has it (expired or taken over)";
-    pub(crate) const LATE: &str = "no renewal got through before the lease ran out";
-    pub(crate) const MAX_HOLD: &str = "max_hold reached";
-    pub(crate) const TTL: &str = "ttl passed with the watchdog off";
+    use crate::store::Deadline;
+
+    pub(crate) const LATE: &str = Deadline::Late.reason();
+    pub(crate) const MAX_HOLD: &str = Deadline::MaxHold.reason();
+    pub(crate) const TTL: &str = Deadline::Ttl.reason();
     pub(crate) const RELEASE: &str = "the release found it gone";
 }
 

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
+use crate::store::ticks;
 use crate::store::{Deadline, LossListener, Reply};
 use crate::telemetry::reason;
-use crate::ticks;
 
 /// The lease a renewal looks after: renews it, and hears its verdict.
 pub(crate) trait Renewable: Send + Sync {

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::telemetry::reason;
-use crate::ticks;
+use super::ticks;
 
 /// The signal that one lease is lost.
 ///
@@ -71,11 +70,11 @@ pub(crate) enum Deadline {
 
 impl Deadline {
     /// The loss's reason, as logs and metrics name it.
-    pub(crate) fn reason(self) -> &'static str {
+    pub(crate) const fn reason(self) -> &'static str {
         match self {
-            Deadline::Late => reason::LATE,
-            Deadline::MaxHold => reason::MAX_HOLD,
-            Deadline::Ttl => reason::TTL,
+            Deadline::Late => "no renewal got through before the lease ran out",
+            Deadline::MaxHold => "max_hold reached",
+            Deadline::Ttl => "ttl passed with the watchdog off",
         }
     }
 

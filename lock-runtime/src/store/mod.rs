@@ -29,6 +29,7 @@ mod capabilities;
 mod claim;
 mod loss;
 mod request;
+pub(crate) mod ticks;
 mod token;
 mod watch;
 
