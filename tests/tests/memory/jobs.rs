@@ -310,10 +310,14 @@ async fn a_bad_cron_expression_is_refused_naming_the_job() {
 #[tokio::test]
 async fn run_fire_from_an_outside_scheduler_runs_each_fire_once() {
     let store = MemoryStore::default();
-    let schedule = Schedule::every(PERIOD);
+    // Longer than the other tests' period: a replica's ticker, 90 ms late
+    // on purpose and later again on a busy machine, must stay nearer its
+    // own fire than the next one.
+    let period = PERIOD * 3;
+    let schedule = Schedule::every(period);
     let runs: Arc<Mutex<BTreeMap<u128, Vec<usize>>>> = Arc::default();
     let outcomes: Arc<Mutex<Vec<(u128, FireOutcome)>>> = Arc::default();
-    let first = schedule.next_after(SystemTime::now() + PERIOD);
+    let first = schedule.next_after(SystemTime::now() + period);
     let tickers: Vec<_> = [0u64, 40, 90]
         .into_iter()
         .enumerate()
@@ -323,7 +327,7 @@ async fn run_fire_from_an_outside_scheduler_runs_each_fire_once() {
             let job = Job::new("outside", schedule.clone()).replica(format!("replica {replica}"));
             tokio::spawn(async move {
                 for n in 0..5u32 {
-                    let due = first + PERIOD * n + Duration::from_millis(late_ms);
+                    let due = first + period * n + Duration::from_millis(late_ms);
                     let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
                     tokio::time::sleep(wait).await;
                     let fire = schedule.nearest(SystemTime::now());
