@@ -18,7 +18,7 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalQueues, LocalTurn, QueueMember};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
-    Acquire, AcquireRequest, Capabilities, Claim, LockToken, LossSignal, ReleaseWatch, Store,
+    Acquire, AcquireRequest, Capabilities, Lease, LockToken, LossSignal, ReleaseWatch, Store,
     StoreErrorKind,
 };
 use crate::telemetry::{self, Labels, Outcome};
@@ -139,12 +139,9 @@ async fn contend(
     // Tasks of this process queue for an exclusive claim, so one of them
     // contends in the store, and for a semaphore's permits, so as many as
     // it has; shares, which any number may hold, go to the store.
-    let width = match claim {
-        Claim::Exclusive => Some(1),
-        Claim::Permit { limit } => Some(limit.get()),
-        Claim::Shared => None,
-    };
-    let member = width.and_then(|width| parts.local.join(full_key, width));
+    let member = claim
+        .limit()
+        .and_then(|width| parts.local.join(full_key, width.get()));
     let turn = match member.map(QueueMember::try_lock) {
         None => LocalTurn::unqueued(full_key.clone()),
         Some(Ok(turn)) => turn,
@@ -239,47 +236,29 @@ async fn contend(
                         let valid_for = parts.capabilities.valid_for(opts.ttl);
                         let took = started_at.elapsed();
                         if took >= valid_for {
-                            // Answered too late to be counted on: renewed at
-                            // once, and counted from the renewal if still ours.
-                            let renewed_at = Instant::now();
-                            let Some(renewed) = within(deadline, lease.renew()).await else {
-                                answering = false;
-                                return Err(timed_out());
-                            };
-                            if matches!(renewed, Ok(true)) && renewed_at.elapsed() < valid_for {
-                                started_at = renewed_at;
-                            } else {
-                                // No lock. Given back before the token asks
-                                // again (a release arriving after the next
-                                // grant would end that one).
-                                late += 1;
-                                let Some(given_back) =
-                                    within(deadline, lease.release(Duration::ZERO)).await
-                                else {
+                            match keep_late_grant(&mut *lease, deadline, valid_for).await {
+                                None => {
                                     answering = false;
                                     return Err(timed_out());
-                                };
-                                tracing::warn!(
-                                    parent: wait,
-                                    key,
-                                    took_ms = took.as_millis() as u64,
-                                    "the store granted the lock after its lease ran out, \
-                                     and did not renew it in time; given back"
-                                );
-                                // A waiter asks again while its wait lasts.
-                                if given_back.is_ok()
-                                    && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
-                                {
-                                    continue;
                                 }
-                                let ttl = opts.ttl;
-                                let why = format!(
-                                    "the store granted the lock {took:?} after the request, \
-                                     when its lease (ttl {ttl:?} less the store's margin) \
-                                     had run out, and did not renew it in time ({late} times \
-                                     running); it was given back"
-                                );
-                                return Err(LockError::store(key, "acquire", why.into()));
+                                Some(Ok(renewed_at)) => started_at = renewed_at,
+                                Some(Err(given_back)) => {
+                                    late += 1;
+                                    tracing::warn!(
+                                        parent: wait,
+                                        key,
+                                        took_ms = took.as_millis() as u64,
+                                        "the store granted the lock after its lease ran out, \
+                                         and did not renew it in time; given back"
+                                    );
+                                    // A waiter asks again while its wait lasts.
+                                    if given_back
+                                        && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
+                                    {
+                                        continue;
+                                    }
+                                    return Err(late_grants_error(key, took, opts.ttl, late));
+                                }
                             }
                         }
                         place.take().into_iter().for_each(Stake::settle);
@@ -421,6 +400,39 @@ async fn abandon(store: Arc<dyn Store>, key: Arc<str>, token: LockToken) {
             tracing::debug!(%key, %error, "could not abandon an acquire; a lease it may have got ends at its ttl")
         }
     }
+}
+
+/// A grant answered after its lease ran out (`valid_for` from the
+/// request), too late to be counted on: renewed at once, and kept, counted
+/// from the renewal, if the store still has it and the renewal came in
+/// time (`Ok(renewed_at)`); otherwise given back, before the token asks
+/// again, since a release arriving after the next grant would end that one
+/// (`Err(whether the store took it back)`). `None` when `deadline` came
+/// first.
+async fn keep_late_grant(
+    lease: &mut dyn Lease,
+    deadline: Option<Instant>,
+    valid_for: Duration,
+) -> Option<Result<Instant, bool>> {
+    let renewed_at = Instant::now();
+    let renewed = within(deadline, lease.renew()).await?;
+    if matches!(renewed, Ok(true)) && renewed_at.elapsed() < valid_for {
+        return Some(Ok(renewed_at));
+    }
+    let given_back = within(deadline, lease.release(Duration::ZERO)).await?;
+    Some(Err(given_back.is_ok()))
+}
+
+/// The error of a call in skip mode whose last `late` grants in a row came
+/// `took` after their request, past their lease (`ttl` less the margin),
+/// and were given back.
+fn late_grants_error(key: &str, took: Duration, ttl: Duration, late: u32) -> LockError {
+    let why = format!(
+        "the store granted the lock {took:?} after the request, when its lease (ttl {ttl:?} \
+         less the store's margin) had run out, and did not renew it in time ({late} times \
+         running); it was given back"
+    );
+    LockError::store(key, "acquire", why.into())
 }
 
 /// Runs `fut` until `deadline`; `None` if the deadline came first.
