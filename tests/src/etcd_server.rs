@@ -335,9 +335,20 @@ impl Drop for EtcdCluster {
 /// One HTTP/1.1 request to the member's client port; the response, or
 /// empty on any error.
 fn http(port: u16, method: &str, path: &str, body: &str) -> String {
+    http_within(port, method, path, body, Duration::from_millis(500))
+}
+
+/// [`http`], waiting at most `timeout` for each read of the response.
+pub(crate) fn http_within(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> String {
     let attempt = || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+        let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
         write!(
             stream,
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
@@ -352,7 +363,7 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> String {
 }
 
 /// The string value of `"name":"..."` in a JSON text.
-fn json_field(json: &str, name: &str) -> Option<String> {
+pub(crate) fn json_field(json: &str, name: &str) -> Option<String> {
     let start = json.find(&format!("\"{name}\":\""))? + name.len() + 4;
     let end = json[start..].find('"')? + start;
     Some(json[start..end].to_owned())

@@ -9,6 +9,7 @@ pub mod attribute;
 pub mod careless;
 mod certs;
 mod etcd_server;
+mod etcd_watch;
 pub mod history;
 mod mariadb_server;
 pub mod partition;
@@ -26,6 +27,7 @@ mod zookeeper_server;
 
 pub use certs::TestCerts;
 pub use etcd_server::{EtcdCluster, etcd_delete_lock, etcd_lock_entries, etcd_lock_range};
+pub use etcd_watch::EtcdWatch;
 pub use mariadb_server::MariaDbServer;
 pub use postgres_server::{PgBouncer, PoolMode, PostgresServer};
 pub use proxy::{Proxy, ProxySwitch};

@@ -2,7 +2,8 @@
 //! worker processes killed, frozen and cut off (through proxies of their
 //! own to every member) at random, the leader frozen past every lease (the
 //! others elect another; it comes back a follower) or killed and
-//! restarted, every body checked.
+//! restarted, every body checked. Elections and stalls the cluster makes
+//! by itself are watched for and written down as its faults.
 //! etcd counts leases in whole seconds: 1 s leases.
 
 use std::time::Duration;
@@ -20,8 +21,12 @@ fn workers_killed_frozen_and_cut_off_and_the_leader_frozen_or_restarted_never_ov
     let mut faults = 0;
     let members = (0..cluster.len()).map(|i| cluster.client_port(i)).collect();
     // Leases expire in whole seconds: up to 1 s past their ttl.
+    // Elections and stalls the cluster makes by itself on a loaded
+    // machine are its faults too.
+    let watch = cluster.watch(ttl);
     let soak = Soak::new(WORKER, &cluster.worker_url(), ttl, 25)
         .recovery(Duration::from_millis(1300))
+        .watched(watch)
         .through_proxies(members, |ports| {
             let members: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
             format!("etcd://{}", members.join(","))

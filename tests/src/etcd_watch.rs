@@ -1,0 +1,133 @@
+//! What an etcd cluster does by itself, for the soak's history: spells in
+//! which a member takes no write in time, and elections it holds on its
+//! own (with 100 ms election timeouts, a loaded machine can starve a
+//! leader of its heartbeats long enough for the others to depose it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::EtcdCluster;
+use crate::etcd_server::{http_within, json_field};
+use crate::history::now_us;
+use crate::soak::{Fault, Seen, StoreWatch};
+
+/// How often every member is written to.
+const POLL: Duration = Duration::from_millis(50);
+
+/// How long a member may take to commit a write before the spell counts
+/// as a stall: a write on loopback commits in milliseconds, and the
+/// store gives a call two seconds.
+const STALL: Duration = Duration::from_millis(500);
+
+/// The probe's write: a key outside every lock prefix (`soak-watch`),
+/// base64 as etcd's JSON gateway takes it.
+const PROBE: &str = r#"{"key":"c29hay13YXRjaA==","value":"MQ=="}"#;
+
+/// A watch on an etcd cluster, writing to every member from a thread of
+/// its own until [`seen`](StoreWatch::seen) is asked.
+#[derive(Debug)]
+pub struct EtcdWatch {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<Vec<Seen>>>>,
+}
+
+impl EtcdCluster {
+    /// Watches the cluster for the faults it makes by itself. A spell in
+    /// which a member does not commit a write within 500 ms, or the
+    /// members name different Raft terms, is a fault; if the term after
+    /// it is another than before (the cluster elected a leader), it is
+    /// lossy for `lingers` after (a deposed leader may still answer
+    /// keep-alives until it learns it was deposed, as the store's docs
+    /// say), else kept. Faults the harness made itself (a member frozen
+    /// or restarted) are seen too; they overlap its own records.
+    pub fn watch(&self, lingers: Duration) -> EtcdWatch {
+        let ports: Vec<u16> = (0..self.len()).map(|i| self.client_port(i)).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || poll(&ports, lingers, &stop)
+        });
+        EtcdWatch {
+            stop,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+}
+
+impl StoreWatch for EtcdWatch {
+    fn seen(&self) -> Vec<Seen> {
+        self.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.lock().expect("thread").take();
+        thread.map_or_else(Vec::new, |thread| thread.join().expect("the watch"))
+    }
+}
+
+impl Drop for EtcdWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The Raft term member `port` committed a probe write in, if it did
+/// within [`STALL`].
+fn term_of(port: u16) -> Option<u64> {
+    let answer = http_within(port, "POST", "/v3/kv/put", PROBE, STALL);
+    json_field(&answer, "raft_term")?.parse().ok()
+}
+
+/// Polls until `stop`; every fault seen.
+fn poll(ports: &[u16], lingers: Duration, stop: &AtomicBool) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    let lingers_us = u64::try_from(lingers.as_micros()).unwrap_or(u64::MAX);
+    // The term when all last agreed, and since when a spell of trouble
+    // has lasted (from the last calm poll before it).
+    let mut term: Option<u64> = None;
+    let mut spell: Option<u64> = None;
+    let mut last_poll = now_us();
+    let mut record = |from_us: u64, to_us: u64, before: Option<u64>, after: Option<u64>| {
+        seen.push(if before.is_some() && before != after {
+            Seen {
+                fault: Fault::lossy("etcd-elected-a-leader"),
+                from_us,
+                to_us: to_us.saturating_add(lingers_us),
+            }
+        } else {
+            Seen {
+                fault: Fault::kept("etcd-stalled"),
+                from_us,
+                to_us,
+            }
+        });
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let terms: Vec<Option<u64>> = ports.iter().map(|&port| term_of(port)).collect();
+        let now = now_us();
+        let agreed = match terms.first() {
+            Some(Some(first)) if terms.iter().all(|t| *t == Some(*first)) => Some(*first),
+            _ => None,
+        };
+        match (agreed.is_some(), spell) {
+            (false, None) => spell = Some(last_poll),
+            (true, Some(from)) => {
+                record(from, now, term, agreed);
+                spell = None;
+                term = agreed;
+            }
+            (true, None) => {
+                if term.is_some() && term != agreed {
+                    record(last_poll, now, term, agreed);
+                }
+                term = agreed;
+            }
+            (false, Some(_)) => {}
+        }
+        last_poll = now;
+        std::thread::sleep(POLL);
+    }
+    if let Some(from) = spell {
+        record(from, now_us(), term, None);
+    }
+    seen
+}
