@@ -17,8 +17,10 @@
 //!   `distributed_lock` per key and the body.
 //!
 //! The runtime's events (acquired, contended, renewal failures, losses,
-//! releases) are children of these spans. With no subscriber, a span costs
-//! a check of a cached flag and its fields are never evaluated.
+//! releases) are children of these spans. The spans are made only while a
+//! subscriber may listen at INFO (`tracing::level_enabled!`); with none, a
+//! lock makes no span, and the events still reach `tracing`'s `log`
+//! fallback where that is on.
 //!
 //! # Metrics
 //!
@@ -180,8 +182,21 @@ mod handles {
     }
 }
 
+/// Whether any subscriber may listen to the runtime's (INFO) spans. Without
+/// one, they are not made: `tracing`'s fallback to the `log` crate (its
+/// `log` feature, turned on by many a dependency) would otherwise record
+/// every span's fields for a logger that has no place for spans, at a cost
+/// of the order of the lock itself on the in-process store. The events
+/// reach such a logger all the same.
+fn spans_listened() -> bool {
+    tracing::level_enabled!(tracing::Level::INFO)
+}
+
 /// The `distributed_lock` span of one lock on `key`.
 pub(crate) fn lock_span(key: &str, mode: Mode, store: &'static str) -> Span {
+    if !spans_listened() {
+        return Span::none();
+    }
     tracing::info_span!(
         "distributed_lock",
         key,
@@ -194,11 +209,17 @@ pub(crate) fn lock_span(key: &str, mode: Mode, store: &'static str) -> Span {
 
 /// The `lock_wait` span, a child of `parent`.
 pub(crate) fn wait_span(parent: &Span) -> Span {
+    if parent.is_none() {
+        return Span::none();
+    }
     tracing::info_span!(parent: parent, "lock_wait")
 }
 
 /// The `distributed_locks` span of a `keys = [..]` call.
 pub(crate) fn locks_span(keys: &[String], mode: Mode) -> Span {
+    if !spans_listened() {
+        return Span::none();
+    }
     tracing::info_span!(
         "distributed_locks",
         keys = ?keys,
