@@ -114,17 +114,13 @@ impl<R: Renewable + ?Sized> Entry<R> {
         ticks::instant(self.valid_until.load(Ordering::Acquire))
     }
 
-    fn set_valid_until(&self, at: Instant) {
-        self.valid_until.store(ticks::of(at), Ordering::Release);
-    }
-
     fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
 
-    /// When to act next, after a renewal (or the acquire) at `base`.
-    fn next_due(&self, base: Instant) -> Due {
-        let valid_until = self.valid_until();
+    /// When to act next, after a renewal (or the acquire) at `base` that
+    /// made the lease valid until `valid_until`.
+    fn next_due(&self, base: Instant, valid_until: Instant) -> Due {
         if !self.schedule.renew {
             return Due::exact(valid_until);
         }
@@ -145,10 +141,12 @@ impl<R: Renewable + ?Sized> Entry<R> {
         }
     }
 
-    /// Tells the holder when it stops counting on the lease: where the
-    /// lease stops being valid, or `max_hold` passes if that is sooner.
-    fn tell_deadline(&self) {
-        let valid_until = self.valid_until();
+    /// Makes the lease valid until `valid_until`, and tells the holder
+    /// when it stops counting on it: then, or when `max_hold` passes if
+    /// that is sooner.
+    fn set_valid_until(&self, valid_until: Instant) {
+        self.valid_until
+            .store(ticks::of(valid_until), Ordering::Release);
         let ends = if self.schedule.renew {
             Deadline::Late
         } else {
@@ -228,9 +226,9 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
         match outcome {
             Ok(Ok(true)) => {
                 tracing::trace!(parent: entry.lease.span(), key = entry.lease.key(), "lease renewed");
-                entry.set_valid_until(sent_at + entry.schedule.valid_for);
-                entry.tell_deadline();
-                let due = entry.next_due(sent_at);
+                let valid_until = sent_at + entry.schedule.valid_for;
+                entry.set_valid_until(valid_until);
+                let due = entry.next_due(sent_at, valid_until);
                 entry.renewer.schedule(id, &entry, due);
             }
             Ok(Ok(false)) => {
@@ -267,14 +265,15 @@ impl<R: Renewable + 'static> Renewal<R> {
     pub(crate) fn start(owner: &Weak<dyn Send + Sync>, schedule: Schedule, held: R) -> Renewal<R> {
         let renewer = Renewer::for_this_thread(owner);
         let started_at = schedule.started_at;
+        let valid_until = started_at + schedule.valid_for;
         let entry = Arc::new(Entry {
-            valid_until: AtomicI64::new(ticks::of(started_at + schedule.valid_for)),
+            valid_until: AtomicI64::new(ticks::NEVER),
             schedule,
             stopped: AtomicBool::new(false),
             lease: held,
         });
-        entry.tell_deadline();
-        let due = entry.next_due(started_at);
+        entry.set_valid_until(valid_until);
+        let due = entry.next_due(started_at, valid_until);
         let id = renewer.add(entry.clone(), due);
         Renewal { renewer, id, entry }
     }

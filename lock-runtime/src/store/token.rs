@@ -1,28 +1,43 @@
 //! The token that names one holder of one lease.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::StoreError;
 
-/// The random 128-bit value that identifies one holder of one lease.
+/// The 128-bit value that identifies one holder of one lease.
 ///
-/// Only the holder knows it, so only the holder can renew or release. Its
-/// high 64 bits are drawn once per process and its low 64 bits for each
-/// token, so a token read back from a store tells whether a lease is held
-/// by this process ([`is_from_this_process`](Self::is_from_this_process))
-/// without any bookkeeping on the lock path.
+/// No other holder is given the same one, so only the holder can renew or
+/// release. Its high 64 bits are drawn once per process and its low 64
+/// bits are new for each token, so a token read back from a store tells
+/// whether a lease is held by this process
+/// ([`is_from_this_process`](Self::is_from_this_process)) without any
+/// bookkeeping on the lock path.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LockToken(u128);
 
-/// This process's half of every token it draws.
-static PROCESS_BITS: once_cell::sync::Lazy<u64> = once_cell::sync::Lazy::new(rand::random);
+/// This process's half of every token it draws, and the count its other
+/// half is made from.
+static PROCESS: once_cell::sync::Lazy<(u64, AtomicU64)> =
+    once_cell::sync::Lazy::new(|| (rand::random(), AtomicU64::new(rand::random())));
+
+/// A bijection of `u64` that scatters consecutive counts (the finalizer of
+/// SplitMix64): distinct counts give distinct tokens that do not read as
+/// a sequence.
+fn scatter(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
 
 impl LockToken {
-    /// Draws a new token: this process's 64 bits and 64 fresh ones from the
-    /// thread's cryptographically seeded RNG.
+    /// A new token: this process's 64 bits, and 64 that no other token of
+    /// this process has (a count from a random start, scattered), so that
+    /// two holders never share one; cheaper than drawing them from an RNG.
     pub fn random() -> Self {
-        let process = u128::from(*PROCESS_BITS) << 64;
-        LockToken(process | u128::from(rand::random::<u64>()))
+        let (process, count) = &*PROCESS;
+        let low = scatter(count.fetch_add(1, Ordering::Relaxed));
+        LockToken((u128::from(*process) << 64) | u128::from(low))
     }
 
     /// A token of the given value, as read back from a store.
@@ -37,7 +52,7 @@ impl LockToken {
 
     /// Whether [`random`](Self::random) drew this token in this process.
     pub fn is_from_this_process(self) -> bool {
-        (self.0 >> 64) as u64 == *PROCESS_BITS
+        (self.0 >> 64) as u64 == PROCESS.0
     }
 }
 
@@ -99,5 +114,28 @@ mod tests {
         }
         let drawn = LockToken::random();
         assert_eq!(drawn.to_string().parse::<LockToken>().unwrap(), drawn);
+    }
+
+    /// Tokens drawn on several threads at once are all distinct, all of
+    /// this process, and do not follow one another.
+    #[test]
+    fn tokens_are_never_drawn_twice() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| (0..10_000).map(|_| LockToken::random()).collect::<Vec<_>>())
+            })
+            .collect();
+        let drawn: Vec<LockToken> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let distinct: std::collections::HashSet<_> = drawn.iter().collect();
+        assert_eq!(distinct.len(), drawn.len());
+        assert!(drawn.iter().all(|token| token.is_from_this_process()));
+        let (a, b) = (LockToken::random().0 as u64, LockToken::random().0 as u64);
+        assert!(
+            b.wrapping_sub(a) > 1 << 32,
+            "consecutive tokens look consecutive"
+        );
     }
 }
