@@ -106,6 +106,42 @@ fn work() {
     std::hint::black_box(x);
 }
 
+/// Rows 6a, 6b and 7: the memory store `mem` (the global registry's, which
+/// the attribute uses) against `tokio::sync::Mutex`, and the attribute
+/// against the manual API, `rounds` interleaved rounds each.
+pub(crate) async fn memory_rows(
+    mem: &Lib,
+    scale: u64,
+    rounds: usize,
+) -> Result<Vec<Measured>, Error> {
+    let mut rows = Vec::new();
+    let tokio_mutex = Lib::TokioMutex(Arc::default());
+    for (scenario, tasks, ops, hot) in [
+        (
+            "6a. memory store, 1 task uncontended",
+            1usize,
+            200_000 / scale,
+            false,
+        ),
+        (
+            "6b. memory store, 16 tasks one hot key",
+            16,
+            5_000 / scale,
+            true,
+        ),
+    ] {
+        let pair = [("tokio Mutex", &tokio_mutex), ("lock-runtime", mem)];
+        rows.extend(interleaved(&pair, scenario, tasks, ops, hot, rounds).await?);
+    }
+    let pair = [
+        ("manual API", mem),
+        ("#[distributed_lock]", &Lib::Attribute),
+    ];
+    let scenario = "7. attribute vs manual (memory)";
+    rows.extend(interleaved(&pair, scenario, 1, 200_000 / scale, false, rounds).await?);
+    Ok(rows)
+}
+
 /// `--profile LIBS OPS [TASKS [ROUNDS [hot]]]`: scenario 1 (or 2 with
 /// TASKS = 64; with `hot`, all tasks on one key, as in 3 and 6b)
 /// for perf, callgrind or strace; the contenders (comma-separated) in turn
@@ -404,33 +440,8 @@ async fn main() -> Result<(), Error> {
         .await??;
         push(m);
     }
-    let tokio_mutex = Lib::TokioMutex(Arc::default());
     let mem = Lib::Ours(memory.clone());
-    for (scenario, tasks, ops, hot) in [
-        (
-            "6a. memory store, 1 task uncontended",
-            1usize,
-            200_000 / scale,
-            false,
-        ),
-        (
-            "6b. memory store, 16 tasks one hot key",
-            16,
-            5_000 / scale,
-            true,
-        ),
-    ] {
-        let pair = [("tokio Mutex", &tokio_mutex), ("lock-runtime", &mem)];
-        for m in interleaved(&pair, scenario, tasks, ops, hot, rounds).await? {
-            push(m);
-        }
-    }
-    let pair = [
-        ("manual API", &mem),
-        ("#[distributed_lock]", &Lib::Attribute),
-    ];
-    let scenario = "7. attribute vs manual (memory)";
-    for m in interleaved(&pair, scenario, 1, 200_000 / scale, false, rounds).await? {
+    for m in memory_rows(&mem, scale, rounds).await? {
         push(m);
     }
     push(run_growth(&mem, "lock-runtime (memory)", 1_000_000).await?);

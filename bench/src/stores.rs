@@ -205,6 +205,17 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
             let ensemble = lock_tests::ZooKeeperEnsemble::single_deployed();
             store_rows(&ZOOKEEPER, &ensemble.connect_string(), quick).await?
         }
+        "memory" => {
+            // Rows 6a, 6b and 7, on the global registry the attribute uses.
+            let memory = LockRegistry::memory();
+            lock_runtime::init(memory.clone())?;
+            let scale = if quick { 10 } else { 1 };
+            let rounds = if quick { 2 } else { ROUNDS };
+            for m in memory_rows(&Lib::Ours(memory), scale, rounds).await? {
+                println!("{}", row_line(&m));
+            }
+            return Ok(());
+        }
         "claims" => {
             // Rows 21-24 and 29-30: semaphores and read-write locks.
             let (redis, postgres) = (RedisServer::new(), lock_tests::PostgresServer::new());
@@ -220,7 +231,7 @@ pub(crate) async fn one_store(name: &str, quick: bool) -> Result<(), Error> {
         }
         other => {
             return Err(format!(
-                "--store takes postgres, mysql, etcd, zookeeper or claims, not `{other}`"
+                "--store takes memory, postgres, mysql, etcd, zookeeper or claims, not `{other}`"
             )
             .into());
         }
