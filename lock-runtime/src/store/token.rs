@@ -1,14 +1,14 @@
 //! The token that names one holder of one lease.
 
+use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::StoreError;
 
 /// The 128-bit value that identifies one holder of one lease.
 ///
-/// No other holder is given the same one, so only the holder can renew or
-/// release. Its high 64 bits are drawn once per process and its low 64
+/// Each holder is given its own (see [`random`](Self::random)), so only the
+/// holder can renew or release. Its high 64 bits are drawn once per process and its low 64
 /// bits are new for each token, so a token read back from a store tells
 /// whether a lease is held by this process
 /// ([`is_from_this_process`](Self::is_from_this_process)) without any
@@ -16,10 +16,14 @@ use crate::error::StoreError;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LockToken(u128);
 
-/// This process's half of every token it draws, and the count its other
-/// half is made from.
-static PROCESS: once_cell::sync::Lazy<(u64, AtomicU64)> =
-    once_cell::sync::Lazy::new(|| (rand::random(), AtomicU64::new(rand::random())));
+/// This process's half of every token it draws.
+static PROCESS_BITS: once_cell::sync::Lazy<u64> = once_cell::sync::Lazy::new(rand::random);
+
+thread_local! {
+    /// The count this thread's tokens are made from: from a random start,
+    /// drawn at the thread's first token (0 until then).
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+}
 
 /// A bijection of `u64` that scatters consecutive counts (the finalizer of
 /// SplitMix64): distinct counts give distinct tokens that do not read as
@@ -31,13 +35,21 @@ fn scatter(mut x: u64) -> u64 {
 }
 
 impl LockToken {
-    /// A new token: this process's 64 bits, and 64 that no other token of
-    /// this process has (a count from a random start, scattered), so that
-    /// two holders never share one; cheaper than drawing them from an RNG.
+    /// A new token: this process's 64 bits, and 64 that this thread never
+    /// gave another token (a count from a random start, scattered), so two
+    /// holders share one only if two threads' counts, each from a random
+    /// point of 2^64, ran into each other; cheaper than drawing them from
+    /// an RNG, and with no atomic read-modify-write on the lock path.
     pub fn random() -> Self {
-        let (process, count) = &*PROCESS;
-        let low = scatter(count.fetch_add(1, Ordering::Relaxed));
-        LockToken((u128::from(*process) << 64) | u128::from(low))
+        let low = COUNT.with(|count| {
+            let mut next = count.get();
+            if next == 0 {
+                next = rand::random::<u64>() | 1;
+            }
+            count.set(next.wrapping_add(1));
+            scatter(next)
+        });
+        LockToken((u128::from(*PROCESS_BITS) << 64) | u128::from(low))
     }
 
     /// A token of the given value, as read back from a store.
@@ -52,7 +64,7 @@ impl LockToken {
 
     /// Whether [`random`](Self::random) drew this token in this process.
     pub fn is_from_this_process(self) -> bool {
-        (self.0 >> 64) as u64 == PROCESS.0
+        (self.0 >> 64) as u64 == *PROCESS_BITS
     }
 }
 
