@@ -216,8 +216,9 @@
 //! Every lock is a `tracing` span named `distributed_lock` (fields `key`,
 //! `mode`, `store`, `fencing`, `outcome`), with its wait as a child span
 //! `lock_wait`; the attribute runs its body inside it, and
-//! [`LockGuard::span`] gives it to manual-API users. With no subscriber a
-//! span's fields are never evaluated. [`LockRegistry::inspect`] says who
+//! [`LockGuard::span`] gives it to manual-API users. With no subscriber
+//! listening at INFO, no span is made (the events still reach `tracing`'s
+//! `log` fallback). [`LockRegistry::inspect`] says who
 //! holds a key, and [`LockRegistry::force_release`] frees a stuck one.
 //! [`LockError::http_status`] maps a failed lock to the HTTP answer a
 //! service gives.
