@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use crate::EtcdCluster;
 use crate::etcd_server::{http_within, json_field};
-use crate::history::now_us;
-use crate::soak::{Fault, Seen, StoreWatch};
+use crate::soak::{Seen, Spells, StoreWatch};
 
 /// How often every member is written to.
 const POLL: Duration = Duration::from_millis(50);
@@ -79,55 +78,15 @@ fn term_of(port: u16) -> Option<u64> {
 
 /// Polls until `stop`; every fault seen.
 fn poll(ports: &[u16], lingers: Duration, stop: &AtomicBool) -> Vec<Seen> {
-    let mut seen = Vec::new();
-    let lingers_us = u64::try_from(lingers.as_micros()).unwrap_or(u64::MAX);
-    // The term when all last agreed, and since when a spell of trouble
-    // has lasted (from the last calm poll before it).
-    let mut term: Option<u64> = None;
-    let mut spell: Option<u64> = None;
-    let mut last_poll = now_us();
-    let mut record = |from_us: u64, to_us: u64, before: Option<u64>, after: Option<u64>| {
-        seen.push(if before.is_some() && before != after {
-            Seen {
-                fault: Fault::lossy("etcd-elected-a-leader"),
-                from_us,
-                to_us: to_us.saturating_add(lingers_us),
-            }
-        } else {
-            Seen {
-                fault: Fault::kept("etcd-stalled"),
-                from_us,
-                to_us,
-            }
-        });
-    };
+    let mut spells = Spells::new("etcd-stalled", "etcd-elected-a-leader", lingers);
     while !stop.load(Ordering::SeqCst) {
         let terms: Vec<Option<u64>> = ports.iter().map(|&port| term_of(port)).collect();
-        let now = now_us();
         let agreed = match terms.first() {
             Some(Some(first)) if terms.iter().all(|t| *t == Some(*first)) => Some(*first),
             _ => None,
         };
-        match (agreed.is_some(), spell) {
-            (false, None) => spell = Some(last_poll),
-            (true, Some(from)) => {
-                record(from, now, term, agreed);
-                spell = None;
-                term = agreed;
-            }
-            (true, None) => {
-                if term.is_some() && term != agreed {
-                    record(last_poll, now, term, agreed);
-                }
-                term = agreed;
-            }
-            (false, Some(_)) => {}
-        }
-        last_poll = now;
+        spells.poll(agreed, agreed.is_some());
         std::thread::sleep(POLL);
     }
-    if let Some(from) = spell {
-        record(from, now_us(), term, None);
-    }
-    seen
+    spells.finish()
 }

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::history::now_us;
-use crate::soak::{Fault, Seen, StoreWatch};
+use crate::soak::{Seen, Spells, StoreWatch};
 use crate::{RedisSentinels, SENTINEL_MASTER};
 
 /// How often the Sentinels are asked.
@@ -91,36 +90,17 @@ fn view(client: &redis::Client, conn: &mut Option<redis::Connection>) -> Option<
 /// Polls until `stop`; every fault seen.
 fn poll(clients: &[redis::Client], stop: &AtomicBool) -> Vec<Seen> {
     let mut conns: Vec<Option<redis::Connection>> = clients.iter().map(|_| None).collect();
-    let mut seen = Vec::new();
-    let followed = u64::try_from(FOLLOWED_WITHIN.as_micros()).unwrap_or(u64::MAX);
-    // The master named when all last agreed, and since when a spell of
-    // trouble has lasted (from the last calm poll before it).
-    let mut named: Option<u16> = None;
-    let mut spell: Option<u64> = None;
-    let mut last_poll = now_us();
-    let mut record = |from_us: u64, to_us: u64, before: Option<u16>, after: Option<u16>| {
-        let switched = before.is_some() && before != after;
-        seen.push(if switched {
-            Seen {
-                fault: Fault::lossy("sentinels-switched-master"),
-                from_us,
-                to_us: to_us + followed,
-            }
-        } else {
-            Seen {
-                fault: Fault::kept("sentinels-saw-master-down"),
-                from_us,
-                to_us,
-            }
-        });
-    };
+    let mut spells = Spells::new(
+        "sentinels-saw-master-down",
+        "sentinels-switched-master",
+        FOLLOWED_WITHIN,
+    );
     while !stop.load(Ordering::SeqCst) {
         let views: Vec<Option<(u16, bool)>> = clients
             .iter()
             .zip(conns.iter_mut())
             .map(|(client, conn)| view(client, conn))
             .collect();
-        let now = now_us();
         let agreed = match views.first() {
             Some(Some((port, _))) if views.iter().all(|v| v.is_some_and(|(p, _)| p == *port)) => {
                 Some(*port)
@@ -128,26 +108,8 @@ fn poll(clients: &[redis::Client], stop: &AtomicBool) -> Vec<Seen> {
             _ => None,
         };
         let calm = agreed.is_some() && views.iter().all(|v| v.is_some_and(|(_, t)| !t));
-        match (calm, spell) {
-            (false, None) => spell = Some(last_poll),
-            (true, Some(from)) => {
-                record(from, now, named, agreed);
-                spell = None;
-                named = agreed;
-            }
-            (true, None) => {
-                if named.is_some() && named != agreed {
-                    record(last_poll, now, named, agreed);
-                }
-                named = agreed;
-            }
-            (false, Some(_)) => {}
-        }
-        last_poll = now;
+        spells.poll(agreed, calm);
         std::thread::sleep(POLL);
     }
-    if let Some(from) = spell {
-        record(from, now_us(), named, None);
-    }
-    seen
+    spells.finish()
 }

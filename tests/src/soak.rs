@@ -74,6 +74,90 @@ pub trait StoreWatch {
     fn seen(&self) -> Vec<Seen>;
 }
 
+/// What a [`StoreWatch`] learns poll by poll, as faults of the store's
+/// own: spells in which it was troubled (from the last calm poll before
+/// to the first calm one after), and changes of what it names (its
+/// master, its Raft term). A spell after which it names another than
+/// before, or such a change between two calm polls, is lossy, and lasts
+/// `lingers` longer (leases granted before it may be lost until then);
+/// any other spell is kept.
+#[derive(Debug)]
+pub struct Spells<T> {
+    /// What the store named when last calm.
+    named: Option<T>,
+    /// Since when the spell of trouble under way has lasted.
+    spell: Option<u64>,
+    last_poll: u64,
+    troubled: &'static str,
+    switched: &'static str,
+    lingers_us: u64,
+    seen: Vec<Seen>,
+}
+
+impl<T: Copy + PartialEq> Spells<T> {
+    /// Spells named `troubled` (kept) or `switched` (lossy, lasting
+    /// `lingers` longer), from now on.
+    pub fn new(troubled: &'static str, switched: &'static str, lingers: Duration) -> Spells<T> {
+        Spells {
+            named: None,
+            spell: None,
+            last_poll: now_us(),
+            troubled,
+            switched,
+            lingers_us: u64::try_from(lingers.as_micros()).unwrap_or(u64::MAX),
+            seen: Vec::new(),
+        }
+    }
+
+    /// One poll, now: what all the store's members (or its watchers)
+    /// agree it names (`None`: they disagree, or one did not answer), and
+    /// whether it is calm.
+    pub fn poll(&mut self, agreed: Option<T>, calm: bool) {
+        let now = now_us();
+        match (calm, self.spell) {
+            (false, None) => self.spell = Some(self.last_poll),
+            (true, Some(from)) => {
+                self.record(from, now, agreed);
+                self.spell = None;
+                self.named = agreed;
+            }
+            (true, None) => {
+                if self.named.is_some() && self.named != agreed {
+                    self.record(self.last_poll, now, agreed);
+                }
+                self.named = agreed;
+            }
+            (false, Some(_)) => {}
+        }
+        self.last_poll = now;
+    }
+
+    /// Every fault seen; a spell still under way ends now.
+    pub fn finish(mut self) -> Vec<Seen> {
+        if let Some(from) = self.spell {
+            self.record(from, now_us(), None);
+        }
+        self.seen
+    }
+
+    fn record(&mut self, from_us: u64, to_us: u64, after: Option<T>) {
+        let switched = self.named.is_some() && self.named != after;
+        self.seen.push(if switched {
+            Seen {
+                fault: Fault::lossy(self.switched),
+                from_us,
+                to_us: to_us.saturating_add(self.lingers_us),
+            }
+        } else {
+            Seen {
+                fault: Fault::kept(self.troubled),
+                from_us,
+                to_us,
+            }
+        });
+    }
+}
+
 /// How a worker reaches the store through proxies of its own: the ports
 /// they forward to, and the lock URL made of the proxies' ports.
 type Route = (Vec<u16>, Box<dyn Fn(&[u16]) -> String>);
@@ -478,4 +562,50 @@ pub fn one_server_frozen_or_restarted<S: crate::StoreServer + 'static>(
         }
     });
     assert!(report.history.grants.len() > 50, "no progress");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(seen: &[Seen]) -> Vec<(&'static str, bool)> {
+        seen.iter()
+            .map(|seen| (seen.fault.kind, seen.fault.lossy))
+            .collect()
+    }
+
+    /// A spell of trouble is a kept fault while the store names the same
+    /// after it, a lossy one when it names another, as is a change between
+    /// two calm polls; a spell under way at the end ends there.
+    #[test]
+    fn spells_are_faults_and_a_switch_is_lossy() {
+        let lingers = Duration::from_secs(1);
+        let mut spells = Spells::new("down", "switched", lingers);
+        spells.poll(Some(1), true);
+        spells.poll(Some(1), true);
+        spells.poll(None, false);
+        spells.poll(Some(1), false);
+        spells.poll(Some(1), true);
+        spells.poll(Some(2), true);
+        spells.poll(None, false);
+        spells.poll(Some(3), true);
+        spells.poll(None, false);
+        let seen = spells.finish();
+        assert_eq!(
+            kinds(&seen),
+            [
+                ("down", false),
+                ("switched", true),
+                ("switched", true),
+                ("switched", true)
+            ]
+        );
+        assert!(seen.iter().all(|seen| seen.from_us <= seen.to_us));
+        // A switch lasts `lingers` past its end.
+        assert!(seen[1].to_us >= seen[1].from_us + 1_000_000);
+        // Nothing but calm polls naming one thing: no fault.
+        let mut calm = Spells::new("down", "switched", lingers);
+        (0..3).for_each(|_| calm.poll(Some(7), true));
+        assert!(calm.finish().is_empty());
+    }
 }
