@@ -181,7 +181,10 @@ impl EtcdCluster {
         self.members[i].child = Some(child);
     }
 
-    /// True once every running member says it is healthy (has a leader).
+    /// True once every running member says it is healthy (has a leader)
+    /// and, over plain HTTP, commits a write: a cluster that has just
+    /// elected its first leader on a loaded machine may still take seconds
+    /// over its first writes, and a store connecting then would time out.
     fn wait_healthy(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
@@ -193,11 +196,11 @@ impl EtcdCluster {
             if exited {
                 return false; // a port was taken, say
             }
-            let healthy = self
-                .members
-                .iter()
-                .filter(|m| m.child.is_some())
-                .all(|m| http(m.metrics, "GET", "/health", "").contains("\"health\":\"true\""));
+            let tls = self.tls.is_some();
+            let healthy = self.members.iter().filter(|m| m.child.is_some()).all(|m| {
+                http(m.metrics, "GET", "/health", "").contains("\"health\":\"true\"")
+                    && (tls || commits(m.client, Duration::from_millis(500)).is_some())
+            });
             if healthy {
                 return true;
             }
@@ -339,13 +342,7 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> String {
 }
 
 /// [`http`], waiting at most `timeout` for each read of the response.
-pub(crate) fn http_within(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &str,
-    timeout: Duration,
-) -> String {
+fn http_within(port: u16, method: &str, path: &str, body: &str, timeout: Duration) -> String {
     let attempt = || -> std::io::Result<String> {
         let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
         stream.set_read_timeout(Some(timeout))?;
@@ -362,8 +359,19 @@ pub(crate) fn http_within(
     attempt().unwrap_or_default()
 }
 
+/// A probe's write: a key outside every lock prefix (`soak-watch`), base64
+/// as etcd's JSON gateway takes it.
+const PROBE: &str = r#"{"key":"c29hay13YXRjaA==","value":"MQ=="}"#;
+
+/// The Raft term in which the member serving plain HTTP on `port`
+/// committed a probe write, if it did within `within`.
+pub(crate) fn commits(port: u16, within: Duration) -> Option<u64> {
+    let answer = http_within(port, "POST", "/v3/kv/put", PROBE, within);
+    json_field(&answer, "raft_term")?.parse().ok()
+}
+
 /// The string value of `"name":"..."` in a JSON text.
-pub(crate) fn json_field(json: &str, name: &str) -> Option<String> {
+fn json_field(json: &str, name: &str) -> Option<String> {
     let start = json.find(&format!("\"{name}\":\""))? + name.len() + 4;
     let end = json[start..].find('"')? + start;
     Some(json[start..end].to_owned())

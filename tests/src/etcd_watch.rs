@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::EtcdCluster;
-use crate::etcd_server::{http_within, json_field};
+use crate::etcd_server::commits;
 use crate::soak::{Seen, Spells, StoreWatch};
 
 /// How often every member is written to.
@@ -19,10 +19,6 @@ const POLL: Duration = Duration::from_millis(50);
 /// as a stall: a write on loopback commits in milliseconds, and the
 /// store gives a call two seconds.
 const STALL: Duration = Duration::from_millis(500);
-
-/// The probe's write: a key outside every lock prefix (`soak-watch`),
-/// base64 as etcd's JSON gateway takes it.
-const PROBE: &str = r#"{"key":"c29hay13YXRjaA==","value":"MQ=="}"#;
 
 /// A watch on an etcd cluster, writing to every member from a thread of
 /// its own until [`seen`](StoreWatch::seen) is asked.
@@ -69,18 +65,11 @@ impl Drop for EtcdWatch {
     }
 }
 
-/// The Raft term member `port` committed a probe write in, if it did
-/// within [`STALL`].
-fn term_of(port: u16) -> Option<u64> {
-    let answer = http_within(port, "POST", "/v3/kv/put", PROBE, STALL);
-    json_field(&answer, "raft_term")?.parse().ok()
-}
-
 /// Polls until `stop`; every fault seen.
 fn poll(ports: &[u16], lingers: Duration, stop: &AtomicBool) -> Vec<Seen> {
     let mut spells = Spells::new("etcd-stalled", "etcd-elected-a-leader", lingers);
     while !stop.load(Ordering::SeqCst) {
-        let terms: Vec<Option<u64>> = ports.iter().map(|&port| term_of(port)).collect();
+        let terms: Vec<Option<u64>> = ports.iter().map(|&port| commits(port, STALL)).collect();
         let agreed = match terms.first() {
             Some(Some(first)) if terms.iter().all(|t| *t == Some(*first)) => Some(*first),
             _ => None,
