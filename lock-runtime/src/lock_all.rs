@@ -52,12 +52,6 @@ impl LockGuards {
         self.guards.iter().all(LockGuard::is_held)
     }
 
-    /// Whether any lease is known lost or past its deadline (see
-    /// [`LockGuard::lost_now`]).
-    pub(crate) fn lost_now(&self) -> bool {
-        self.guards.iter().any(LockGuard::lost_now)
-    }
-
     /// Completes when any of the leases is lost.
     pub async fn lost(&self) {
         let losses: Vec<LossSignal> = self
@@ -201,5 +195,21 @@ impl LockRegistry {
             }
         }
         Ok(Some(guards))
+    }
+}
+
+impl crate::section::Leases for LockGuards {
+    fn is_lost(&self) -> bool {
+        !self.is_held()
+    }
+
+    /// Whether any lease is known lost or past its deadline (see
+    /// [`LockGuard::lost_now`]).
+    fn lost_now(&self) -> bool {
+        self.guards.iter().any(LockGuard::lost_now)
+    }
+
+    fn lost(&self) -> impl std::future::Future<Output = ()> {
+        LockGuards::lost(self)
     }
 }

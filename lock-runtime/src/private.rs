@@ -175,9 +175,8 @@ pub async fn run_wait_in<F: Future>(
 ) -> Result<F::Output, LockError> {
     let opts = spec.options(&key, Mode::Wait)?;
     let full_key = registry.full_key_of(&key)?;
-    registry
-        .run_waiting(&key, full_key, opts, failed, body)
-        .await
+    let ran = section::run(registry, &key, &full_key, &opts, Mode::Wait, failed, body).await?;
+    ran.ok_or_else(|| crate::registry::never_skipped(&key))
 }
 
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.
@@ -202,16 +201,7 @@ pub async fn run_skip_in<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let opts = spec.options(&key, Mode::Skip)?;
     let full_key = registry.full_key_of(&key)?;
-    if let Some(frame) = task_locks::held_by_task(registry.id(), &full_key) {
-        section::check_reentry(&key, frame.claim, opts.claim())?;
-        return Ok(Some(section::reenter(&key, frame, body).await));
-    }
-    match registry.acquire(&key, &full_key, &opts, Mode::Skip).await? {
-        Some(guard) => section::run_locked(guard, opts.on_lost, failed, body)
-            .await
-            .map(Some),
-        None => Ok(None),
-    }
+    section::run(registry, &key, &full_key, &opts, Mode::Skip, failed, body).await
 }
 
 /// Wait mode with `keys = [..]`: waits for every lock (in canonical order),
@@ -305,7 +295,7 @@ async fn run_all_in<F: Future>(
         .map(Some)
 }
 
-/// [`section::run_locked`] under several leases: a loss of any counts.
+/// [`section::run`]'s body and release under several leases: a loss of any counts.
 async fn run_guarded<F: Future>(
     guards: LockGuards,
     on_lost: OnLost,
@@ -313,8 +303,7 @@ async fn run_guarded<F: Future>(
     body: F,
 ) -> Result<F::Output, LockError> {
     let frames: Vec<Frame> = guards.guards().iter().map(section::frame_of).collect();
-    let output =
-        section::until_lost(frames, || guards.lost_now(), guards.lost(), on_lost, body).await;
+    let output = section::until_lost(frames, &guards, false, on_lost, body).await;
     match output {
         Some(output) if guards.is_held() => section::settle(output, guards.release().await),
         output => {

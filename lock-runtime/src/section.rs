@@ -5,9 +5,12 @@ use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::task::Poll;
 
+use std::sync::Arc;
+
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::options::OnLost;
+use crate::options::{LockOptions, Mode, OnLost};
+use crate::registry::LockRegistry;
 use crate::store::Claim;
 use crate::task_locks::{self, Frame};
 use crate::telemetry;
@@ -60,21 +63,34 @@ pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(),
 /// cancelled). Before each poll of the body, `lost_now` says whether the
 /// lease is known lost or past its deadline (an atomic load and a clock
 /// read): a task that wakes late runs none of the body once its lease has
-/// ended. Only while the body waits is `lost`, which completes on a loss,
-/// polled too, so that a loss wakes it.
-pub(crate) async fn until_lost<F: Future>(
+/// ended. The first poll, when `fresh`, runs in the same poll of the
+/// caller's task that found the lease valid (`LockGuard::checked_at_grant`),
+/// with no wake-up in between: it only looks whether a loss was raised
+/// (`is_raised`, an atomic load). Only while the body waits is `lost`, which
+/// completes on a loss, polled too, so that a loss wakes it.
+pub(crate) fn until_lost<F: Future>(
     frames: impl IntoIterator<Item = Frame>,
-    lost_now: impl Fn() -> bool,
-    lost: impl Future<Output = ()>,
+    leases: &impl Leases,
+    fresh: bool,
     on_lost: OnLost,
     body: F,
-) -> Option<F::Output> {
-    task_locks::with_frames(frames, async {
+) -> impl Future<Output = Option<F::Output>> {
+    // Plain functions returning the futures, not `async fn`s: each layer
+    // of those would move the body's future once more.
+    task_locks::with_frames(frames, async move {
         match on_lost {
             OnLost::Cancel => {
-                let (mut body, mut lost) = (pin!(body), pin!(lost));
+                let (mut body, lost) = (pin!(body), leases.lost());
+                let mut lost = pin!(lost);
+                let mut woken = !fresh;
                 poll_fn(|cx| {
-                    if lost_now() {
+                    let lost_now = if woken {
+                        leases.lost_now()
+                    } else {
+                        woken = true;
+                        leases.is_lost()
+                    };
+                    if lost_now {
                         return Poll::Ready(None);
                     }
                     if let Poll::Ready(output) = body.as_mut().poll(cx) {
@@ -87,7 +103,32 @@ pub(crate) async fn until_lost<F: Future>(
             OnLost::Notify => Some(body.await),
         }
     })
-    .await
+}
+
+/// The leases a body runs under, as [`until_lost`] watches them: one
+/// guard's, or several.
+pub(crate) trait Leases {
+    /// Whether a loss was raised (an atomic load per lease).
+    fn is_lost(&self) -> bool;
+    /// Whether a loss was raised or a deadline has passed (which raises
+    /// it): a clock read too.
+    fn lost_now(&self) -> bool;
+    /// Completes when a lease is lost.
+    fn lost(&self) -> impl Future<Output = ()>;
+}
+
+impl Leases for LockGuard {
+    fn is_lost(&self) -> bool {
+        !self.is_held()
+    }
+
+    fn lost_now(&self) -> bool {
+        LockGuard::lost_now(self)
+    }
+
+    fn lost(&self) -> impl Future<Output = ()> {
+        LockGuard::lost(self)
+    }
 }
 
 /// The call's result when the lease on `key` was lost while the body ran
@@ -119,34 +160,48 @@ pub(crate) fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T,
     }
 }
 
-/// Runs `body` while the lease is held; cancels it when the lease is lost
-/// (or, under [`OnLost::Notify`], lets it finish); then releases (see
-/// [`settle`] and [`lost_under`]).
-pub(crate) async fn run_locked<F: Future>(
-    guard: LockGuard,
-    on_lost: OnLost,
+/// One call of a body under the lock on `full_key` (`key` as the caller
+/// gave it), `opts` checked for `mode`: re-entered at once when the task
+/// holds the key already ([`check_reentry`]); otherwise the lock is taken,
+/// the body run while the lease is held, cancelled when it is lost (or,
+/// under [`OnLost::Notify`], left to finish), and the lock released (see
+/// [`settle`] and [`lost_under`]). `None` when skip mode found the key
+/// held.
+pub(crate) async fn run<F: Future>(
+    registry: &LockRegistry,
+    key: &str,
+    full_key: &Arc<str>,
+    opts: &LockOptions,
+    mode: Mode,
     failed: fn(&F::Output) -> bool,
     body: F,
-) -> Result<F::Output, LockError> {
-    let span = guard.span();
+) -> Result<Option<F::Output>, LockError> {
+    if let Some(frame) = task_locks::held_by_task(registry.id(), full_key) {
+        check_reentry(key, frame.claim, opts.claim())?;
+        return Ok(Some(reenter(key, frame, body).await));
+    }
+    let Some(guard) = registry.acquire(key, full_key, opts, mode).await? else {
+        return Ok(None);
+    };
+    let fresh = guard.checked_at_grant();
     let outcome = telemetry::in_span!(
-        span,
+        guard.span(),
         until_lost(
             std::iter::once(frame_of(&guard)),
-            || guard.lost_now(),
-            guard.lost(),
-            on_lost,
+            &guard,
+            fresh,
+            opts.on_lost,
             body
         )
     );
     match outcome {
-        Some(output) if guard.is_held() => settle(output, guard.release().await),
+        Some(output) if guard.is_held() => settle(output, guard.release().await).map(Some),
         output => {
             let (_, full_key, prefix_len) = guard.owner();
             let full_key = full_key.clone();
             // Owner-checked: a lease already taken over is left alone.
             let _ = guard.release().await;
-            lost_under(&full_key[prefix_len..], output, failed)
+            lost_under(&full_key[prefix_len..], output, failed).map(Some)
         }
     }
 }

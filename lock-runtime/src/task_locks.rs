@@ -189,15 +189,15 @@ pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
 }
 
 /// Runs `body` with `frame` as the innermost held lock.
-pub(crate) async fn with_frame<F: Future>(frame: Frame, body: F) -> F::Output {
-    with_frames(std::iter::once(frame), body).await
+pub(crate) fn with_frame<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
+    with_frames(std::iter::once(frame), body)
 }
 
 /// Runs `body` with `frames` as the innermost held locks.
-pub(crate) async fn with_frames<F: Future>(
+pub(crate) fn with_frames<F: Future>(
     frames: impl IntoIterator<Item = Frame>,
     body: F,
-) -> F::Output {
+) -> impl Future<Output = F::Output> {
     let held = HELD.try_with(Clone::clone).unwrap_or_default();
-    HELD.scope(held.with(frames), body).await
+    HELD.scope(held.with(frames), body)
 }

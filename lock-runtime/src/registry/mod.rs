@@ -20,7 +20,6 @@ use crate::local_queue::LocalQueues;
 use crate::options::{Access, LockOptions, Mode, permits_of};
 use crate::section;
 use crate::store::{LeaseInfo, LockToken, MAX_KEY_LEN, Store};
-use crate::task_locks;
 use crate::telemetry::{self, Labels};
 
 static REGISTRY: OnceCell<LockRegistry> = OnceCell::new();
@@ -227,26 +226,8 @@ impl LockRegistry {
     ) -> Result<F::Output, LockError> {
         opts.validate(key, Mode::Wait)?;
         let full_key = self.full_key(key)?;
-        self.run_waiting(key, full_key, opts, |_| false, body).await
-    }
-
-    /// [`with_lock`](Self::with_lock) on the namespaced `full_key`, for the
-    /// attribute too, with `opts` checked for wait mode: `failed` tells
-    /// whether the body's output is its own error.
-    pub(crate) async fn run_waiting<F: Future>(
-        &self,
-        key: &str,
-        full_key: Arc<str>,
-        opts: LockOptions,
-        failed: fn(&F::Output) -> bool,
-        body: F,
-    ) -> Result<F::Output, LockError> {
-        if let Some(frame) = task_locks::held_by_task(self.id(), &full_key) {
-            section::check_reentry(key, frame.claim, opts.claim())?;
-            return Ok(section::reenter(key, frame, body).await);
-        }
-        let guard = self.wait_for(key, &full_key, &opts).await?;
-        section::run_locked(guard, opts.on_lost, failed, body).await
+        let ran = section::run(self, key, &full_key, &opts, Mode::Wait, |_| false, body).await?;
+        ran.ok_or_else(|| never_skipped(key))
     }
 
     /// Waits for the lock on an already namespaced key, `opts` checked for
@@ -257,14 +238,8 @@ impl LockRegistry {
         full_key: &Arc<str>,
         opts: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        match self.acquire(key, full_key, opts, Mode::Wait).await? {
-            Some(guard) => Ok(guard),
-            // Waiting never gives up without a deadline; keep the type honest.
-            None => Err(LockError::Timeout {
-                key: LockError::shown_key(key),
-                waited: Duration::ZERO,
-            }),
-        }
+        let guard = self.acquire(key, full_key, opts, Mode::Wait).await?;
+        guard.ok_or_else(|| never_skipped(key))
     }
 
     /// Makes one attempt at the lock on `key`: `Ok(None)` when it is held,
@@ -428,6 +403,16 @@ impl LockRegistry {
     pub fn local_queue_len(&self, key: &str) -> usize {
         self.full_key(key)
             .map_or(0, |full_key| self.inner.local.queued(&full_key))
+    }
+}
+
+/// What a wait that ended without the lock and without an error would
+/// be: waiting never gives up but with its deadline (`Timeout`), so this
+/// is never returned; it keeps the types honest.
+pub(crate) fn never_skipped(key: &str) -> LockError {
+    LockError::Timeout {
+        key: LockError::shown_key(key),
+        waited: Duration::ZERO,
     }
 }
 
