@@ -125,7 +125,7 @@ impl Renewable for State {
         self.loss.raise(reason);
     }
 
-    fn ends_at(&self, at: tokio::time::Instant, why: Deadline) {
+    fn ends_at(&self, at: i64, why: Deadline) {
         self.loss.ends_at(at, why);
     }
 

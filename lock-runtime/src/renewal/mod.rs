@@ -36,9 +36,9 @@ pub(crate) trait Renewable: Send + Sync {
     fn renew(&self) -> Reply<'_, bool>;
     /// The lease is lost, for `reason`.
     fn lose(&self, reason: &'static str);
-    /// The holder stops counting on the lease at `at`, for `why`, unless
-    /// told a later time first.
-    fn ends_at(&self, at: Instant, why: Deadline);
+    /// The holder stops counting on the lease at `at` (in [`ticks`]), for
+    /// `why`, unless told a later time first.
+    fn ends_at(&self, at: i64, why: Deadline);
     /// The lock's span, the parent of the renewal's events.
     fn span(&self) -> &tracing::Span;
     /// A renewal did not extend the lease (counted).
@@ -145,8 +145,9 @@ impl<R: Renewable + ?Sized> Entry<R> {
     /// when it stops counting on it: then, or when `max_hold` passes if
     /// that is sooner.
     fn set_valid_until(&self, valid_until: Instant) {
-        self.valid_until
-            .store(ticks::of(valid_until), Ordering::Release);
+        // Encoded once, for the renewal and the holder.
+        let until = ticks::of(valid_until);
+        self.valid_until.store(until, Ordering::Release);
         let ends = if self.schedule.renew {
             Deadline::Late
         } else {
@@ -154,9 +155,9 @@ impl<R: Renewable + ?Sized> Entry<R> {
         };
         match self.stop_at() {
             Some(stop_at) if stop_at <= valid_until => {
-                self.lease.ends_at(stop_at, Deadline::MaxHold);
+                self.lease.ends_at(ticks::of(stop_at), Deadline::MaxHold);
             }
-            _ => self.lease.ends_at(valid_until, ends),
+            _ => self.lease.ends_at(until, ends),
         }
     }
 }

@@ -39,7 +39,8 @@ impl Renewable for Held {
         self.losses.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn ends_at(&self, at: Instant, why: Deadline) {
+    fn ends_at(&self, at: i64, why: Deadline) {
+        let at = crate::store::ticks::instant(at);
         *self.ends.lock().unwrap() = Some((at, why.reason()));
     }
 

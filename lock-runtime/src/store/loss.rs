@@ -150,14 +150,14 @@ impl LossSignal {
     }
 
     /// Sets when the holder stops counting on the lease (its ttl less the
-    /// margin, or `max_hold`), and why it is lost then.
-    pub(crate) fn ends_at(&self, at: Instant, why: Deadline) {
+    /// margin, or `max_hold`), in [`ticks`], and why it is lost then.
+    pub(crate) fn ends_at(&self, at: i64, why: Deadline) {
         // The reason first: a reader that sees the new deadline passed
         // (`Acquire`) sees its reason too.
         self.shared
             .deadline_reason
             .store(why as u8, Ordering::Relaxed);
-        self.shared.deadline.store(ticks::of(at), Ordering::Release);
+        self.shared.deadline.store(at, Ordering::Release);
     }
 
     /// Whether the signal is raised, raising it first if its deadline has
