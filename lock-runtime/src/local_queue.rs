@@ -3,6 +3,8 @@
 //! for an exclusive claim, `limit` for a semaphore's permits) contend in
 //! the store, the others waiting here in order; and both ends of the
 //! in-process hand-over, which passes an exclusive lease along that queue.
+//! A queue nobody is in stays for its key's next lock until the map has
+//! doubled, so a key locked again costs one lookup and no allocation.
 //!
 //! A holder that releases while other tasks of its process queue behind it
 //! asks the store to move the lease to a new token ([`Lease::hand_over`]),
@@ -36,12 +38,59 @@ pub(crate) struct LocalQueues {
     hashing: KeyHashing,
 }
 
+/// Below this many queues the map is never swept.
+const SWEEP_FLOOR: usize = 1024;
+
 #[derive(Default)]
 struct Queues {
+    /// The queues by key, those nobody holds or waits in included: a key
+    /// taken again finds its queue in one lookup, and leaving it is a
+    /// count. Idle ones are dropped when the map has doubled since the
+    /// last sweep.
     map: KeyMap<Arc<KeyQueue>>,
-    /// The queue the last key left behind, empty, for the next key to
-    /// take rather than allocate one.
-    spare: Option<Arc<KeyQueue>>,
+    /// How many queues the map may hold before the next sweep.
+    sweep_at: usize,
+    /// The queues the last sweep dropped, idle, for new keys to take
+    /// rather than allocate one each.
+    spare: Vec<Arc<KeyQueue>>,
+}
+
+impl Queues {
+    /// A queue for `key`, `width` tasks wide: the spare one if nobody
+    /// else has it any more, else a new one.
+    fn fresh(spare: &mut Vec<Arc<KeyQueue>>, key: &HashedKey, width: u32) -> Arc<KeyQueue> {
+        let fresh = KeyQueue::new(key.clone(), width);
+        match spare.pop() {
+            Some(mut queue) => match Arc::get_mut(&mut queue) {
+                Some(idle) => {
+                    *idle = fresh;
+                    queue
+                }
+                None => Arc::new(fresh),
+            },
+            None => Arc::new(fresh),
+        }
+    }
+
+    /// Takes the idle queues out of the map once it has doubled since
+    /// the last sweep, keeping them for new keys: a process that locks a
+    /// new key each time reuses them, and holds at most twice the queues
+    /// it uses at once.
+    fn sweep(&mut self) {
+        if self.map.len() < self.sweep_at.max(SWEEP_FLOOR) {
+            return;
+        }
+        let spare = &mut self.spare;
+        spare.clear();
+        self.map.retain(|_, queue| {
+            let idle = queue.users.load(Ordering::Acquire) == 0;
+            if idle {
+                spare.push(queue.clone());
+            }
+            !idle
+        });
+        self.sweep_at = self.map.len() * 2;
+    }
 }
 
 impl LocalQueues {
@@ -52,37 +101,35 @@ impl LocalQueues {
     pub(crate) fn join(&self, full_key: &Arc<str>, width: u32) -> Option<QueueMember> {
         let key = self.hashing.key(full_key.clone());
         let mut queues = self.queues();
-        let Queues { map, spare } = &mut *queues;
-        let queue = map.entry(key).or_insert_with_key(|key| {
-            let fresh = KeyQueue::new(key.clone(), width);
-            match spare.take() {
-                Some(mut queue) => {
-                    if let Some(empty) = Arc::get_mut(&mut queue) {
-                        *empty = fresh;
-                        queue
-                    } else {
-                        Arc::new(fresh)
-                    }
-                }
-                None => Arc::new(fresh),
-            }
-        });
+        if !queues.map.contains_key(&key) {
+            queues.sweep();
+        }
+        let Queues { map, spare, .. } = &mut *queues;
+        let queue = map
+            .entry(key)
+            .or_insert_with_key(|key| Queues::fresh(spare, key, width));
         if queue.width != width {
-            return None;
+            // An idle queue of a claim of another width: the key is this
+            // claim's now.
+            if queue.users.load(Ordering::Acquire) != 0 {
+                return None;
+            }
+            *queue = Queues::fresh(spare, &queue.key, width);
         }
         let queue = queue.clone();
-        // Counted under the map's lock, as leaving is.
-        queue.users.fetch_add(1, Ordering::Relaxed);
+        // Counted under the map's lock, which a sweep holds.
+        queue.users.fetch_add(1, Ordering::AcqRel);
         drop(queues);
-        Some(QueueMember {
-            queues: self.clone(),
-            queue: Some(queue),
-        })
+        Some(QueueMember { queue: Some(queue) })
     }
 
-    /// How many keys have a queue.
+    /// How many keys have a queue somebody holds or waits in.
     pub(crate) fn len(&self) -> usize {
-        self.queues().map.len()
+        self.queues()
+            .map
+            .values()
+            .filter(|queue| queue.users.load(Ordering::Relaxed) > 0)
+            .count()
     }
 
     /// How many tasks hold or wait for `full_key` in this registry.
@@ -92,31 +139,6 @@ impl LocalQueues {
             .map
             .get(&key)
             .map_or(0, |queue| queue.users.load(Ordering::Relaxed))
-    }
-
-    /// `queue`'s user leaves it; the last one removes it from the map,
-    /// releases a lease handed over to a waiter that went away, and keeps
-    /// the queue for the next key. The queue back while others stay in it.
-    fn leave(&self, mut queue: Arc<KeyQueue>) -> Option<Arc<KeyQueue>> {
-        let mut queues = self.queues();
-        if queue.users.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return Some(queue);
-        }
-        queues.map.remove(&queue.key);
-        // Rather than let it block other processes until its ttl.
-        let handed = queue.take_handed();
-        if Arc::get_mut(&mut queue).is_some() {
-            queues.spare = Some(queue);
-        }
-        drop(queues);
-        if let Some(mut handed) = handed
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move {
-                let _ = handed.lease.release(Duration::ZERO).await;
-            });
-        }
-        None
     }
 
     fn queues(&self) -> MutexGuard<'_, Queues> {
@@ -150,8 +172,8 @@ struct KeyQueue {
     /// How many of its tasks may hold the key at once (the permits of
     /// `turn`), fixed by the task that made the queue.
     width: u32,
-    /// The tasks that hold or wait for the key; changed under the map's
-    /// lock, so the last one out removes the queue.
+    /// The tasks that hold or wait for the key: joining counts under the
+    /// map's lock (which a sweep holds), leaving without it.
     users: AtomicUsize,
     /// The turns: `width` permits, taken by the front of the queue.
     turn: Semaphore,
@@ -180,6 +202,25 @@ impl KeyQueue {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
+    /// A user leaves the queue; the last one releases a lease handed
+    /// over to a waiter that went away. The queue stays in the map, idle,
+    /// for the next lock of its key (see [`Queues::sweep`]).
+    fn leave(&self) {
+        // No lock: a sweep takes out only queues nobody is in, and a user
+        // counted in a queue is in it until this count.
+        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // Rather than let it block other processes until its ttl.
+        if let Some(mut handed) = self.take_handed()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let _ = handed.lease.release(Duration::ZERO).await;
+            });
+        }
+    }
+
     /// Leaves `grant` for the next turn.
     fn put_handed(&self, grant: Grant) {
         let mut handed = self.handed();
@@ -201,7 +242,6 @@ impl KeyQueue {
 
 /// A task in one key's queue; leaves it when dropped.
 pub(crate) struct QueueMember {
-    queues: LocalQueues,
     /// The queue; `None` once the member has left it (a turn's, on its
     /// drop).
     queue: Option<Arc<KeyQueue>>,
@@ -234,9 +274,11 @@ impl QueueMember {
         Ok(LocalTurn::queued(self))
     }
 
-    /// Leaves the queue; the queue back while others stay in it.
+    /// Leaves the queue; the queue back, unless it had left already.
     fn leave(&mut self) -> Option<Arc<KeyQueue>> {
-        self.queues.leave(self.queue.take()?)
+        let queue = self.queue.take()?;
+        queue.leave();
+        Some(queue)
     }
 }
 
@@ -259,12 +301,12 @@ impl Drop for LocalTurn {
     fn drop(&mut self) {
         // Leaves before the next local waiter goes ahead, so the new
         // holder's `has_waiters` counts only real waiters, not this turn
-        // (it would hand its lease over to nobody).
-        if let Some(member) = &mut self.member {
-            // The last one out leaves nobody to go ahead.
-            if let Some(queue) = member.leave() {
-                queue.turn.add_permits(1);
-            }
+        // (it would hand its lease over to nobody). The turn goes back
+        // also when nobody waits: the queue stays for the key's next lock.
+        if let Some(member) = &mut self.member
+            && let Some(queue) = member.leave()
+        {
+            queue.turn.add_permits(1);
         }
     }
 }
@@ -353,5 +395,67 @@ impl fmt::Debug for LocalTurn {
         f.debug_struct("LocalTurn")
             .field("key", &self.key())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: usize) -> Arc<str> {
+        format!("k:{i}").into()
+    }
+
+    #[test]
+    fn an_idle_queue_stays_for_its_key_and_the_map_keeps_at_most_twice_what_is_in_use() {
+        let queues = LocalQueues::default();
+        let held = queues.join(&key(0), 1).expect("a queue").try_lock().ok();
+        assert!(held.is_some(), "nobody is ahead");
+        // A key locked and released again finds its own queue.
+        for _ in 0..3 {
+            let turn = queues.join(&key(1), 1).unwrap().try_lock().ok().unwrap();
+            drop(turn);
+        }
+        let first = queues.queues().map.len();
+        assert_eq!(first, 2, "the idle queue stays");
+        assert_eq!(queues.len(), 1, "only the held key counts");
+        // New keys, each locked once: the map is swept when it doubles,
+        // and the swept queues serve the keys after them.
+        for i in 2..10 * SWEEP_FLOOR {
+            drop(queues.join(&key(i), 1).unwrap().try_lock().ok().unwrap());
+        }
+        let inner = queues.queues();
+        assert!(
+            inner.map.len() <= 2 * SWEEP_FLOOR,
+            "{} queues",
+            inner.map.len()
+        );
+        assert!(inner.map.len() + inner.spare.len() <= 2 * SWEEP_FLOOR + 1);
+        drop(inner);
+        assert_eq!(queues.len(), 1);
+        assert_eq!(queues.queued(&key(0)), 1, "the held key's queue was kept");
+        drop(held);
+        assert_eq!(queues.len(), 0);
+    }
+
+    #[test]
+    fn an_idle_queue_takes_a_claim_of_another_width_and_a_busy_one_does_not() {
+        let queues = LocalQueues::default();
+        drop(queues.join(&key(0), 1).unwrap().try_lock().ok().unwrap());
+        // Idle: the key is a semaphore of 3 now, its 3 turns free.
+        let turns: Vec<_> = (0..3)
+            .map(|_| queues.join(&key(0), 3).unwrap().try_lock().ok().unwrap())
+            .collect();
+        assert!(queues.join(&key(0), 3).unwrap().try_lock().is_err());
+        // In use at width 3: a mutex's claim gets no queue (the store
+        // answers the mismatch).
+        assert!(queues.join(&key(0), 1).is_none());
+        drop(turns);
+        // Every turn came back: the idle queue is whole again.
+        let again: Vec<_> = (0..3)
+            .map(|_| queues.join(&key(0), 3).unwrap().try_lock().ok().unwrap())
+            .collect();
+        assert_eq!(queues.queued(&key(0)), 3);
+        drop(again);
     }
 }
