@@ -175,7 +175,9 @@ pub async fn run_wait_in<F: Future>(
 ) -> Result<F::Output, LockError> {
     let opts = spec.options(&key, Mode::Wait)?;
     let full_key = registry.full_key_of(&key)?;
-    let ran = section::run(registry, &key, &full_key, &opts, Mode::Wait, failed, body).await?;
+    let ran = registry
+        .run(&key, &full_key, &opts, Mode::Wait, failed, body)
+        .await?;
     ran.ok_or_else(|| crate::registry::never_skipped(&key))
 }
 
@@ -201,7 +203,9 @@ pub async fn run_skip_in<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let opts = spec.options(&key, Mode::Skip)?;
     let full_key = registry.full_key_of(&key)?;
-    section::run(registry, &key, &full_key, &opts, Mode::Skip, failed, body).await
+    registry
+        .run(&key, &full_key, &opts, Mode::Skip, failed, body)
+        .await
 }
 
 /// Wait mode with `keys = [..]`: waits for every lock (in canonical order),
@@ -295,7 +299,7 @@ async fn run_all_in<F: Future>(
         .map(Some)
 }
 
-/// [`section::run`]'s body and release under several leases: a loss of any counts.
+/// [`LockRegistry::run`]'s body and release under several leases: a loss of any counts.
 async fn run_guarded<F: Future>(
     guards: LockGuards,
     on_lost: OnLost,

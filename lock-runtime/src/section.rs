@@ -5,15 +5,11 @@ use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::task::Poll;
 
-use std::sync::Arc;
-
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::options::{LockOptions, Mode, OnLost};
-use crate::registry::LockRegistry;
+use crate::options::OnLost;
 use crate::store::Claim;
 use crate::task_locks::{self, Frame};
-use crate::telemetry;
 
 /// A nested call on a key the task already holds: runs at once, under the
 /// outer lease (whose loss cancels this body with the outer one).
@@ -157,51 +153,5 @@ pub(crate) fn settle<T>(output: T, released: Result<(), LockError>) -> Result<T,
             Ok(output)
         }
         Err(error) => Err(error),
-    }
-}
-
-/// One call of a body under the lock on `full_key` (`key` as the caller
-/// gave it), `opts` checked for `mode`: re-entered at once when the task
-/// holds the key already ([`check_reentry`]); otherwise the lock is taken,
-/// the body run while the lease is held, cancelled when it is lost (or,
-/// under [`OnLost::Notify`], left to finish), and the lock released (see
-/// [`settle`] and [`lost_under`]). `None` when skip mode found the key
-/// held.
-pub(crate) async fn run<F: Future>(
-    registry: &LockRegistry,
-    key: &str,
-    full_key: &Arc<str>,
-    opts: &LockOptions,
-    mode: Mode,
-    failed: fn(&F::Output) -> bool,
-    body: F,
-) -> Result<Option<F::Output>, LockError> {
-    if let Some(frame) = task_locks::held_by_task(registry.id(), full_key) {
-        check_reentry(key, frame.claim, opts.claim())?;
-        return Ok(Some(reenter(key, frame, body).await));
-    }
-    let Some(guard) = registry.acquire(key, full_key, opts, mode).await? else {
-        return Ok(None);
-    };
-    let fresh = guard.checked_at_grant();
-    let outcome = telemetry::in_span!(
-        guard.span(),
-        until_lost(
-            std::iter::once(frame_of(&guard)),
-            &guard,
-            fresh,
-            opts.on_lost,
-            body
-        )
-    );
-    match outcome {
-        Some(output) if guard.is_held() => settle(output, guard.release().await).map(Some),
-        output => {
-            let (_, full_key, prefix_len) = guard.owner();
-            let full_key = full_key.clone();
-            // Owner-checked: a lease already taken over is left alone.
-            let _ = guard.release().await;
-            lost_under(&full_key[prefix_len..], output, failed).map(Some)
-        }
     }
 }

@@ -20,6 +20,7 @@ use crate::local_queue::LocalQueues;
 use crate::options::{Access, LockOptions, Mode, permits_of};
 use crate::section;
 use crate::store::{LeaseInfo, LockToken, MAX_KEY_LEN, Store};
+use crate::task_locks;
 use crate::telemetry::{self, Labels};
 
 static REGISTRY: OnceCell<LockRegistry> = OnceCell::new();
@@ -226,8 +227,59 @@ impl LockRegistry {
     ) -> Result<F::Output, LockError> {
         opts.validate(key, Mode::Wait)?;
         let full_key = self.full_key(key)?;
-        let ran = section::run(self, key, &full_key, &opts, Mode::Wait, |_| false, body).await?;
+        let ran = self
+            .run(key, &full_key, &opts, Mode::Wait, |_| false, body)
+            .await?;
         ran.ok_or_else(|| never_skipped(key))
+    }
+
+    /// One call of a body under the lock on `full_key` (`key` as the
+    /// caller gave it), `opts` checked for `mode`: re-entered at once when
+    /// the task holds the key already ([`section::check_reentry`]);
+    /// otherwise the lock is taken, the body run while the lease is held,
+    /// cancelled when it is lost (or, under
+    /// [`OnLost::Notify`](crate::OnLost::Notify), left to finish), and the
+    /// lock released (see [`section::settle`] and [`section::lost_under`]).
+    /// `None` when skip mode found the key held.
+    pub(crate) async fn run<F: Future>(
+        &self,
+        key: &str,
+        full_key: &Arc<str>,
+        opts: &LockOptions,
+        mode: Mode,
+        failed: fn(&F::Output) -> bool,
+        body: F,
+    ) -> Result<Option<F::Output>, LockError> {
+        if let Some(frame) = task_locks::held_by_task(self.id(), full_key) {
+            section::check_reentry(key, frame.claim, opts.claim())?;
+            return Ok(Some(section::reenter(key, frame, body).await));
+        }
+        let Some(guard) = self.acquire(key, full_key, opts, mode).await? else {
+            return Ok(None);
+        };
+        let fresh = guard.checked_at_grant();
+        let outcome = telemetry::in_span!(
+            guard.span(),
+            section::until_lost(
+                std::iter::once(section::frame_of(&guard)),
+                &guard,
+                fresh,
+                opts.on_lost,
+                body
+            )
+        );
+        match outcome {
+            Some(output) if guard.is_held() => {
+                section::settle(output, guard.release().await).map(Some)
+            }
+            output => {
+                let (_, full_key, prefix_len) = guard.owner();
+                let full_key = full_key.clone();
+                // Owner-checked: a lease already taken over is left alone.
+                let _ = guard.release().await;
+                section::lost_under(&full_key[prefix_len..], output, failed).map(Some)
+            }
+        }
     }
 
     /// Waits for the lock on an already namespaced key, `opts` checked for
