@@ -266,3 +266,62 @@ fn a_body_woken_after_its_lease_ended_is_cancelled_before_it_runs_on() {
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     assert_eq!(steps.taken(), Vec::<&str>::new());
 }
+
+/// A lease handed over in this process to the next waiting task, which
+/// runs only after its process froze past that lease (here a task
+/// blocking the runtime's only thread): the waiter's body is cancelled
+/// before its first step. Unlike a grant from the store, which the
+/// acquire finds valid in the same poll that starts the body, a handed
+/// lease may have waited for its taker, so its first poll reads the clock.
+#[test]
+fn a_lease_handed_over_to_a_task_that_runs_after_it_ended_is_not_run_under() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let steps = std::sync::Arc::new(Steps::default());
+    let (first, second) = runtime.block_on(async {
+        let locks = LockRegistry::memory();
+        let key = unique_key("handed-frozen");
+        let options = LockOptions::default()
+            .ttl(Duration::from_millis(100))
+            .watchdog(false);
+        let (inside, entered) = oneshot::channel::<()>();
+        let (go, released) = oneshot::channel::<()>();
+        let holder = tokio::spawn({
+            let (locks, key, options) = (locks.clone(), key.clone(), options.clone());
+            async move {
+                locks
+                    .with_lock(&key, options, async {
+                        let _ = inside.send(());
+                        let _ = released.await;
+                        // Queued before the waiter is woken by the
+                        // hand-over at this body's release.
+                        tokio::spawn(async {
+                            std::thread::sleep(Duration::from_millis(300));
+                        });
+                    })
+                    .await
+            }
+        });
+        entered.await.unwrap();
+        let waiter = tokio::spawn({
+            let (locks, key, steps) = (locks.clone(), key.clone(), steps.clone());
+            async move {
+                locks
+                    .with_lock(&key, options, async move {
+                        steps.push("ran under the handed lease");
+                    })
+                    .await
+            }
+        });
+        while locks.local_queue_len(&key) < 2 {
+            tokio::task::yield_now().await;
+        }
+        go.send(()).unwrap();
+        (holder.await.unwrap(), waiter.await.unwrap())
+    });
+    assert!(first.is_ok(), "{first:?}");
+    assert!(matches!(second, Err(LockError::Lost { .. })), "{second:?}");
+    assert_eq!(steps.taken(), Vec::<&str>::new());
+}
