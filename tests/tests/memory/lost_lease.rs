@@ -284,7 +284,9 @@ fn a_lease_handed_over_to_a_task_that_runs_after_it_ended_is_not_run_under() {
         let locks = LockRegistry::memory();
         let key = unique_key("handed-frozen");
         let options = LockOptions::default()
-            .ttl(Duration::from_millis(100))
+            // Long enough that the holder, on a busy machine, releases
+            // well within it.
+            .ttl(Duration::from_secs(1))
             .watchdog(false);
         let (inside, entered) = oneshot::channel::<()>();
         let (go, released) = oneshot::channel::<()>();
@@ -298,7 +300,7 @@ fn a_lease_handed_over_to_a_task_that_runs_after_it_ended_is_not_run_under() {
                         // Queued before the waiter is woken by the
                         // hand-over at this body's release.
                         tokio::spawn(async {
-                            std::thread::sleep(Duration::from_millis(300));
+                            std::thread::sleep(Duration::from_millis(1500));
                         });
                     })
                     .await
