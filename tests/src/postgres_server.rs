@@ -6,7 +6,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::server_process::{free_port, ready_or_exited, temp_dir};
 
@@ -277,12 +277,15 @@ impl PostgresServer {
     }
 
     /// Kills the server and starts it again on the same port and data
-    /// (crash recovery keeps what was committed).
-    pub fn restart(&mut self) {
+    /// (crash recovery keeps what was committed). Returns when the server
+    /// now up was started: nothing answered on the port between the kill
+    /// and then.
+    pub fn restart(&mut self) -> SystemTime {
         self.kill();
         for _ in 0..50 {
+            let started = SystemTime::now();
             if self.spawn() {
-                return;
+                return started;
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::certs::TestCerts;
 use crate::proxy::{Proxy, ProxySwitch};
@@ -300,12 +300,15 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port: empty, or with its data
-    /// if it is [`persistent`](Self::persistent).
-    pub fn restart(&mut self) {
+    /// if it is [`persistent`](Self::persistent). Returns when the server
+    /// now up was started: nothing answered on the port between the kill
+    /// and then.
+    pub fn restart(&mut self) -> SystemTime {
         self.kill();
         for _ in 0..3 {
+            let started = SystemTime::now();
             if self.spawn().is_ok() {
-                return;
+                return started;
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -241,8 +241,8 @@ mod jobs {
     fn a_fire_due_while_the_server_restarts_runs_once_late() {
         let (mut server, data) = (RedisServer::persistent(), RedisServer::new());
         let processes = Processes::new(WORKER, &server.url(), &data.url());
-        processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(2), true, || {
-            server.restart()
+        processes.a_fire_due_in_a_store_outage_runs_once_late(Duration::from_secs(2), || {
+            Some(server.restart())
         });
     }
 
