@@ -101,9 +101,9 @@ impl LocalQueues {
     pub(crate) fn join(&self, full_key: &Arc<str>, width: u32) -> Option<QueueMember> {
         let key = self.hashing.key(full_key.clone());
         let mut queues = self.queues();
-        if !queues.map.contains_key(&key) {
-            queues.sweep();
-        }
+        // Before the lookup, so a key's queue is looked up once; a sweep
+        // that took this key's idle queue out is answered by a fresh one.
+        queues.sweep();
         let Queues { map, spare, .. } = &mut *queues;
         let queue = map
             .entry(key)

@@ -62,7 +62,7 @@ pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(),
 /// ended. The first poll, when `fresh`, runs in the same poll of the
 /// caller's task that found the lease valid (`LockGuard::checked_at_grant`),
 /// with no wake-up in between: it only looks whether a loss was raised
-/// (`is_raised`, an atomic load). Only while the body waits is `lost`, which
+/// ([`Leases::is_lost`], an atomic load). Only while the body waits is `lost`, which
 /// completes on a loss, polled too, so that a loss wakes it.
 pub(crate) fn until_lost<F: Future>(
     frames: impl IntoIterator<Item = Frame>,

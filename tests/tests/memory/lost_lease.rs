@@ -221,17 +221,23 @@ async fn outside_a_locked_body_nothing_is_lost() {
     assert!(waited.is_err(), "lost() completed with no lease held");
 }
 
+/// A runtime of one thread, which a task blocking it freezes whole, and
+/// the steps a body records.
+fn one_thread_and_steps() -> (tokio::runtime::Runtime, std::sync::Arc<Steps>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    (runtime, std::sync::Arc::new(Steps::default()))
+}
+
 /// A process frozen past its lease (here a task blocking the runtime's
 /// only thread, as SIGSTOP would): the body, woken afterwards by something
 /// other than a timer before the runtime's own timers have fired, is
 /// cancelled before it runs on: its lease ended while it waited.
 #[test]
 fn a_body_woken_after_its_lease_ended_is_cancelled_before_it_runs_on() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let steps = std::sync::Arc::new(Steps::default());
+    let (runtime, steps) = one_thread_and_steps();
     let result = runtime.block_on(async {
         let locks = LockRegistry::memory();
         let (inside, entered) = oneshot::channel::<()>();
@@ -275,11 +281,7 @@ fn a_body_woken_after_its_lease_ended_is_cancelled_before_it_runs_on() {
 /// lease may have waited for its taker, so its first poll reads the clock.
 #[test]
 fn a_lease_handed_over_to_a_task_that_runs_after_it_ended_is_not_run_under() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let steps = std::sync::Arc::new(Steps::default());
+    let (runtime, steps) = one_thread_and_steps();
     let (first, second) = runtime.block_on(async {
         let locks = LockRegistry::memory();
         let key = unique_key("handed-frozen");
