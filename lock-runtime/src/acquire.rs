@@ -58,6 +58,37 @@ pub(crate) struct Parts<'a> {
 /// A lease that is ours, and this process's turn at its key.
 pub(crate) type Granted = (Grant, LocalTurn);
 
+/// A lock's key with the registry's namespace in front: the caller's own
+/// text when there is no namespace (the caller's shared text when it has
+/// one), else built once. Shared from the local queue on: a key with a
+/// queue is not copied again.
+#[derive(Clone, Debug)]
+pub(crate) enum FullKey<'a> {
+    Given(&'a str),
+    Shared(Arc<str>),
+}
+
+impl FullKey<'_> {
+    /// The key, shared: copied if it was only given.
+    pub(crate) fn to_shared(&self) -> Arc<str> {
+        match self {
+            FullKey::Given(key) => Arc::from(*key),
+            FullKey::Shared(key) => key.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for FullKey<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            FullKey::Given(key) => key,
+            FullKey::Shared(key) => key,
+        }
+    }
+}
+
 impl Parts<'_> {
     /// The address of the registry's identity: how a task's frames name
     /// the registry that took a key.
@@ -74,7 +105,7 @@ impl Parts<'_> {
 pub(crate) async fn acquire(
     parts: &Parts<'_>,
     key: &str,
-    full_key: &Arc<str>,
+    full_key: &FullKey<'_>,
     opts: &LockOptions,
     mode: Mode,
 ) -> Result<Option<Granted>, LockError> {
@@ -119,7 +150,7 @@ pub(crate) async fn acquire(
 async fn contend(
     parts: &Parts<'_>,
     key: &str,
-    full_key: &Arc<str>,
+    full_key: &FullKey<'_>,
     opts: &LockOptions,
     mode: Mode,
     started: Instant,
@@ -143,7 +174,7 @@ async fn contend(
         .limit()
         .and_then(|width| parts.local.join(full_key, width.get()));
     let turn = match member.map(QueueMember::try_lock) {
-        None => LocalTurn::unqueued(full_key.clone()),
+        None => LocalTurn::unqueued(full_key.to_shared()),
         Some(Ok(turn)) => turn,
         Some(Err(member)) => {
             *contended = true;

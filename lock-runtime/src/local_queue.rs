@@ -72,6 +72,29 @@ impl Queues {
         }
     }
 
+    /// Joins `queue` (in the map, whose lock the caller holds), made anew
+    /// for `width` if it is idle and of another width; `None` if it is in
+    /// use with another width.
+    fn enter(
+        queue: &mut Arc<KeyQueue>,
+        spare: &mut Vec<Arc<KeyQueue>>,
+        width: u32,
+    ) -> Option<QueueMember> {
+        if queue.width != width {
+            // An idle queue of a claim of another width: the key is this
+            // claim's now.
+            if queue.users.load(Ordering::Acquire) != 0 {
+                return None;
+            }
+            *queue = Queues::fresh(spare, &queue.key, width);
+        }
+        // Counted under the map's lock, which a sweep holds.
+        queue.users.fetch_add(1, Ordering::AcqRel);
+        Some(QueueMember {
+            queue: Some(queue.clone()),
+        })
+    }
+
     /// Takes the idle queues out of the map once it has doubled since
     /// the last sweep, keeping them for new keys: a process that locks a
     /// new key each time reuses them, and holds at most twice the queues
@@ -97,30 +120,22 @@ impl LocalQueues {
     /// Gets or creates the queue for `full_key`, `width` tasks wide (how
     /// many may hold the key at once), and joins it; `None` when the key's
     /// queue is of another width (claims that do not match: the store
-    /// answers them).
-    pub(crate) fn join(&self, full_key: &Arc<str>, width: u32) -> Option<QueueMember> {
-        let key = self.hashing.key(full_key.clone());
+    /// answers them). A key with a queue (held, or locked before and not
+    /// yet swept) is looked up as given; only a new one is copied.
+    pub(crate) fn join(&self, full_key: &str, width: u32) -> Option<QueueMember> {
+        let probe = self.hashing.probe(full_key);
         let mut queues = self.queues();
         // Before the lookup, so a key's queue is looked up once; a sweep
         // that took this key's idle queue out is answered by a fresh one.
         queues.sweep();
         let Queues { map, spare, .. } = &mut *queues;
-        let queue = map
-            .entry(key)
-            .or_insert_with_key(|key| Queues::fresh(spare, key, width));
-        if queue.width != width {
-            // An idle queue of a claim of another width: the key is this
-            // claim's now.
-            if queue.users.load(Ordering::Acquire) != 0 {
-                return None;
-            }
-            *queue = Queues::fresh(spare, &queue.key, width);
+        if let Some(queue) = map.get_mut(probe.as_dyn()) {
+            return Queues::enter(queue, spare, width);
         }
-        let queue = queue.clone();
-        // Counted under the map's lock, which a sweep holds.
-        queue.users.fetch_add(1, Ordering::AcqRel);
-        drop(queues);
-        Some(QueueMember { queue: Some(queue) })
+        let queue = map
+            .entry(probe.to_owned_key())
+            .or_insert_with_key(|key| Queues::fresh(spare, key, width));
+        Queues::enter(queue, spare, width)
     }
 
     /// How many keys have a queue somebody holds or waits in.
@@ -134,10 +149,10 @@ impl LocalQueues {
 
     /// How many tasks hold or wait for `full_key` in this registry.
     pub(crate) fn queued(&self, full_key: &str) -> usize {
-        let key = self.hashing.key(full_key.into());
+        let probe = self.hashing.probe(full_key);
         self.queues()
             .map
-            .get(&key)
+            .get(probe.as_dyn())
             .map_or(0, |queue| queue.users.load(Ordering::Relaxed))
     }
 

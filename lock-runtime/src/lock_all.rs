@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::acquire::FullKey;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::{LockOptions, Mode};
@@ -156,7 +157,7 @@ impl LockRegistry {
     ) -> Result<Vec<(String, Arc<str>)>, LockError> {
         let mut pairs = Vec::new();
         for key in keys {
-            let full_key = self.full_key(&key)?;
+            let full_key = self.full_key(&key)?.to_shared();
             pairs.push((key, full_key));
         }
         if pairs.is_empty() {
@@ -186,7 +187,10 @@ impl LockRegistry {
             if let Some(deadline) = deadline {
                 each.wait_timeout = Some(deadline.saturating_duration_since(Instant::now()));
             }
-            match self.acquire(key, full_key, &each, mode).await {
+            match self
+                .acquire(key, &FullKey::Shared(full_key.clone()), &each, mode)
+                .await
+            {
                 Ok(Some(guard)) => guards.push(guard),
                 refused => {
                     let _ = release_all(guards).await;

@@ -13,7 +13,7 @@ use once_cell::sync::OnceCell;
 
 mod stores;
 
-use crate::acquire::{self, Parts};
+use crate::acquire::{self, FullKey, Parts};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::local_queue::LocalQueues;
@@ -244,7 +244,7 @@ impl LockRegistry {
     pub(crate) async fn run<F: Future>(
         &self,
         key: &str,
-        full_key: &Arc<str>,
+        full_key: &FullKey<'_>,
         opts: &LockOptions,
         mode: Mode,
         failed: fn(&F::Output) -> bool,
@@ -287,7 +287,7 @@ impl LockRegistry {
     pub(crate) async fn wait_for(
         &self,
         key: &str,
-        full_key: &Arc<str>,
+        full_key: &FullKey<'_>,
         opts: &LockOptions,
     ) -> Result<LockGuard, LockError> {
         let guard = self.acquire(key, full_key, opts, Mode::Wait).await?;
@@ -377,7 +377,7 @@ impl LockRegistry {
     pub(crate) async fn acquire(
         &self,
         key: &str,
-        full_key: &Arc<str>,
+        full_key: &FullKey<'_>,
         opts: &LockOptions,
         mode: Mode,
     ) -> Result<Option<LockGuard>, LockError> {
@@ -408,17 +408,24 @@ impl LockRegistry {
     }
 
     /// Validates `key` and puts the namespace in front of it.
-    pub(crate) fn full_key(&self, key: &str) -> Result<Arc<str>, LockError> {
+    pub(crate) fn full_key<'a>(&self, key: &'a str) -> Result<FullKey<'a>, LockError> {
         self.namespaced(key, None)
     }
 
     /// [`full_key`](Self::full_key) of a shared key: the same key, shared,
     /// when there is no namespace.
-    pub(crate) fn full_key_of(&self, key: &Arc<str>) -> Result<Arc<str>, LockError> {
-        self.namespaced(key, Some(key))
+    pub(crate) fn full_key_of(&self, key: &Arc<str>) -> Result<FullKey<'static>, LockError> {
+        match self.namespaced(key, Some(key))? {
+            FullKey::Shared(full_key) => Ok(FullKey::Shared(full_key)),
+            FullKey::Given(full_key) => Ok(FullKey::Shared(full_key.into())),
+        }
     }
 
-    fn namespaced(&self, key: &str, shared: Option<&Arc<str>>) -> Result<Arc<str>, LockError> {
+    fn namespaced<'a>(
+        &self,
+        key: &'a str,
+        shared: Option<&Arc<str>>,
+    ) -> Result<FullKey<'a>, LockError> {
         let reason = if key.is_empty() {
             "a key must not be empty".to_owned()
         } else if key.len() > MAX_KEY_LEN {
@@ -427,16 +434,18 @@ impl LockRegistry {
                 key.len()
             )
         } else {
-            // Shared from here on by the local queue, the guard and the
-            // store's calls. Not `format!`: its machinery cost more than the
-            // rest of building the key.
             if self.inner.prefix.is_empty() {
-                return Ok(shared.cloned().unwrap_or_else(|| key.into()));
+                return Ok(match shared {
+                    Some(shared) => FullKey::Shared(shared.clone()),
+                    None => FullKey::Given(key),
+                });
             }
+            // Not `format!`: its machinery cost more than the rest of
+            // building the key.
             let mut full = String::with_capacity(self.inner.prefix.len() + key.len());
             full.push_str(&self.inner.prefix);
             full.push_str(key);
-            return Ok(full.into());
+            return Ok(FullKey::Shared(full.into()));
         };
         Err(LockError::InvalidKey {
             key: LockError::shown_key(key),

@@ -88,9 +88,9 @@ impl LockToken {
     pub(crate) fn hex(self) -> [u8; 32] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
-        for (i, digit) in out.iter_mut().enumerate() {
-            let nibble = (self.0 >> (124 - 4 * i)) & 0xf;
-            *digit = DIGITS[nibble as usize];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0.to_be_bytes()) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0xf)];
         }
         out
     }

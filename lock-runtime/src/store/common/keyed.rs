@@ -7,6 +7,7 @@
 //! made to collide without the seed), and a [`KeyMap`] uses that hash as
 //! it is.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -53,7 +54,88 @@ impl KeyHashing {
             key,
         }
     }
+
+    /// `key` with its hash, to look it up without a copy of it: a
+    /// [`KeyMap`] finds it with `map.get(probe.as_dyn())`.
+    pub(crate) fn probe<'a>(&self, key: &'a str) -> KeyProbe<'a> {
+        KeyProbe {
+            hash: self.0.hash_one(key),
+            key,
+        }
+    }
 }
+
+/// A borrowed key and its hash under one map's [`KeyHashing`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyProbe<'a> {
+    hash: u64,
+    key: &'a str,
+}
+
+impl<'a> KeyProbe<'a> {
+    /// The probe as a map compares it with its keys.
+    pub(crate) fn as_dyn(&self) -> &(dyn Keyed + 'a) {
+        self
+    }
+
+    /// The key owned, with the hash already computed.
+    pub(crate) fn to_owned_key(self) -> HashedKey {
+        HashedKey {
+            hash: self.hash,
+            key: self.key.into(),
+        }
+    }
+}
+
+/// What a [`KeyMap`] compares, owned ([`HashedKey`]) or borrowed
+/// ([`KeyProbe`]): a lookup by a borrowed key finds the owned one equal
+/// to it, as `HashMap<String, _>` finds `&str`.
+pub(crate) trait Keyed {
+    fn carried_hash(&self) -> u64;
+    fn text(&self) -> &str;
+}
+
+impl Keyed for HashedKey {
+    fn carried_hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn text(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Keyed for KeyProbe<'_> {
+    fn carried_hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn text(&self) -> &str {
+        self.key
+    }
+}
+
+impl<'a> Borrow<dyn Keyed + 'a> for HashedKey {
+    fn borrow(&self) -> &(dyn Keyed + 'a) {
+        self
+    }
+}
+
+/// As [`HashedKey`] hashes: the carried hash.
+impl Hash for dyn Keyed + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.carried_hash());
+    }
+}
+
+/// As [`HashedKey`] compares: the hash, then the text.
+impl PartialEq for dyn Keyed + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.carried_hash() == other.carried_hash() && self.text() == other.text()
+    }
+}
+
+impl Eq for dyn Keyed + '_ {}
 
 /// A map by [`HashedKey`]: looks keys up by the hash they carry.
 pub(crate) type KeyMap<V> = HashMap<HashedKey, V, CarriedHash>;
@@ -112,5 +194,22 @@ mod tests {
         let b = other.key("stock:7".into());
         assert_ne!(a.hash, b.hash);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_borrowed_key_finds_the_owned_one_equal_to_it_and_only_that() {
+        let hashing = KeyHashing::default();
+        let mut map: KeyMap<u32> = KeyMap::default();
+        map.insert(hashing.key("stock:7".into()), 7);
+        map.insert(hashing.key("stock:8".into()), 8);
+        assert_eq!(map.get(hashing.probe("stock:7").as_dyn()), Some(&7));
+        assert_eq!(map.get(hashing.probe("stock:8").as_dyn()), Some(&8));
+        assert_eq!(map.get(hashing.probe("stock:9").as_dyn()), None);
+        // Owned from a probe, the key hashes as if made from the text.
+        let owned = hashing.probe("stock:9").to_owned_key();
+        assert_eq!(owned, hashing.key("stock:9".into()));
+        // Another map's hashing does not find it.
+        let other = KeyHashing::default();
+        assert_eq!(map.get(other.probe("stock:7").as_dyn()), None);
     }
 }

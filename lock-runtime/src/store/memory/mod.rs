@@ -42,10 +42,12 @@ const CAPABILITIES: Capabilities = Capabilities::new("memory")
 ///
 /// Fencing tokens come from one counter per store: strictly increasing per
 /// key (and across keys), with no per-key state to keep once a lock is free;
-/// they start again from 1 in a new store. A key's entry is removed when it
-/// is released and nobody watches it; entries of holders that vanished
-/// without releasing are swept once they expire, when the table has doubled
-/// since the last sweep.
+/// they start again from 1 in a new store. A released key's entry stays
+/// for its next lock, so a key locked again costs one lookup each way; once
+/// the table has doubled since the last sweep (and holds at least 1024
+/// keys), the entries nobody holds, watches or waits for are dropped, those
+/// of holders that vanished without releasing once their leases expired.
+/// The table holds about twice the keys in use at most.
 ///
 /// The store tells a holder at once when its lease is lost to
 /// [`force_release`](Store::force_release) or, after it expired, to the
@@ -62,9 +64,9 @@ struct Table {
     hashing: KeyHashing,
     fencing: u64,
     sweep_at: usize,
-    /// The holder list of the last slot dropped, emptied: a new key's slot
-    /// takes it rather than allocate one.
-    spare: Vec<Holder>,
+    /// The holder lists of the slots the last sweep dropped, emptied: a
+    /// new key's slot takes one rather than allocate one.
+    spare: Vec<Vec<Holder>>,
 }
 
 impl MemoryStore {
@@ -73,9 +75,15 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// How many keys have state: held, watched, or expired and not yet swept.
+    /// How many keys are held, watched or waited for (the entries kept
+    /// for keys nobody uses are not counted).
     pub fn tracked_keys(&self) -> usize {
-        self.table().slots.len()
+        let now = Instant::now();
+        self.table()
+            .slots
+            .values()
+            .filter(|slot| !slot.unused(now))
+            .count()
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -101,7 +109,7 @@ impl MemoryStore {
             Some(slot) => slot,
             None => {
                 table.sweep(now);
-                let holders = std::mem::take(&mut table.spare);
+                let holders = table.spare.pop().unwrap_or_default();
                 table
                     .slots
                     .entry(key)
@@ -178,7 +186,7 @@ impl Table {
         let spare = &mut self.spare;
         self.slots
             .entry(key.clone())
-            .or_insert_with_key(|key| Slot::new(key.clone(), std::mem::take(spare)))
+            .or_insert_with_key(|key| Slot::new(key.clone(), spare.pop().unwrap_or_default()))
     }
 
     /// `key` as the table hashes it (for the calls that name a key rather
@@ -202,29 +210,32 @@ impl Table {
         now: Instant,
         removed: impl FnMut(LossSignal),
     ) -> usize {
-        // Taken out and put back when it stays: one lookup for the common
-        // release, of a key nobody waits for.
-        let Some(mut slot) = self.slots.remove(key) else {
+        // The slot stays, for the key's next lock (see `sweep`).
+        let Some(slot) = self.slots.get_mut(key) else {
             return 0;
         };
         let count = slot.remove(token, now, removed);
         if let Some(token) = token {
             slot.stop_waiting(token);
         }
-        if slot.unused(now) {
-            self.spare = slot.into_holders();
-        } else {
-            self.slots.insert(slot.key.clone(), slot);
-        }
         count
     }
 
-    /// Drops expired, unwatched slots once the table has doubled in size.
+    /// Drops the slots nobody uses once the table has doubled since the
+    /// last sweep, keeping their holder lists for new keys.
     fn sweep(&mut self, now: Instant) {
         if self.slots.len() < self.sweep_at.max(SWEEP_FLOOR) {
             return;
         }
-        self.slots.retain(|_, slot| !slot.unused(now));
+        let spare = &mut self.spare;
+        spare.clear();
+        self.slots.retain(|_, slot| {
+            let unused = slot.unused(now);
+            if unused {
+                spare.push(slot.take_holders());
+            }
+            !unused
+        });
         self.sweep_at = self.slots.len() * 2;
     }
 }

@@ -203,8 +203,8 @@ impl Slot {
     }
 
     /// The slot's holder list, emptied, for another slot to reuse.
-    pub(super) fn into_holders(self) -> Vec<Holder> {
-        let mut holders = self.holders;
+    pub(super) fn take_holders(&mut self) -> Vec<Holder> {
+        let mut holders = std::mem::take(&mut self.holders);
         holders.clear();
         holders
     }

@@ -229,3 +229,37 @@ async fn a_forced_release_frees_every_permit_and_tells_every_holder() {
     take(&store, "sem", permits(2)).await;
     take(&store, "sem", permits(2)).await;
 }
+
+#[tokio::test]
+async fn a_released_key_keeps_its_slot_and_the_table_keeps_at_most_twice_what_is_in_use() {
+    let store = MemoryStore::new();
+    let (_held, _) = take(&store, "k:held", Claim::Exclusive).await;
+    // A key locked and released again finds its own slot.
+    for _ in 0..3 {
+        let (mut lease, _) = take(&store, "k:again", Claim::Exclusive).await;
+        assert!(lease.release(Duration::ZERO).await.unwrap());
+    }
+    assert_eq!(
+        store.table().slots.len(),
+        2,
+        "the released key's slot stays"
+    );
+    assert_eq!(store.tracked_keys(), 1, "only the held key counts");
+    // New keys, each locked once: the table is swept when it doubles, and
+    // the swept slots' holder lists serve the keys after them.
+    for i in 0..10 * super::SWEEP_FLOOR {
+        let (mut lease, _) = take(&store, &format!("k:{i}"), Claim::Exclusive).await;
+        assert!(lease.release(Duration::ZERO).await.unwrap());
+    }
+    {
+        let table = store.table();
+        assert!(
+            table.slots.len() <= 2 * super::SWEEP_FLOOR,
+            "{} slots",
+            table.slots.len()
+        );
+        assert!(table.slots.len() + table.spare.len() <= 2 * super::SWEEP_FLOOR + 1);
+    }
+    assert_eq!(store.tracked_keys(), 1, "the held key's slot was kept");
+    assert!(refused(&store, "k:held", Claim::Exclusive).await > Duration::ZERO);
+}

@@ -354,8 +354,8 @@ where
         exclusive: bool,
         plain: bool,
     ) -> Result<bool, StoreError> {
+        let hex = token.hex();
         if plain && self.fair.is_none() {
-            let hex = token.hex();
             let release = |sent| match linger.is_zero() {
                 true => owner_checks::delete(sent, lock, &hex),
                 false => owner_checks::expire(lock, &hex, millis(linger)),
@@ -367,7 +367,7 @@ where
         let channel = suffixed(lock, b":released");
         let call = match self.fair {
             None if exclusive => Call::new(&scripts::RELEASE_EXCLUSIVE, &[lock])
-                .arg(&token.hex()[..])
+                .arg(&hex[..])
                 .arg(millis(linger))
                 .arg(channel),
             None => Call::new(
@@ -378,12 +378,12 @@ where
                     &suffixed(lock, b":writer"),
                 ],
             )
-            .arg(&token.hex()[..])
+            .arg(&hex[..])
             .arg(millis(linger))
             .arg(channel),
             Some(grant_timeout) => self
                 .with_keys(&scripts::FAIR_RELEASE, lock)
-                .arg(&token.hex()[..])
+                .arg(&hex[..])
                 .arg(millis(linger))
                 .arg(channel)
                 .arg(millis(grant_timeout)),
