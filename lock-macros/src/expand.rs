@@ -154,6 +154,13 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
         #take_registry
         let #key = #rendered;
     };
+    // One key is lent to the run: it stays in this future, not copied into
+    // the run's.
+    let key_arg = if config.multi {
+        quote!(#key)
+    } else {
+        quote!(&#key)
+    };
     let body = match body {
         Body::Tokens(stmts) => {
             let declared = output_type(&sig.output);
@@ -182,11 +189,11 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             // Input:  async fn f(id: u64) -> R { body }
             // Output: async fn f(id: u64) -> Result<R, LockError> {
             //             let key = render_key(..);
-            //             run_wait(key, options, async move { let ret: R = { body }; ret }).await
+            //             run_wait(&key, options, async move { let ret: R = { body }; ret }).await
             //         }
             let failed = failed(into.is_some(), krate);
             let call = quote! {
-                #krate::__private::#run(#in_registry #key, #options, #failed, async move {
+                #krate::__private::#run(#in_registry #key_arg, #options, #failed, async move {
                     #pin_output
                     let #ret: #value_ty = { #stmts };
                     #[allow(unreachable_code, clippy::needless_return)]
@@ -213,12 +220,12 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
             }
             let failed = failed(rewrite.parts.is_some(), krate);
             let call =
-                quote!(#krate::__private::#run(#in_registry #key, #options, #failed, #inner));
+                quote!(#krate::__private::#run(#in_registry #key_arg, #options, #failed, #inner));
             let done = finish(call, mode, rewrite.parts.as_ref(), krate);
             // Input:  fn f(&self) -> Pin<Box<dyn Future<Output = R> + ..>> { stmts; Box::pin(async move { .. }) }
             // Output: fn f(&self) -> Pin<Box<dyn Future<Output = Result<R, LockError>> + ..>> {
             //             stmts; let key = render_key(..);
-            //             Box::pin(async move { run_wait(key, options, async move { .. }).await })
+            //             Box::pin(async move { run_wait(&key, options, async move { .. }).await })
             //         }
             quote! {
                 #(#before)*

@@ -3,10 +3,8 @@
 //! What `#[distributed_lock]` expansions call. It may change in any release,
 //! which is why the macro crate is pinned to an exact version.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::LockError;
@@ -17,34 +15,78 @@ use crate::section;
 use crate::task_locks::{self, Frame};
 use crate::telemetry;
 
-/// Renders a key template's arguments: the key, shared from here on by
-/// the local queue, the guard and the store's calls (one allocation: it is
-/// written in a buffer this thread keeps).
+/// How long a rendered key may be and still be kept in the call's own
+/// future rather than on the heap.
+const INLINE_KEY: usize = 120;
+
+/// A key rendered from its template for one call, kept in the call's own
+/// future: in place when it is short (no allocation), on the heap when
+/// not. The lock shares the key its local queue keeps, so a key locked
+/// before is not copied again.
 #[doc(hidden)]
-pub fn render_key(args: fmt::Arguments<'_>) -> Arc<str> {
-    /// Past this, the buffer is not kept for the next key.
-    const KEPT: usize = 4096;
-    thread_local! {
-        static BUFFER: RefCell<String> = const { RefCell::new(String::new()) };
+pub struct RenderedKey(Rendered);
+
+enum Rendered {
+    /// A template without placeholders.
+    Static(&'static str),
+    Inline(InlineKey),
+    Heap(String),
+}
+
+/// A key written in place, whole `str`s at a time.
+struct InlineKey {
+    len: usize,
+    bytes: [u8; INLINE_KEY],
+}
+
+impl fmt::Write for InlineKey {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        let room = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        room.copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
     }
-    if let Some(key) = args.as_str() {
-        return key.into();
+}
+
+impl fmt::Debug for RenderedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
-    BUFFER
-        .try_with(|buffer| {
-            // A `Display` that renders another key meanwhile gets its own.
-            let Ok(mut buffer) = buffer.try_borrow_mut() else {
-                return fmt::format(args).into();
-            };
-            buffer.clear();
-            let _ = fmt::Write::write_fmt(&mut *buffer, args);
-            let key: Arc<str> = buffer.as_str().into();
-            if buffer.capacity() > KEPT {
-                *buffer = String::new();
+}
+
+impl RenderedKey {
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Rendered::Static(key) => key,
+            // Written by `write_str` only, whole `str`s: always UTF-8.
+            Rendered::Inline(inline) => {
+                std::str::from_utf8(&inline.bytes[..inline.len]).unwrap_or_default()
             }
-            key
-        })
-        .unwrap_or_else(|_| fmt::format(args).into())
+            Rendered::Heap(key) => key,
+        }
+    }
+}
+
+/// Renders a key template's arguments, in place when the key is short.
+/// A `Display` that fails leaves what it wrote so far, as `format!` would
+/// not (it panics).
+#[doc(hidden)]
+pub fn render_key(args: fmt::Arguments<'_>) -> RenderedKey {
+    if let Some(key) = args.as_str() {
+        return RenderedKey(Rendered::Static(key));
+    }
+    let mut inline = InlineKey {
+        len: 0,
+        bytes: [0; INLINE_KEY],
+    };
+    if fmt::Write::write_fmt(&mut inline, args).is_ok() {
+        return RenderedKey(Rendered::Inline(inline));
+    }
+    let mut heap = String::with_capacity(2 * INLINE_KEY);
+    let _ = fmt::Write::write_fmt(&mut heap, args);
+    RenderedKey(Rendered::Heap(heap))
 }
 
 /// The attribute's arguments, by name: a literal duration made
@@ -156,7 +198,7 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 /// Wait mode: waits for the lock, runs `body` under it, releases.
 #[doc(hidden)]
 pub async fn run_wait<F: Future>(
-    key: Arc<str>,
+    key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -168,23 +210,24 @@ pub async fn run_wait<F: Future>(
 #[doc(hidden)]
 pub async fn run_wait_in<F: Future>(
     registry: &LockRegistry,
-    key: Arc<str>,
+    key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let opts = spec.options(&key, Mode::Wait)?;
-    let full_key = registry.full_key_of(&key)?;
+    let key = key.as_str();
+    let opts = spec.options(key, Mode::Wait)?;
+    let full_key = registry.full_key(key)?;
     let ran = registry
-        .run(&key, &full_key, &opts, Mode::Wait, failed, body)
+        .run(key, &full_key, &opts, Mode::Wait, failed, body)
         .await?;
-    ran.ok_or_else(|| crate::registry::never_skipped(&key))
+    ran.ok_or_else(|| crate::registry::never_skipped(key))
 }
 
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.
 #[doc(hidden)]
 pub async fn run_skip<F: Future>(
-    key: Arc<str>,
+    key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -196,15 +239,16 @@ pub async fn run_skip<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip_in<F: Future>(
     registry: &LockRegistry,
-    key: Arc<str>,
+    key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let opts = spec.options(&key, Mode::Skip)?;
-    let full_key = registry.full_key_of(&key)?;
+    let key = key.as_str();
+    let opts = spec.options(key, Mode::Skip)?;
+    let full_key = registry.full_key(key)?;
     registry
-        .run(&key, &full_key, &opts, Mode::Skip, failed, body)
+        .run(key, &full_key, &opts, Mode::Skip, failed, body)
         .await
 }
 
@@ -214,12 +258,14 @@ pub async fn run_skip_in<F: Future>(
 #[doc(hidden)]
 pub async fn run_wait_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<Arc<str>>,
+    keys: Vec<RenderedKey>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let first = keys.first().map(ToString::to_string).unwrap_or_default();
+    let first = keys
+        .first()
+        .map_or_else(String::new, |key| key.as_str().to_owned());
     match run_all(registry, keys, spec, Mode::Wait, failed, body).await? {
         Some(output) => Ok(output),
         None => Err(LockError::Timeout {
@@ -233,7 +279,7 @@ pub async fn run_wait_all<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<Arc<str>>,
+    keys: Vec<RenderedKey>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -245,18 +291,18 @@ pub async fn run_skip_all<F: Future>(
 /// lease (cancelled when any is lost), releases what it took.
 async fn run_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<Arc<str>>,
+    keys: Vec<RenderedKey>,
     spec: Spec,
     mode: Mode,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let opts = spec.options(keys.first().map_or("", |key| &**key), mode)?;
+    let opts = spec.options(keys.first().map_or("", RenderedKey::as_str), mode)?;
     let registry = match registry {
         Some(registry) => registry,
         None => crate::registry()?,
     };
-    let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    let keys: Vec<String> = keys.iter().map(|key| key.as_str().to_owned()).collect();
     let span = telemetry::locks_span(&keys, mode);
     let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, failed, body));
     let outcome = match &result {
@@ -320,5 +366,41 @@ async fn run_guarded<F: Future>(
             let _ = guards.release().await;
             section::lost_under(&lost, output, failed)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+
+    use super::{INLINE_KEY, Rendered, render_key};
+
+    /// A `Display` that writes `ok` and then fails.
+    struct Failing;
+
+    impl fmt::Display for Failing {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("ok")?;
+            Err(fmt::Error)
+        }
+    }
+
+    #[test]
+    fn a_key_is_rendered_in_place_when_short_and_on_the_heap_when_not() {
+        let fixed = render_key(format_args!("stock:all"));
+        assert!(matches!(fixed.0, Rendered::Static("stock:all")));
+        let id = 42;
+        let short = render_key(format_args!("stock:{id}:ü"));
+        assert!(matches!(short.0, Rendered::Inline(_)));
+        assert_eq!(short.as_str(), "stock:42:ü");
+        let long = "x".repeat(INLINE_KEY);
+        let fits = render_key(format_args!("{long}"));
+        assert!(matches!(fits.0, Rendered::Inline(_)));
+        assert_eq!(fits.as_str(), long);
+        let over = render_key(format_args!("{long}{id}"));
+        assert!(matches!(over.0, Rendered::Heap(_)));
+        assert_eq!(over.as_str(), format!("{long}42"));
+        // A failing `Display` keeps what it wrote, without a panic.
+        assert_eq!(render_key(format_args!("a:{}", Failing)).as_str(), "a:ok");
     }
 }

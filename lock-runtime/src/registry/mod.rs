@@ -409,23 +409,6 @@ impl LockRegistry {
 
     /// Validates `key` and puts the namespace in front of it.
     pub(crate) fn full_key<'a>(&self, key: &'a str) -> Result<FullKey<'a>, LockError> {
-        self.namespaced(key, None)
-    }
-
-    /// [`full_key`](Self::full_key) of a shared key: the same key, shared,
-    /// when there is no namespace.
-    pub(crate) fn full_key_of(&self, key: &Arc<str>) -> Result<FullKey<'static>, LockError> {
-        match self.namespaced(key, Some(key))? {
-            FullKey::Shared(full_key) => Ok(FullKey::Shared(full_key)),
-            FullKey::Given(full_key) => Ok(FullKey::Shared(full_key.into())),
-        }
-    }
-
-    fn namespaced<'a>(
-        &self,
-        key: &'a str,
-        shared: Option<&Arc<str>>,
-    ) -> Result<FullKey<'a>, LockError> {
         let reason = if key.is_empty() {
             "a key must not be empty".to_owned()
         } else if key.len() > MAX_KEY_LEN {
@@ -435,10 +418,7 @@ impl LockRegistry {
             )
         } else {
             if self.inner.prefix.is_empty() {
-                return Ok(match shared {
-                    Some(shared) => FullKey::Shared(shared.clone()),
-                    None => FullKey::Given(key),
-                });
+                return Ok(FullKey::Given(key));
             }
             // Not `format!`: its machinery cost more than the rest of
             // building the key.
