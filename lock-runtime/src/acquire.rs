@@ -59,9 +59,9 @@ pub(crate) struct Parts<'a> {
 pub(crate) type Granted = (Grant, LocalTurn);
 
 /// A lock's key with the registry's namespace in front: the caller's own
-/// text when there is no namespace (the caller's shared text when it has
-/// one), else built once. Shared from the local queue on: a key with a
-/// queue is not copied again.
+/// text when there is no namespace, else built once. The guard shares the
+/// local queue's copy, so a key with a queue is not copied again; only a
+/// claim that does not queue (a share) takes a copy of a given text.
 #[derive(Clone, Debug)]
 pub(crate) enum FullKey<'a> {
     Given(&'a str),
