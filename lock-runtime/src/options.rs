@@ -1,6 +1,7 @@
 //! Per-lock options: lease length, waiting, watchdog, minimum and maximum hold.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
@@ -235,10 +236,22 @@ impl LockOptions {
 
     /// Checks the options' rules (`lock_limits::check`, which the
     /// attribute applies to its literals too); the error names `key` and
-    /// the rule broken.
+    /// the rule broken. The rules read the values alone, so the last
+    /// values that passed on this thread are not checked again: a call
+    /// site that locks with the same options over and over pays for one
+    /// comparison.
     pub(crate) fn validate(&self, key: &str, mode: Mode) -> Result<(), LockError> {
-        lock_limits::check(&self.rule_values(mode))
-            .map_err(|problem| LockError::invalid_options(key, problem.to_string()))
+        thread_local! {
+            static PASSED: Cell<Option<lock_limits::Options>> = const { Cell::new(None) };
+        }
+        let values = self.rule_values(mode);
+        if PASSED.with(Cell::get) == Some(values) {
+            return Ok(());
+        }
+        lock_limits::check(&values)
+            .map_err(|problem| LockError::invalid_options(key, problem.to_string()))?;
+        PASSED.with(|passed| passed.set(Some(values)));
+        Ok(())
     }
 
     /// What the rules read, for calls in `mode`.
@@ -290,6 +303,23 @@ mod tests {
             Ok(()) => "ok".into(),
             Err(err) => err.to_string(),
         }
+    }
+
+    #[test]
+    fn options_that_passed_are_remembered_and_others_still_checked() {
+        let ttl = Duration::from_secs(10);
+        let good = LockOptions::default().ttl(ttl).wait_timeout(ttl);
+        assert_eq!(check(good.clone(), Mode::Wait), "ok");
+        assert_eq!(check(good.clone(), Mode::Wait), "ok");
+        // The same options in skip mode break a rule: the mode counts.
+        assert!(check(good.clone(), Mode::Skip).contains("`wait_timeout` has no effect"));
+        assert_eq!(check(good.clone(), Mode::Wait), "ok");
+        // Options that failed are checked, and refused, every time.
+        let bad = LockOptions::default().ttl(Duration::ZERO);
+        for _ in 0..2 {
+            assert!(check(bad.clone(), Mode::Wait).contains("shorter than 1ms"));
+        }
+        assert_eq!(check(good, Mode::Wait), "ok");
     }
 
     #[test]
