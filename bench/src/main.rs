@@ -525,7 +525,11 @@ async fn main() -> Result<(), Error> {
             None => {
                 let ratio = floor_of(&m.scenario).map_or(String::new(), |f| {
                     match m.paired.filter(|_| m.lib != "floor") {
-                        Some(paired) => format!("{:.2}x (paired {paired:.2}x)", m.throughput() / f),
+                        Some(paired) => format!(
+                            "{:.2}x (paired {paired:.2}x{})",
+                            m.throughput() / f,
+                            measure::rounds_range(&m.rounds)
+                        ),
                         None => format!("{:.2}x", m.throughput() / f),
                     }
                 });
@@ -562,7 +566,8 @@ async fn main() -> Result<(), Error> {
          Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17, 18, 25 and 26 ran each contender \
          {} times, interleaved, keeping each contender's best, \
          and \"paired\" is the median over those rounds of its throughput over the floor's in the same round \
-         (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would). \"vs floor\" is throughput over the floor's in the same \
+         (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would), \
+         \"rounds\" the lowest and highest of those ratios (the run's output lists them round by round). \"vs floor\" is throughput over the floor's in the same \
          scenario (the raw `SET NX PX` + owner-checked delete; `tokio::sync::Mutex` for the memory \
          store; the manual API for the attribute; for PostgreSQL the same insert-or-take-over statement and an \
          owner-checked delete, no library; for MySQL (MariaDB) an insert-or-take-over statement that draws the fencing value as the library's does (without the library's refusal answer and writer mark) and an owner-checked release that keeps the row free, as the library's does, retried at once while held, on a pool of the library's size (8), no library; for etcd the plainest etcd lock, a put-if-absent transaction on the key and a lease granted once, \

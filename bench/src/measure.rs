@@ -21,6 +21,10 @@ pub(crate) struct Measured {
     /// median over the rounds of its throughput over the floor's in the
     /// same round (both met the same state of the store's disk).
     pub(crate) paired: Option<f64>,
+    /// For rows run in rounds: each round's throughput over the floor's in
+    /// that round, in the rounds' order (the same order for every row of
+    /// the scenario, so two contenders compare round by round).
+    pub(crate) rounds: Vec<f64>,
     /// Allocations the process made per section while the row ran.
     pub(crate) allocations: Option<f64>,
 }
@@ -44,6 +48,7 @@ impl Measured {
             note: None,
             round_trip: None,
             paired: None,
+            rounds: Vec::new(),
             allocations: None,
         }
     }
@@ -181,11 +186,25 @@ pub(crate) async fn interleaved(
     for (at, (name, _)) in contenders.iter().enumerate() {
         if let Some(mut m) = best.remove(name) {
             // The floor is not paired with itself.
-            m.paired = ratios.remove(name).filter(|_| at > 0).map(median);
+            if let Some(rounds) = ratios.remove(name).filter(|_| at > 0) {
+                m.paired = Some(median(rounds.clone()));
+                m.rounds = rounds;
+            }
             rows.push(m);
         }
     }
     Ok(rows)
+}
+
+/// `, rounds LOW-HIGHx`: the spread of a row's per-round ratios, or
+/// nothing for a row not run in rounds.
+pub(crate) fn rounds_range(rounds: &[f64]) -> String {
+    let low = rounds.iter().copied().reduce(f64::min);
+    let high = rounds.iter().copied().reduce(f64::max);
+    match (low, high) {
+        (Some(low), Some(high)) => format!(", rounds {low:.2}-{high:.2}x"),
+        _ => String::new(),
+    }
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -252,7 +271,8 @@ pub(crate) async fn run_user_shape(
         waits.sort_unstable();
         let mut m = Measured::new(scenario, *name, ops, elapsed, waits);
         if at > 0 {
-            m.paired = Some(median(std::mem::take(&mut ratios[at])));
+            m.rounds = std::mem::take(&mut ratios[at]);
+            m.paired = Some(median(m.rounds.clone()));
         }
         rows.push(m);
     }

@@ -96,7 +96,10 @@ pub(crate) fn row_line(m: &Measured) -> String {
         fmt_d(m.waits.last().copied().unwrap_or_default()),
         fmt_allocations(m.allocations),
         match m.paired.filter(|_| m.lib != "floor") {
-            Some(paired) => format!("paired {paired:.2}x"),
+            Some(paired) => {
+                let rounds: Vec<String> = m.rounds.iter().map(|r| format!("{r:.2}")).collect();
+                format!("paired {paired:.2}x [{}]", rounds.join(" "))
+            }
             None => m.note.clone().unwrap_or_default(),
         }
     )
