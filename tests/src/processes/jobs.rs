@@ -393,14 +393,22 @@ impl Processes {
         let period = 500;
         let mut replicas = self.replicas(period, 18, "every:allow:400", KILLED_TTL_MS);
         let all_started = replicas.started.iter().max().copied().unwrap_or(0);
-        // The first run to start 1.5 s after every replica started.
+        // The first run to start 1.5 s after every replica started, seen
+        // within 200 ms of its start: half of its 400 ms are left for the
+        // kill (on a busy machine the look itself can take longer, and a
+        // run seen late may end before the kill; the next one is taken).
         let mut victim = None;
         crate::wait_until_blocking("a run to kill", Duration::from_secs(10), || {
             let record = replicas.runs(&mut data, "every");
+            let seen = now_ms();
             victim = record
                 .starts
                 .iter()
-                .find(|(fire, runs)| runs[0].at > all_started + 1500 && record.ended(**fire) == 0)
+                .find(|(fire, runs)| {
+                    runs[0].at > all_started + 1500
+                        && seen < runs[0].at + 200
+                        && record.ended(**fire) == 0
+                })
                 .map(|(fire, runs)| (*fire, runs[0].pid));
             victim.is_some()
         });
