@@ -235,13 +235,18 @@ async fn enter(
 
 /// A section held across several renewals (a 1 s lease, renewed every
 /// 333 ms, for 2.1 s), with an overlap detector: a holder whose lease the
-/// store took from it while it renewed would get `Lost` or overlap.
+/// store took from it while it renewed would get `Lost` or overlap. The
+/// body marks itself inside as `id`; a body cancelled by a loss leaves
+/// its mark, which its caller takes off (it no longer runs).
 #[distributed_lock(key = "{key}", ttl = "1s", wait_timeout = "20s")]
-async fn renewed_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
-    let id = entry_id();
-    let inside = enter(conn, &format!("renewed:{key}:inside"), &id).await?;
+async fn renewed_section(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    id: &str,
+) -> redis::RedisResult<()> {
+    let inside = enter(conn, &format!("renewed:{key}:inside"), id).await?;
     if inside != 1 {
-        let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), &id).await?;
+        let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), id).await?;
     }
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let _: i64 = conn.srem(format!("renewed:{key}:inside"), &id).await?;
@@ -871,7 +876,8 @@ async fn main() -> Result<(), LockError> {
                 handles.push(tokio::spawn(async move {
                     let (mut entries, mut errors) = (0u64, 0u64);
                     while tokio::time::Instant::now() < deadline {
-                        match renewed_section(&mut conn, &key).await {
+                        let id = entry_id();
+                        match renewed_section(&mut conn, &key, &id).await {
                             Ok(result) => {
                                 result.expect("data store");
                                 entries += 1;
@@ -879,6 +885,11 @@ async fn main() -> Result<(), LockError> {
                             Err(err) => {
                                 errors += 1;
                                 eprintln!("renewed worker {}: {err}", std::process::id());
+                                // A body cancelled inside left its mark.
+                                let _: i64 = conn
+                                    .srem(format!("renewed:{key}:inside"), &id)
+                                    .await
+                                    .expect("data store");
                             }
                         }
                     }
