@@ -249,7 +249,7 @@ async fn renewed_section(
         let _: i64 = conn.rpush(format!("renewed:{key}:overlaps"), id).await?;
     }
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let _: i64 = conn.srem(format!("renewed:{key}:inside"), &id).await?;
+    let _: i64 = conn.srem(format!("renewed:{key}:inside"), id).await?;
     Ok(())
 }
 
