@@ -178,12 +178,18 @@ impl Hasher for Carried {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_key_is_found_by_the_hash_it_carries_and_only_by_its_own() {
+    /// A map of `stock:7` (7) and `stock:8` (8), and its hashing.
+    fn two_keys() -> (KeyHashing, KeyMap<u32>) {
         let hashing = KeyHashing::default();
         let mut map: KeyMap<u32> = KeyMap::default();
         map.insert(hashing.key("stock:7".into()), 7);
         map.insert(hashing.key("stock:8".into()), 8);
+        (hashing, map)
+    }
+
+    #[test]
+    fn a_key_is_found_by_the_hash_it_carries_and_only_by_its_own() {
+        let (hashing, mut map) = two_keys();
         assert_eq!(map.get(&hashing.key("stock:7".into())), Some(&7));
         assert_eq!(map.remove(&hashing.key("stock:8".into())), Some(8));
         assert_eq!(map.get(&hashing.key("stock:8".into())), None);
@@ -198,10 +204,7 @@ mod tests {
 
     #[test]
     fn a_borrowed_key_finds_the_owned_one_equal_to_it_and_only_that() {
-        let hashing = KeyHashing::default();
-        let mut map: KeyMap<u32> = KeyMap::default();
-        map.insert(hashing.key("stock:7".into()), 7);
-        map.insert(hashing.key("stock:8".into()), 8);
+        let (hashing, map) = two_keys();
         assert_eq!(map.get(hashing.probe("stock:7").as_dyn()), Some(&7));
         assert_eq!(map.get(hashing.probe("stock:8").as_dyn()), Some(&8));
         assert_eq!(map.get(hashing.probe("stock:9").as_dyn()), None);
