@@ -399,7 +399,18 @@ impl Holding {
                 state.ended(None);
                 Ok(())
             }
-            Ok(_) => {
+            // Known lost before the release (its deadline passed, a
+            // renewal failed), though the store still had it: released,
+            // and still reported lost, since the body ran past its lease.
+            Ok(true) => {
+                tracing::warn!(
+                    parent: &state.span,
+                    key,
+                    "the lease was known lost before the release; the store still had it and released it"
+                );
+                Err(LockError::lost(key))
+            }
+            Ok(false) => {
                 if was_held {
                     state.ended(Some(telemetry::reason::RELEASE));
                 }

@@ -178,13 +178,17 @@ impl Slot {
         now: Instant,
         mut removed: impl FnMut(LossSignal),
     ) -> usize {
-        let ours = |holder: &mut Holder| {
-            holder.live(now) && token.is_none_or(|token| token == holder.token)
-        };
+        // The holders' order means nothing: a removed one's place takes
+        // the last.
         let mut count = 0;
-        for holder in self.holders.extract_if(.., ours) {
-            count += 1;
-            removed(holder.loss);
+        let mut index = 0;
+        while let Some(holder) = self.holders.get(index) {
+            if holder.live(now) && token.is_none_or(|token| token == holder.token) {
+                removed(self.holders.swap_remove(index).loss);
+                count += 1;
+            } else {
+                index += 1;
+            }
         }
         if count > 0
             && let Some(released) = &self.released
