@@ -37,11 +37,31 @@ pub(crate) fn ready_or_exited(
     false
 }
 
-/// A new directory under the system's temporary one for a `kind` of
-/// server (`redis`, `pg`, ...), named after this process.
+/// A new directory for a `kind` of server (`redis`, `pg`, ...), named
+/// after this process: in memory (`/dev/shm`) where the machine has it,
+/// else under the system's temporary directory.
+///
+/// In memory, a server's fsyncs cost nothing: on a machine whose disk
+/// the other tests' servers keep busy, a store's answers are not held up
+/// by its log's flush (etcd's and ZooKeeper's wait on it for every write).
+/// What the tests do to servers (SIGKILL, SIGSTOP, restarts) keeps every
+/// write a server made, as on disk: only the machine's own crash would
+/// lose it, which no test makes.
 pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
+    static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let base = BASE.get_or_init(|| {
+        let shm = PathBuf::from("/dev/shm");
+        let probe = shm.join(format!("lock-tests-probe-{}", std::process::id()));
+        match std::fs::create_dir(&probe) {
+            Ok(()) => {
+                let _ = std::fs::remove_dir(&probe);
+                shm
+            }
+            Err(_) => std::env::temp_dir(),
+        }
+    });
+    let dir = base.join(format!(
         "lock-tests-{kind}-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
