@@ -38,8 +38,9 @@ pub(crate) fn ready_or_exited(
 }
 
 /// A new directory for a `kind` of server (`redis`, `pg`, ...), named
-/// after this process: in memory (`/dev/shm`) where the machine has it,
-/// else under the system's temporary directory.
+/// after this process: in memory (`/dev/shm`) where the machine has room
+/// there (4 GiB free: a container's is often 64 MiB, less than one etcd
+/// log segment), else under the system's temporary directory.
 ///
 /// In memory, a server's fsyncs cost nothing: on a machine whose disk
 /// the other tests' servers keep busy, a store's answers are not held up
@@ -53,12 +54,12 @@ pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     let base = BASE.get_or_init(|| {
         let shm = PathBuf::from("/dev/shm");
         let probe = shm.join(format!("lock-tests-probe-{}", std::process::id()));
-        match std::fs::create_dir(&probe) {
-            Ok(()) => {
-                let _ = std::fs::remove_dir(&probe);
-                shm
-            }
-            Err(_) => std::env::temp_dir(),
+        let roomy = free_kib(&shm).is_some_and(|kib| kib >= 4 << 20);
+        if roomy && std::fs::create_dir(&probe).is_ok() {
+            let _ = std::fs::remove_dir(&probe);
+            shm
+        } else {
+            std::env::temp_dir()
         }
     });
     let dir = base.join(format!(
@@ -68,6 +69,14 @@ pub(crate) fn temp_dir(kind: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).expect("create the server's temporary directory");
     dir
+}
+
+/// The space free under `path`, in KiB, as `df` reports it.
+fn free_kib(path: &std::path::Path) -> Option<u64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The second line's fourth column: `Filesystem 1024-blocks Used Available ...`.
+    text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// Kills `child` and every process it started (SIGKILL, which ends a

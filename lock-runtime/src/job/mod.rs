@@ -369,7 +369,7 @@ impl Job {
     /// a replica late by up to this much still finds its fire taken. A
     /// replica later than that, or a fire that every replica missed, is
     /// judged this much later, and each fire's marks are kept twice its
-    /// period and four times this long.
+    /// period and five times this long.
     pub fn max_skew(mut self, skew: Duration) -> Job {
         self.max_skew = skew;
         self
@@ -563,8 +563,9 @@ impl Job {
         next + self.max_skew * 2 + (period / 4).min(Duration::from_secs(5))
     }
 
-    /// Until when a fire's marks are kept: twice its period and four
-    /// times the skew after it, by this replica's clock.
+    /// Until when a replica looks at a fire (see `settle`): twice its
+    /// period and four times the skew after it, by its own clock. The
+    /// fire's marks are kept a skew longer ([`linger`](Self::linger)).
     fn keep_until(&self, fire: SystemTime, next: SystemTime) -> SystemTime {
         let period = next.duration_since(fire).unwrap_or_default();
         fire + period * 2 + self.max_skew * 4
@@ -611,8 +612,9 @@ impl Job {
     /// Marks the fire settled (its `:done` key) and releases its lock,
     /// both kept until the fire's marks may be looked at;
     /// [`LockError::Lost`] when the lock was lost meanwhile. A store error
-    /// on the mark is tried again, with backoff, until the replicas look
-    /// at the fire: a fire left unmarked would be reported missed.
+    /// on the mark is tried again, with backoff, while a replica may still
+    /// look at the fire (the lock, held meanwhile, keeps them looking): a
+    /// fire left unmarked would be reported missed.
     async fn settle_and_release(
         &self,
         registry: &LockRegistry,
@@ -621,7 +623,10 @@ impl Job {
         guard: LockGuard,
     ) -> Result<(), LockError> {
         let (most, mut backoff) = self.backoff(fire, next);
-        let looked_at = self.settle_at(fire, next);
+        // Until every replica would still see the mark: one whose clock
+        // is ahead by the skew stops looking then (see `settle`); the
+        // others see the fire's lock held meanwhile and look on.
+        let looked_at = self.keep_until(fire, next) - self.max_skew;
         loop {
             let linger = self.linger(fire, next);
             match self.mark(registry, &self.done_key(fire), linger).await {
@@ -644,12 +649,14 @@ impl Job {
     }
 
     /// How long a fire's marks are kept from now: until
-    /// [`keep_until`](Self::keep_until), and at least a period and twice
+    /// [`keep_until`](Self::keep_until) by the replica clock furthest
+    /// behind, up to the skew behind this one (the replicas look at the
+    /// fire until then by their own clocks), and at least a period and twice
     /// the skew, so a run that ends late is still seen ended by the
     /// replicas looking.
     fn linger(&self, fire: SystemTime, next: SystemTime) -> Duration {
         let period = next.duration_since(fire).unwrap_or_default();
-        self.keep_until(fire, next)
+        (self.keep_until(fire, next) + self.max_skew)
             .duration_since(self.now())
             .unwrap_or_default()
             .max(period + self.max_skew * 2)
