@@ -146,8 +146,16 @@ pub(crate) fn machine() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
+    let data = lock_tests::servers_data_root();
+    let fsyncs = if data.starts_with("/dev/shm") {
+        ", in memory: their fsyncs cost nothing"
+    } else {
+        ""
+    };
     format!(
-        "{date}; {cores} cores ({cpu}), {mem:.0} GiB; Linux {}; {redis}; redis-server on loopback",
-        kernel.trim()
+        "{date}; {cores} cores ({cpu}), {mem:.0} GiB; Linux {}; {redis}; redis-server on loopback; \
+         the servers keep their data in {}{fsyncs}",
+        kernel.trim(),
+        data.display()
     )
 }

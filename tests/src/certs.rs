@@ -5,10 +5,17 @@ use std::process::Command;
 
 /// A throwaway certificate authority and the certificates it signed, for a
 /// server (etcd, Redis) that serves TLS on `127.0.0.1` and may ask clients
-/// for a certificate. Made with the `openssl` command.
+/// for a certificate. Made with the `openssl` command; its directory is
+/// removed when it is dropped.
 #[derive(Debug)]
 pub struct TestCerts {
     dir: PathBuf,
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl TestCerts {

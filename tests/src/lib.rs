@@ -35,7 +35,7 @@ pub use redis_server::{
     RedisCluster, RedisSentinels, RedisServer, RedisServers, RedisTlsServer, SENTINEL_MASTER,
 };
 pub use sentinel_watch::SentinelWatch;
-pub use server_process::StoreServer;
+pub use server_process::{StoreServer, servers_data_root};
 pub use warnings::Warnings;
 pub use worker::{Worker, field, sum_of_done};
 pub use zookeeper_server::ZooKeeperEnsemble;

@@ -404,7 +404,7 @@ impl RedisTlsServer {
     /// Starts the server; with `client_certs`, it refuses clients that do
     /// not show a certificate its CA signed (`tls-auth-clients yes`).
     pub fn new(password: &str, client_certs: bool) -> RedisTlsServer {
-        let certs = TestCerts::make(temp_dir("redis").join("certs"));
+        let certs = TestCerts::make(temp_dir("redis-certs"));
         let extra = vec!["--requirepass".to_owned(), password.to_owned()];
         let server = RedisServer::start_tls(&certs, client_certs, extra, None);
         RedisTlsServer {
@@ -657,10 +657,7 @@ impl RedisSentinels {
     /// talking to the others over TLS: replication, monitoring, the
     /// Sentinels' gossip and the addresses they give clients.
     pub fn spawn_tls() -> RedisSentinels {
-        RedisSentinels::start(
-            Some(TestCerts::make(temp_dir("redis").join("certs"))),
-            false,
-        )
+        RedisSentinels::start(Some(TestCerts::make(temp_dir("redis-certs"))), false)
     }
 
     fn start(certs: Option<TestCerts>, proxied: bool) -> RedisSentinels {

@@ -4,7 +4,7 @@
 //! SIGCONT) them by pid.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -37,10 +37,10 @@ pub(crate) fn ready_or_exited(
     false
 }
 
-/// A new directory for a `kind` of server (`redis`, `pg`, ...), named
-/// after this process: in memory (`/dev/shm`) where the machine has room
-/// there (4 GiB free: a container's is often 64 MiB, less than one etcd
-/// log segment), else under the system's temporary directory.
+/// Where the servers the tests start keep their data: in memory
+/// (`/dev/shm`) where the machine has room there (4 GiB free: a
+/// container's is often 64 MiB, less than one etcd log segment), else the
+/// system's temporary directory.
 ///
 /// In memory, a server's fsyncs cost nothing: on a machine whose disk
 /// the other tests' servers keep busy, a store's answers are not held up
@@ -48,10 +48,9 @@ pub(crate) fn ready_or_exited(
 /// What the tests do to servers (SIGKILL, SIGSTOP, restarts) keeps every
 /// write a server made, as on disk: only the machine's own crash would
 /// lose it, which no test makes.
-pub(crate) fn temp_dir(kind: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
+pub fn servers_data_root() -> &'static Path {
     static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let base = BASE.get_or_init(|| {
+    BASE.get_or_init(|| {
         let shm = PathBuf::from("/dev/shm");
         let probe = shm.join(format!("lock-tests-probe-{}", std::process::id()));
         let roomy = free_kib(&shm).is_some_and(|kib| kib >= 4 << 20);
@@ -61,8 +60,14 @@ pub(crate) fn temp_dir(kind: &str) -> PathBuf {
         } else {
             std::env::temp_dir()
         }
-    });
-    let dir = base.join(format!(
+    })
+}
+
+/// A new directory for a `kind` of server (`redis`, `pg`, ...), named
+/// after this process, under [`servers_data_root`].
+pub(crate) fn temp_dir(kind: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = servers_data_root().join(format!(
         "lock-tests-{kind}-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
