@@ -77,7 +77,7 @@ pub(crate) fn temp_dir(kind: &str) -> PathBuf {
 }
 
 /// The space free under `path`, in KiB, as `df` reports it.
-fn free_kib(path: &std::path::Path) -> Option<u64> {
+fn free_kib(path: &Path) -> Option<u64> {
     let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     // The second line's fourth column: `Filesystem 1024-blocks Used Available ...`.
