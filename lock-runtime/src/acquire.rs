@@ -237,7 +237,8 @@ async fn contend(
                     .claiming(claim)
                     .waiting(mode == Mode::Wait)
                     .fencing(opts.fencing)
-                    .contended(*contended);
+                    .contended(*contended)
+                    .sent_at(sent_at);
                 // An attempt given up (the deadline) or failed may still be
                 // granted in the store: undone, before the call returns while
                 // the store answers, in the background while it does not (the
@@ -267,7 +268,8 @@ async fn contend(
                         let valid_for = parts.capabilities.valid_for(opts.ttl);
                         let took = started_at.elapsed();
                         if took >= valid_for {
-                            match keep_late_grant(&mut *lease, deadline, valid_for).await {
+                            match Box::pin(keep_late_grant(&mut *lease, deadline, valid_for)).await
+                            {
                                 None => {
                                     answering = false;
                                     return Err(timed_out());
@@ -322,7 +324,9 @@ async fn contend(
                 let Some(watch) = watch.as_mut() else {
                     // Subscribe, then retry at once: a release that happened
                     // between the attempt and the subscription is not missed.
-                    let Some(subscribed) = within(deadline, store.watch(turn.key())).await else {
+                    let Some(subscribed) =
+                        Box::pin(within(deadline, store.watch(turn.key()))).await
+                    else {
                         answering = false;
                         return Err(timed_out());
                     };
@@ -349,10 +353,7 @@ async fn contend(
                 if let Some(deadline) = deadline {
                     wake = wake.min(deadline);
                 }
-                tokio::select! {
-                    () = watch.released_for(token) => {}
-                    () = sleep_until(wake) => {}
-                }
+                Box::pin(released_or(watch, token, wake)).await;
                 if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                     return Err(timed_out());
                 }
@@ -366,7 +367,7 @@ async fn contend(
         if let Some(place) = place
             && answering
         {
-            place.undo().await;
+            Box::pin(place.undo()).await;
         }
         outcome
     };
@@ -464,6 +465,14 @@ fn late_grants_error(key: &str, took: Duration, ttl: Duration, late: u32) -> Loc
          running); it was given back"
     );
     LockError::store(key, "acquire", why.into())
+}
+
+/// Waits until `watch` announces a release `token` may act on, or `wake`.
+async fn released_or(watch: &mut ReleaseWatch, token: LockToken, wake: Instant) {
+    tokio::select! {
+        () = watch.released_for(token) => {}
+        () = sleep_until(wake) => {}
+    }
 }
 
 /// Runs `fut` until `deadline`; `None` if the deadline came first.

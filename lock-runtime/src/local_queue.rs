@@ -307,9 +307,11 @@ impl Drop for QueueMember {
 /// released (or handed over). A claim many may hold at once (a share, a
 /// permit of a semaphore) does not queue: its turn is outside every queue,
 /// and the store alone decides.
-pub(crate) struct LocalTurn {
-    member: Option<QueueMember>,
-    key: Arc<str>,
+pub(crate) enum LocalTurn {
+    /// At the front of its key's queue, whose key it reads.
+    Queued(QueueMember),
+    /// Outside every queue, with its full key.
+    Unqueued(Arc<str>),
 }
 
 impl Drop for LocalTurn {
@@ -318,7 +320,7 @@ impl Drop for LocalTurn {
         // holder's `has_waiters` counts only real waiters, not this turn
         // (it would hand its lease over to nobody). The turn goes back
         // also when nobody waits: the queue stays for the key's next lock.
-        if let Some(member) = &mut self.member
+        if let LocalTurn::Queued(member) = self
             && let Some(queue) = member.leave()
         {
             queue.turn.add_permits(1);
@@ -329,29 +331,34 @@ impl Drop for LocalTurn {
 impl LocalTurn {
     /// A turn outside every queue, for a claim many may hold at once.
     pub(crate) fn unqueued(full_key: Arc<str>) -> LocalTurn {
-        LocalTurn {
-            member: None,
-            key: full_key,
-        }
+        LocalTurn::Unqueued(full_key)
     }
 
     fn queued(member: QueueMember) -> LocalTurn {
-        LocalTurn {
-            key: member.queue().key.key().clone(),
-            member: Some(member),
+        LocalTurn::Queued(member)
+    }
+
+    /// The queue this turn is at the front of, if any.
+    fn member(&self) -> Option<&QueueMember> {
+        match self {
+            LocalTurn::Queued(member) => Some(member),
+            LocalTurn::Unqueued(_) => None,
         }
     }
 
     /// The full key, shared.
     pub(crate) fn key(&self) -> &Arc<str> {
-        &self.key
+        match self {
+            LocalTurn::Queued(member) => member.queue().key.key(),
+            LocalTurn::Unqueued(key) => key,
+        }
     }
 
     /// Whether other tasks of this process wait behind this turn, one
     /// of them for this holder's lease: the turn is the key's only one (an
     /// exclusive claim's), so a hand-over can go to the next.
     pub(crate) fn has_waiters(&self) -> bool {
-        self.member.as_ref().is_some_and(|member| {
+        self.member().is_some_and(|member| {
             let queue = member.queue();
             queue.width == 1 && queue.users.load(Ordering::Relaxed) > 1
         })
@@ -359,7 +366,7 @@ impl LocalTurn {
 
     /// Takes up the lease the previous holder handed over, if any.
     pub(crate) fn take_handed(&self) -> Option<Grant> {
-        self.member.as_ref()?.queue().take_handed()
+        self.member()?.queue().take_handed()
     }
 
     /// Hands `lease` to the next task in the queue: the store moves it to a
@@ -389,7 +396,7 @@ impl LocalTurn {
         // A lease the store could not renew with the move counts from its
         // last renewal.
         let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-        let Some(member) = &self.member else {
+        let Some(member) = self.member() else {
             // Never asked of an unqueued turn, which has no waiters.
             return Ok(HandOver::Released);
         };

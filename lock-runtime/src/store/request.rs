@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Claim, Lease, LockToken, LossSignal};
 
 /// What a store knows of the lease on one key: the answer to
@@ -103,6 +105,12 @@ pub struct Hints {
     /// store with a cheaper release for a key nobody waits on may keep its
     /// general one for this lease. Default: false.
     pub contended: bool,
+    /// When the caller sent the attempt, on this process's clock: the
+    /// holder counts the lease from then. A store that shares the
+    /// holder's clock may count the lease from then too, rather than read
+    /// the clock (its lease then ends no later than it would have).
+    /// Default: `None`.
+    pub sent_at: Option<Instant>,
 }
 
 impl Default for Hints {
@@ -111,6 +119,7 @@ impl Default for Hints {
             waits: false,
             fenced: true,
             contended: false,
+            sent_at: None,
         }
     }
 }
@@ -162,6 +171,12 @@ impl<'a> AcquireRequest<'a> {
     /// ([`Hints::contended`]).
     pub fn contended(mut self, contended: bool) -> Self {
         self.hints.contended = contended;
+        self
+    }
+
+    /// Says when the caller sent the attempt ([`Hints::sent_at`]).
+    pub fn sent_at(mut self, at: Instant) -> Self {
+        self.hints.sent_at = Some(at);
         self
     }
 
