@@ -21,7 +21,7 @@ use crate::store::{
     Acquire, AcquireRequest, Capabilities, Lease, LockToken, LossSignal, ReleaseWatch, Store,
     StoreErrorKind,
 };
-use crate::telemetry::{self, Labels, Outcome};
+use crate::telemetry::Labels;
 
 /// The longest a waiter sleeps between attempts when no release arrives.
 pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
@@ -98,56 +98,11 @@ impl Parts<'_> {
 }
 
 /// Queues locally, then contends in the store: the lease and the turn,
-/// for the caller to hold; `None` only in skip mode.
-/// `key` is the user's key (for messages), `full_key` the namespaced one.
-/// The wait runs in a `lock_wait` span; how it ended is recorded on the
-/// lock's span and in the metrics.
-pub(crate) async fn acquire(
-    parts: &Parts<'_>,
-    key: &str,
-    full_key: &FullKey<'_>,
-    opts: &LockOptions,
-    mode: Mode,
-) -> Result<Option<Granted>, LockError> {
-    let started = Instant::now();
-    let mut contended = false;
-    // Not `instrument`ed: moving the large wait future into a wrapper
-    // cost more than everything else the spans add. Its events name the
-    // span as their parent instead.
-    let wait = telemetry::wait_span(parts.span);
-    let result = contend(
-        parts,
-        key,
-        full_key,
-        opts,
-        mode,
-        started,
-        &mut contended,
-        &wait,
-    )
-    .await;
-    drop(wait);
-    let (outcome, fencing) = match &result {
-        Ok(Some((grant, _))) => (Outcome::Acquired, Some(grant.fencing)),
-        Ok(None) => (Outcome::Skipped, None),
-        Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
-        Err(_) => (Outcome::Error, None),
-    };
-    telemetry::acquire_ended(
-        parts.span,
-        parts.labels,
-        outcome,
-        fencing,
-        contended,
-        started,
-    );
-    result
-}
-
-/// The wait itself, its events in `wait`; sets `contended` when the key
-/// was found held.
+/// for the caller to hold; `None` only in skip mode. `key` is the user's
+/// key (for messages), `full_key` the namespaced one; the wait's events go
+/// to `wait`, and `contended` is set when the key was found held.
 #[allow(clippy::too_many_arguments)]
-async fn contend(
+pub(crate) async fn contend(
     parts: &Parts<'_>,
     key: &str,
     full_key: &FullKey<'_>,
@@ -229,137 +184,138 @@ async fn contend(
         let mut answering = true;
         // Grants answered too late in a row (see `LATE_GRANTS_SKIPPING`).
         let mut late = 0;
-        let outcome = async {
-            loop {
-                let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-                let attempt = Stake::new(parts.store, &turn, token);
-                let request = AcquireRequest::with_shared_key(turn.key(), token, opts.ttl, &loss)
-                    .claiming(claim)
-                    .waiting(mode == Mode::Wait)
-                    .fencing(opts.fencing)
-                    .contended(*contended)
-                    .sent_at(sent_at);
-                // An attempt given up (the deadline) or failed may still be
-                // granted in the store: undone, before the call returns while
-                // the store answers, in the background while it does not (the
-                // undo would wait as long again; what it left ends with its
-                // lease).
-                let answer = match within(deadline, store.acquire(request)).await {
-                    Some(Ok(answer)) => answer,
-                    Some(Err(source)) => {
-                        if source.kind() == StoreErrorKind::Unavailable {
-                            answering = false;
-                        } else {
-                            attempt.undo().await;
-                        }
-                        return Err(LockError::store(key, "acquire", source));
-                    }
-                    None => {
+        let outcome = 'attempts: loop {
+            let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
+            let attempt = Stake::new(parts.store, &turn, token);
+            let request = AcquireRequest::with_shared_key(turn.key(), token, opts.ttl, &loss)
+                .claiming(claim)
+                .waiting(mode == Mode::Wait)
+                .fencing(opts.fencing)
+                .contended(*contended)
+                .sent_at(sent_at);
+            // An attempt given up (the deadline) or failed may still be
+            // granted in the store: undone, before the call returns while
+            // the store answers, in the background while it does not (the
+            // undo would wait as long again; what it left ends with its
+            // lease).
+            // Not `within`: one future fewer around the common attempt.
+            let answer = match deadline {
+                None => Some(store.acquire(request).await),
+                Some(deadline) => timeout_at(deadline, store.acquire(request)).await.ok(),
+            };
+            let answer = match answer {
+                Some(Ok(answer)) => answer,
+                Some(Err(source)) => {
+                    if source.kind() == StoreErrorKind::Unavailable {
                         answering = false;
-                        return Err(timed_out());
+                    } else {
+                        attempt.undo().await;
                     }
-                };
-                attempt.settle();
-                let remaining = match answer {
-                    Acquire::Acquired { fencing, mut lease } => {
-                        // A lease the store prepared ahead counts from then.
-                        let mut started_at =
-                            lease.started_at().map_or(sent_at, |at| at.min(sent_at));
-                        let valid_for = parts.capabilities.valid_for(opts.ttl);
-                        let took = started_at.elapsed();
-                        if took >= valid_for {
-                            match Box::pin(keep_late_grant(&mut *lease, deadline, valid_for)).await
-                            {
-                                None => {
-                                    answering = false;
-                                    return Err(timed_out());
+                    break 'attempts Err(LockError::store(key, "acquire", source));
+                }
+                None => {
+                    answering = false;
+                    break 'attempts Err(timed_out());
+                }
+            };
+            attempt.settle();
+            let remaining = match answer {
+                Acquire::Acquired { fencing, mut lease } => {
+                    // A lease the store prepared ahead counts from then.
+                    let mut started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                    let valid_for = parts.capabilities.valid_for(opts.ttl);
+                    let took = started_at.elapsed();
+                    if took >= valid_for {
+                        match Box::pin(keep_late_grant(&mut *lease, deadline, valid_for)).await {
+                            None => {
+                                answering = false;
+                                break 'attempts Err(timed_out());
+                            }
+                            Some(Ok(renewed_at)) => started_at = renewed_at,
+                            Some(Err(given_back)) => {
+                                late += 1;
+                                tracing::warn!(
+                                    parent: wait,
+                                    key,
+                                    took_ms = took.as_millis() as u64,
+                                    "the store granted the lock after its lease ran out, \
+                                     and did not renew it in time; given back"
+                                );
+                                // A waiter asks again while its wait lasts.
+                                if given_back && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
+                                {
+                                    continue;
                                 }
-                                Some(Ok(renewed_at)) => started_at = renewed_at,
-                                Some(Err(given_back)) => {
-                                    late += 1;
-                                    tracing::warn!(
-                                        parent: wait,
-                                        key,
-                                        took_ms = took.as_millis() as u64,
-                                        "the store granted the lock after its lease ran out, \
-                                         and did not renew it in time; given back"
-                                    );
-                                    // A waiter asks again while its wait lasts.
-                                    if given_back
-                                        && (mode == Mode::Wait || late < LATE_GRANTS_SKIPPING)
-                                    {
-                                        continue;
-                                    }
-                                    return Err(late_grants_error(key, took, opts.ttl, late));
-                                }
+                                break 'attempts Err(late_grants_error(key, took, opts.ttl, late));
                             }
                         }
-                        place.take().into_iter().for_each(Stake::settle);
-                        // Asked for none: whatever the store made is not promised.
-                        let fencing = if opts.fencing { fencing } else { 0 };
-                        tracing::debug!(
-                            parent: wait,
-                            key,
-                            fencing,
-                            waited_ms = started.elapsed().as_millis() as u64,
-                            "lock acquired"
-                        );
-                        let grant = Grant {
-                            lease,
-                            loss,
-                            fencing,
-                            ttl: opts.ttl,
-                            started_at,
-                            chain: 0,
-                        };
-                        return Ok(Some(grant));
                     }
-                    Acquire::Held { remaining } => remaining,
-                };
-                *contended = true;
-                if mode == Mode::Skip {
-                    tracing::debug!(parent: wait, key, "lock held elsewhere; skipping");
-                    return Ok(None);
-                }
-                let Some(watch) = watch.as_mut() else {
-                    // Subscribe, then retry at once: a release that happened
-                    // between the attempt and the subscription is not missed.
-                    let Some(subscribed) =
-                        Box::pin(within(deadline, store.watch(turn.key()))).await
-                    else {
-                        answering = false;
-                        return Err(timed_out());
-                    };
-                    let subscribed = subscribed.map_err(|source| {
-                        answering = source.kind() != StoreErrorKind::Unavailable;
-                        LockError::store(key, "watch", source)
-                    })?;
-                    watch = Some(subscribed);
+                    place.take().into_iter().for_each(Stake::settle);
+                    // Asked for none: whatever the store made is not promised.
+                    let fencing = if opts.fencing { fencing } else { 0 };
                     tracing::debug!(
                         parent: wait,
                         key,
-                        remaining_ms = remaining.map(|r| r.as_millis() as u64),
-                        "lock contended; waiting"
+                        fencing,
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "lock acquired"
                     );
-                    continue;
-                };
-                // A store that cannot announce releases is asked again as often
-                // as it says, as one whose queue needs its waiters back.
-                let poll = match (queue_poll, parts.capabilities.release_poll) {
-                    (Some(queue), Some(release)) => Some(queue.min(release)),
-                    (queue, release) => queue.or(release),
-                };
-                let mut wake = Instant::now() + retry_delay(remaining, poll);
-                if let Some(deadline) = deadline {
-                    wake = wake.min(deadline);
+                    let grant = Grant {
+                        lease,
+                        loss,
+                        fencing,
+                        ttl: opts.ttl,
+                        started_at,
+                        chain: 0,
+                    };
+                    break 'attempts Ok(Some(grant));
                 }
-                Box::pin(released_or(watch, token, wake)).await;
-                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                    return Err(timed_out());
-                }
+                Acquire::Held { remaining } => remaining,
+            };
+            *contended = true;
+            if mode == Mode::Skip {
+                tracing::debug!(parent: wait, key, "lock held elsewhere; skipping");
+                break 'attempts Ok(None);
             }
-        }
-        .await;
+            let Some(watch) = watch.as_mut() else {
+                // Subscribe, then retry at once: a release that happened
+                // between the attempt and the subscription is not missed.
+                let Some(subscribed) = Box::pin(within(deadline, store.watch(turn.key()))).await
+                else {
+                    answering = false;
+                    break 'attempts Err(timed_out());
+                };
+                let subscribed = match subscribed {
+                    Ok(subscribed) => subscribed,
+                    Err(source) => {
+                        answering = source.kind() != StoreErrorKind::Unavailable;
+                        break 'attempts Err(LockError::store(key, "watch", source));
+                    }
+                };
+                watch = Some(subscribed);
+                tracing::debug!(
+                    parent: wait,
+                    key,
+                    remaining_ms = remaining.map(|r| r.as_millis() as u64),
+                    "lock contended; waiting"
+                );
+                continue;
+            };
+            // A store that cannot announce releases is asked again as often
+            // as it says, as one whose queue needs its waiters back.
+            let poll = match (queue_poll, parts.capabilities.release_poll) {
+                (Some(queue), Some(release)) => Some(queue.min(release)),
+                (queue, release) => queue.or(release),
+            };
+            let mut wake = Instant::now() + retry_delay(remaining, poll);
+            if let Some(deadline) = deadline {
+                wake = wake.min(deadline);
+            }
+            Box::pin(released_or(watch, token, wake)).await;
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                break 'attempts Err(timed_out());
+            }
+        };
         // A waiter that leaves without the lock (timed out, failed) takes its
         // place in the store's queue with it before the call returns, while
         // the store answers; otherwise, and when the call is cancelled

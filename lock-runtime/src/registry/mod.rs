@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use once_cell::sync::OnceCell;
+use tokio::time::Instant;
 
 mod stores;
 
@@ -21,7 +22,7 @@ use crate::options::{Access, LockOptions, Mode, permits_of};
 use crate::section;
 use crate::store::{LeaseInfo, LockToken, MAX_KEY_LEN, Store};
 use crate::task_locks;
-use crate::telemetry::{self, Labels};
+use crate::telemetry::{self, Labels, Outcome};
 
 static REGISTRY: OnceCell<LockRegistry> = OnceCell::new();
 
@@ -186,7 +187,8 @@ impl LockRegistry {
     pub async fn lock(&self, key: &str, opts: LockOptions) -> Result<LockGuard, LockError> {
         opts.validate(key, Mode::Wait)?;
         let full_key = self.full_key(key)?;
-        self.wait_for(key, &full_key, &opts).await
+        let guard = self.acquire(key, &full_key, &opts, Mode::Wait).await?;
+        guard.ok_or_else(|| never_skipped(key))
     }
 
     /// Waits for the lock on `key`, runs `body` under it and releases it:
@@ -280,18 +282,6 @@ impl LockRegistry {
                 section::lost_under(&full_key[prefix_len..], output, failed).map(Some)
             }
         }
-    }
-
-    /// Waits for the lock on an already namespaced key, `opts` checked for
-    /// wait mode.
-    pub(crate) async fn wait_for(
-        &self,
-        key: &str,
-        full_key: &FullKey<'_>,
-        opts: &LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        let guard = self.acquire(key, full_key, opts, Mode::Wait).await?;
-        guard.ok_or_else(|| never_skipped(key))
     }
 
     /// Makes one attempt at the lock on `key`: `Ok(None)` when it is held,
@@ -394,7 +384,33 @@ impl LockRegistry {
             span: &span,
             labels,
         };
-        let Some((grant, turn)) = acquire::acquire(&parts, key, full_key, opts, mode).await? else {
+        // The wait, in a `lock_wait` span; how it ended is recorded on the
+        // lock's span and in the metrics. Not `instrument`ed: moving the
+        // large wait future into a wrapper cost more than everything else
+        // the spans add; its events name the span as their parent instead.
+        let started = Instant::now();
+        let mut contended = false;
+        let wait = telemetry::wait_span(&span);
+        let result = acquire::contend(
+            &parts,
+            key,
+            full_key,
+            opts,
+            mode,
+            started,
+            &mut contended,
+            &wait,
+        )
+        .await;
+        drop(wait);
+        let (outcome, fencing) = match &result {
+            Ok(Some((grant, _))) => (Outcome::Acquired, Some(grant.fencing)),
+            Ok(None) => (Outcome::Skipped, None),
+            Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
+            Err(_) => (Outcome::Error, None),
+        };
+        telemetry::acquire_ended(&span, labels, outcome, fencing, contended, started);
+        let Some((grant, turn)) = result? else {
             return Ok(None);
         };
         Ok(Some(LockGuard::new(&parts, grant, opts, turn)))
