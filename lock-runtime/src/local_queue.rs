@@ -13,9 +13,10 @@
 //! At most [`MAX_HAND_OVERS`] in a row, so other processes get their turn.
 //! A grant left behind for a waiter that went away is released.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -83,7 +84,7 @@ impl Queues {
         if queue.width != width {
             // An idle queue of a claim of another width: the key is this
             // claim's now.
-            if queue.users.load(Ordering::Acquire) != 0 {
+            if !queue.retire_if_idle() {
                 return None;
             }
             *queue = Queues::fresh(spare, &queue.key, width);
@@ -106,7 +107,7 @@ impl Queues {
         let spare = &mut self.spare;
         spare.clear();
         self.map.retain(|_, queue| {
-            let idle = queue.users.load(Ordering::Acquire) == 0;
+            let idle = queue.retire_if_idle();
             if idle {
                 spare.push(queue.clone());
             }
@@ -123,6 +124,41 @@ impl LocalQueues {
     /// answers them). A key with a queue (held, or locked before and not
     /// yet swept) is looked up as given; only a new one is copied.
     pub(crate) fn join(&self, full_key: &str, width: u32) -> Option<QueueMember> {
+        if let Some(member) = self.join_last(full_key, width) {
+            return Some(member);
+        }
+        let member = self.join_in_map(full_key, width)?;
+        if let Some(queue) = &member.queue {
+            LAST_JOINED.with(|last| {
+                if let Ok(mut last) = last.try_borrow_mut() {
+                    *last = Some((Arc::downgrade(&self.map), queue.clone()));
+                }
+            });
+        }
+        Some(member)
+    }
+
+    /// Joins the queue this thread last joined, without the map, if it is
+    /// this registry's queue for `full_key` at `width` and still in the
+    /// map.
+    fn join_last(&self, full_key: &str, width: u32) -> Option<QueueMember> {
+        LAST_JOINED.with(|last| {
+            let last = last.try_borrow().ok()?;
+            let (map, queue) = last.as_ref()?;
+            if !std::ptr::eq(map.as_ptr(), Arc::as_ptr(&self.map))
+                || queue.width != width
+                || **queue.key.key() != *full_key
+            {
+                return None;
+            }
+            queue.join_unlisted().then(|| QueueMember {
+                queue: Some(queue.clone()),
+            })
+        })
+    }
+
+    /// Joins `full_key`'s queue through the map.
+    fn join_in_map(&self, full_key: &str, width: u32) -> Option<QueueMember> {
         let probe = self.hashing.probe(full_key);
         let mut queues = self.queues();
         // Before the lookup, so a key's queue is looked up once; a sweep
@@ -179,6 +215,17 @@ pub(crate) struct Grant {
     pub(crate) chain: u32,
 }
 
+/// A queue joined through a map, and the map (weakly, so its address
+/// names it while this is kept).
+type Joined = (Weak<Mutex<Queues>>, Arc<KeyQueue>);
+
+thread_local! {
+    /// The queue this thread's last lock joined through its registry's
+    /// map: a task that locks the same key again, the common case, joins
+    /// it without the map's lock, hash and lookup.
+    static LAST_JOINED: RefCell<Option<Joined>> = const { RefCell::new(None) };
+}
+
 /// One key's queue, and the lease handed along it.
 struct KeyQueue {
     /// The full key, as the map holds it (with its hash, to leave it
@@ -196,6 +243,13 @@ struct KeyQueue {
     handed: Mutex<Option<Grant>>,
     /// Whether `handed` holds one: set under its lock, read without.
     has_handed: AtomicBool,
+    /// Set while the map takes the queue out (a sweep, or a claim of
+    /// another width taking the key over), and for good once it has: a
+    /// task joining without the map ([`KeyQueue::join_unlisted`]) counts
+    /// itself in `users`, then looks here; the map sets this, then looks
+    /// at `users`. Both in that order, sequentially consistent: one of
+    /// them sees the other, so no task joins a queue the map has dropped.
+    retired: AtomicBool,
 }
 
 impl KeyQueue {
@@ -207,7 +261,32 @@ impl KeyQueue {
             turn: Semaphore::new(width as usize),
             handed: Mutex::new(None),
             has_handed: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the queue taken out of the map if nobody is in it (the map's
+    /// lock held); `false`, and the queue left as it was, if somebody is.
+    fn retire_if_idle(&self) -> bool {
+        self.retired.store(true, Ordering::SeqCst);
+        if self.users.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        self.retired.store(false, Ordering::SeqCst);
+        false
+    }
+
+    /// Counts a user in without the map's lock: `false` (and not counted)
+    /// if the map has taken the queue out, or is taking it out now.
+    fn join_unlisted(&self) -> bool {
+        self.users.fetch_add(1, Ordering::SeqCst);
+        if !self.retired.load(Ordering::SeqCst) {
+            return true;
+        }
+        // Nobody else was in it (the map saw none), so this is no hand-over's
+        // last user: a plain count back.
+        self.users.fetch_sub(1, Ordering::SeqCst);
+        false
     }
 
     fn handed(&self) -> MutexGuard<'_, Option<Grant>> {
@@ -458,6 +537,41 @@ mod tests {
         assert_eq!(queues.queued(&key(0)), 1, "the held key's queue was kept");
         drop(held);
         assert_eq!(queues.len(), 0);
+    }
+
+    #[test]
+    fn a_queue_the_map_dropped_is_not_joined_again_from_the_last_join() {
+        let queues = LocalQueues::default();
+        // This thread's last join is key 0's queue, now idle.
+        drop(queues.join(&key(0), 1).unwrap().try_lock().ok().unwrap());
+        // Another thread fills the map until sweeps drop key 0's queue.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 1..4 * SWEEP_FLOOR {
+                    drop(queues.join(&key(i), 1).unwrap().try_lock().ok().unwrap());
+                }
+            });
+        });
+        assert_eq!(queues.queued(&key(0)), 0);
+        let held = queues.join(&key(0), 1).unwrap().try_lock().ok().unwrap();
+        // Joined through the map: the map's queue for the key counts it, so
+        // another task of the registry queues behind it.
+        assert_eq!(queues.queued(&key(0)), 1);
+        assert!(queues.join(&key(0), 1).unwrap().try_lock().is_err());
+        drop(held);
+        // A key locked again joins its queue from the last join, counted
+        // where the map sees it.
+        let again = queues.join(&key(0), 1).unwrap().try_lock().ok().unwrap();
+        assert_eq!(queues.queued(&key(0)), 1);
+        drop(again);
+        // Another width on an idle queue takes the key over in the map; the
+        // old queue is not joined from the last join any more.
+        let wide: Vec<_> = (0..2)
+            .map(|_| queues.join(&key(0), 2).unwrap().try_lock().ok().unwrap())
+            .collect();
+        assert_eq!(queues.queued(&key(0)), 2);
+        assert!(queues.join(&key(0), 1).is_none(), "busy at width 2");
+        drop(wide);
     }
 
     #[test]
