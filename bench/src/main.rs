@@ -97,7 +97,11 @@ const KEPT_SECTION: &str = "## Where the time goes";
 /// The grant timeout of the Redis store's fair mode in the bench.
 const FAIR_GRANT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The fixed work inside every critical section.
+/// The fixed work inside every critical section. Never inlined: one copy
+/// of its loop serves every contender, so none gains or loses by where its
+/// own copy of the loop happens to be placed (a copy straddling a 64-byte
+/// boundary ran 10 % slower than another on this machine's AMD cores).
+#[inline(never)]
 fn work() {
     let mut x = 0u64;
     for i in 0..2_000u64 {
