@@ -129,7 +129,7 @@ pub(crate) async fn contend(
         .limit()
         .and_then(|width| parts.local.join(full_key, width.get()));
     let turn = match member.map(QueueMember::try_lock) {
-        None => LocalTurn::unqueued(full_key.to_shared()),
+        None => LocalTurn::Unqueued(full_key.to_shared()),
         Some(Ok(turn)) => turn,
         Some(Err(member)) => {
             *contended = true;

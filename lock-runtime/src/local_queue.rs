@@ -130,8 +130,18 @@ impl LocalQueues {
         let member = self.join_in_map(full_key, width)?;
         if let Some(queue) = &member.queue {
             LAST_JOINED.with(|last| {
-                if let Ok(mut last) = last.try_borrow_mut() {
-                    *last = Some((Arc::downgrade(&self.map), queue.clone()));
+                let Ok(mut last) = last.try_borrow_mut() else {
+                    return;
+                };
+                match &mut *last {
+                    // The same map: only the queue changes, and the map's
+                    // weak count, which every thread shares, is left alone.
+                    Some((map, last_queue))
+                        if std::ptr::eq(map.as_ptr(), Arc::as_ptr(&self.map)) =>
+                    {
+                        *last_queue = queue.clone();
+                    }
+                    last => *last = Some((Arc::downgrade(&self.map), queue.clone())),
                 }
             });
         }
@@ -356,7 +366,7 @@ impl QueueMember {
         if let Ok(turn) = self.queue().turn.acquire().await {
             turn.forget();
         }
-        LocalTurn::queued(self)
+        LocalTurn::Queued(self)
     }
 
     /// The front of the queue if nobody is ahead; else the member back.
@@ -365,7 +375,7 @@ impl QueueMember {
             return Err(self);
         };
         turn.forget();
-        Ok(LocalTurn::queued(self))
+        Ok(LocalTurn::Queued(self))
     }
 
     /// Leaves the queue; the queue back, unless it had left already.
@@ -408,15 +418,6 @@ impl Drop for LocalTurn {
 }
 
 impl LocalTurn {
-    /// A turn outside every queue, for a claim many may hold at once.
-    pub(crate) fn unqueued(full_key: Arc<str>) -> LocalTurn {
-        LocalTurn::Unqueued(full_key)
-    }
-
-    fn queued(member: QueueMember) -> LocalTurn {
-        LocalTurn::Queued(member)
-    }
-
     /// The queue this turn is at the front of, if any.
     fn member(&self) -> Option<&QueueMember> {
         match self {
