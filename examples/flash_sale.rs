@@ -150,7 +150,13 @@ impl Store {
             }
             #[cfg(feature = "zookeeper")]
             Store::ZooKeeper { client, sale } => {
-                let (data, _) = client.get_data(&format!("/flash/{sale}/stock")).await?;
+                let path = format!("/flash/{sale}/stock");
+                // A server reads from its own copy, which may trail the
+                // leader's: the last holder's write, made through another
+                // session, could be missing yet. `sync` first brings this
+                // session's server up to the leader.
+                client.sync(&path).await?;
+                let (data, _) = client.get_data(&path).await?;
                 String::from_utf8(data)?.parse()?
             }
         })
@@ -289,6 +295,9 @@ impl Store {
             #[cfg(feature = "zookeeper")]
             Store::ZooKeeper { client, sale } => {
                 let dir = format!("/flash/{sale}/orders");
+                // Up to the leader first, as `read_stock`: the buyers wrote
+                // through other sessions.
+                client.sync(&dir).await?;
                 let mut levels = Vec::new();
                 for order in client.list_children(&dir).await? {
                     let (data, _) = client.get_data(&format!("{dir}/{order}")).await?;

@@ -216,6 +216,9 @@ impl Ledger {
             #[cfg(feature = "zookeeper")]
             Ledger::ZooKeeper(client, run) => {
                 let dir = format!("/sched/{run}");
+                // A server reads from its own copy, which may trail the
+                // leader's: the replicas wrote through other sessions.
+                client.sync(&dir).await?;
                 let mut entries = Vec::new();
                 for name in client.list_children(&dir).await? {
                     let path = format!("{dir}/{name}");
