@@ -8,6 +8,7 @@
 //! store (a timeout, a cancellation, an error) is abandoned in the store, so
 //! no lease is left behind that nobody holds.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -18,8 +19,8 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalQueues, LocalTurn, QueueMember};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
-    Acquire, AcquireRequest, Capabilities, Lease, LockToken, LossSignal, ReleaseWatch, Store,
-    StoreErrorKind,
+    Acquire, AcquireRequest, Capabilities, Claim, Lease, LockToken, LossSignal, ReleaseWatch,
+    Store, StoreErrorKind,
 };
 use crate::telemetry::Labels;
 
@@ -113,10 +114,7 @@ pub(crate) async fn contend(
     wait: &Span,
 ) -> Result<Option<Granted>, LockError> {
     let claim = opts.claim();
-    parts
-        .capabilities
-        .check(claim, opts.ttl, opts.hold_at_least)
-        .map_err(|reason| LockError::invalid_options(key, reason))?;
+    check_served(parts, key, claim, opts)?;
     let deadline = opts.wait_timeout.map(|timeout| started + timeout);
     let timed_out = || LockError::Timeout {
         key: LockError::shown_key(key),
@@ -328,6 +326,43 @@ pub(crate) async fn contend(
         outcome
     };
     Ok(outcome?.map(|grant| (grant, turn)))
+}
+
+/// Whether the registry's store serves `claim` with `opts`' ttl and
+/// `hold_at_least` ([`Capabilities::check`]). Each thread remembers the
+/// last ones that passed, and for which registry (held weakly, so its
+/// address is no other registry's meanwhile): a call site that locks with
+/// the same options again is not checked again.
+fn check_served(
+    parts: &Parts<'_>,
+    key: &str,
+    claim: Claim,
+    opts: &LockOptions,
+) -> Result<(), LockError> {
+    type Served = (Weak<dyn Send + Sync>, Claim, Duration, Option<Duration>);
+    thread_local! {
+        static SERVED: RefCell<Option<Served>> = const { RefCell::new(None) };
+    }
+    let asked = (claim, opts.ttl, opts.hold_at_least);
+    let known = SERVED.with_borrow(|served| {
+        served.as_ref().is_some_and(|(registry, claim, ttl, hold)| {
+            Weak::ptr_eq(registry, parts.registry) && (*claim, *ttl, *hold) == asked
+        })
+    });
+    if known {
+        return Ok(());
+    }
+    parts
+        .capabilities
+        .check(claim, opts.ttl, opts.hold_at_least)
+        .map_err(|reason| LockError::invalid_options(key, reason))?;
+    SERVED.set(Some((
+        parts.registry.clone(),
+        claim,
+        opts.ttl,
+        opts.hold_at_least,
+    )));
+    Ok(())
 }
 
 /// `token`'s stake in the store, given up there (abandoned) if dropped

@@ -96,6 +96,19 @@ impl State {
         if self.ended.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.record_end(lost);
+    }
+
+    /// As [`ended`](Self::ended), from the release, which has the state to
+    /// itself: nothing can race it.
+    fn ended_alone(&mut self, lost: Option<&str>) {
+        if std::mem::replace(self.ended.get_mut(), true) {
+            return;
+        }
+        self.record_end(lost);
+    }
+
+    fn record_end(&self, lost: Option<&str>) {
         if let Some(reason) = lost {
             telemetry::lost(&self.span, self.labels, reason);
         }
@@ -347,11 +360,12 @@ impl Holding {
         let Some(mut lease) = state.lease.take() else {
             return Ok(());
         };
-        let state = &*state;
-        let key = state.key();
-        // Nothing else takes the turn from here on (the loss listener is
-        // gone), so it is taken out once, under one lock.
-        let mut turn = state.take_turn();
+        // The loss listener is gone: the turn is the release's alone.
+        let mut turn = state
+            .turn
+            .get_mut()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take();
         if was_held
             && linger.is_zero()
             && chain < MAX_HAND_OVERS
@@ -370,23 +384,23 @@ impl Holding {
             return match handed {
                 Ok(HandOver::Moved { .. }) => {
                     telemetry::handed_over(state.labels);
-                    state.ended(None);
+                    state.ended_alone(None);
                     Ok(())
                 }
                 Ok(HandOver::Released) => {
                     tracing::debug!(
                         parent: &state.span,
-                        key,
+                        key = state.key(),
                         "lock released rather than handed over (the store cannot move it, or a waiter it queued had its turn)"
                     );
-                    state.ended(None);
+                    state.ended_alone(None);
                     Ok(())
                 }
                 Ok(HandOver::Lost) => {
-                    state.ended(Some(telemetry::reason::RELEASE));
-                    Err(LockError::lost(key))
+                    state.ended_alone(Some(telemetry::reason::RELEASE));
+                    Err(LockError::lost(state.key()))
                 }
-                Err(source) => Err(LockError::store(key, "release", source)),
+                Err(source) => Err(LockError::store(state.key(), "release", source)),
             };
         }
         let released = lease.release(linger).await;
@@ -395,8 +409,8 @@ impl Holding {
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;
-                tracing::debug!(parent: &state.span, key, linger_ms, "lock released");
-                state.ended(None);
+                tracing::debug!(parent: &state.span, key = state.key(), linger_ms, "lock released");
+                state.ended_alone(None);
                 Ok(())
             }
             // Known lost before the release (its deadline passed, a
@@ -405,23 +419,23 @@ impl Holding {
             Ok(true) => {
                 tracing::warn!(
                     parent: &state.span,
-                    key,
+                    key = state.key(),
                     "the lease was known lost before the release; the store still had it and released it"
                 );
-                Err(LockError::lost(key))
+                Err(LockError::lost(state.key()))
             }
             Ok(false) => {
                 if was_held {
-                    state.ended(Some(telemetry::reason::RELEASE));
+                    state.ended_alone(Some(telemetry::reason::RELEASE));
                 }
                 tracing::warn!(
                     parent: &state.span,
-                    key,
+                    key = state.key(),
                     "release found the lease lost; the current holder's lock was left alone"
                 );
-                Err(LockError::lost(key))
+                Err(LockError::lost(state.key()))
             }
-            Err(source) => Err(LockError::store(key, "release", source)),
+            Err(source) => Err(LockError::store(state.key(), "release", source)),
         }
     }
 

@@ -301,13 +301,16 @@ impl<R: Renewable + 'static> Renewal<R> {
             0,
             "the entry's listeners are gone before the holder takes it"
         );
-        // The common case: no renewal in flight, nothing to wait for.
-        while Arc::get_mut(&mut self.entry).is_none() {
+        // The common case: no renewal in flight, nothing to wait for. The
+        // count is read, not claimed: once the slab has let the entry go
+        // (`stop`), only a renewal in flight can share it, and one that
+        // ends leaves it shared by nobody.
+        while Arc::strong_count(&self.entry) > 1 {
             let returned = self.renewer.returned.notified();
             let mut returned = std::pin::pin!(returned);
             // Registered before the check, so a give-back in between wakes it.
             returned.as_mut().enable();
-            if Arc::get_mut(&mut self.entry).is_some() {
+            if Arc::strong_count(&self.entry) == 1 {
                 break;
             }
             returned.await;
@@ -320,6 +323,11 @@ impl<R: Renewable + 'static> Renewal<R> {
 
     /// Stops renewing; no verdict is given after this.
     pub(crate) fn stop(&self) {
+        // Only the holder stops its entry: once it has, a look is enough
+        // (a release stops, takes the state, then drops the renewal).
+        if self.entry.stopped.load(Ordering::Relaxed) {
+            return;
+        }
         if !self.entry.stopped.swap(true, Ordering::SeqCst) {
             self.renewer.remove(self.id);
         }

@@ -78,6 +78,16 @@ impl<'a> KeyProbe<'a> {
         self
     }
 
+    /// The key owned as `key` (the probe's text, shared), with the hash
+    /// already computed.
+    pub(crate) fn with_owned(self, key: Arc<str>) -> HashedKey {
+        debug_assert_eq!(&*key, self.key);
+        HashedKey {
+            hash: self.hash,
+            key,
+        }
+    }
+
     /// The key owned, with the hash already computed.
     pub(crate) fn to_owned_key(self) -> HashedKey {
         HashedKey {

@@ -103,14 +103,15 @@ impl MemoryStore {
                 ttl: request.ttl,
             })
         };
-        // The key hashed once; one lookup when it has a slot, two when it
-        // has none.
-        let key = table.hashing.key(request.owned_key());
-        let slot = match table.slots.get_mut(&key) {
+        // The key hashed once, looked up borrowed; one lookup when it has
+        // a slot, two when it has none.
+        let probe = table.hashing.probe(request.key);
+        let slot = match table.slots.get_mut(probe.as_dyn()) {
             Some(slot) => slot,
             None => {
                 table.sweep(now);
                 let holders = table.spare.pop().unwrap_or_default();
+                let key = probe.with_owned(request.owned_key());
                 table
                     .slots
                     .entry(key)
