@@ -2,6 +2,7 @@
 //! at the key and the lease's renewal. Releases on `release().await`, or on
 //! drop.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -16,7 +17,7 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
-use crate::renewal::{Entry, Renewable, Renewal, Schedule};
+use crate::renewal::{Entry, Renewable, Renewal, Schedule, Spare};
 use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
@@ -52,6 +53,12 @@ struct Holding {
     /// The lease's renewal, and the state the guard shares with it and
     /// the loss signal: one allocation.
     renewal: Renewal<State>,
+}
+
+thread_local! {
+    /// The renewal of the last lease released on this thread, with its
+    /// holder's state: the next lock's, without an allocation.
+    static SPARE: Cell<Option<Spare<State>>> = const { Cell::new(None) };
 }
 
 /// What the guard shares with the renewal and the loss signal.
@@ -188,6 +195,7 @@ impl LockGuard {
                 started_at: grant.started_at,
             },
             state,
+            SPARE.try_with(Cell::take).ok().flatten(),
         );
         let listener: Weak<Entry<State>> = Arc::downgrade(renewal.entry());
         renewal.held().loss.listen(listener);
@@ -348,6 +356,18 @@ impl Holding {
     }
 
     async fn release(mut self) -> Result<(), LockError> {
+        let released = self.release_lease().await;
+        // Kept for this thread's next lock; the lease and the turn are gone
+        // already, a span ends now.
+        let leave = (!self.state().span.is_none())
+            .then_some((|state| state.span = Span::none()) as fn(&mut State));
+        if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
+            let _ = SPARE.try_with(|kept| kept.set(Some(spare)));
+        }
+        released
+    }
+
+    async fn release_lease(&mut self) -> Result<(), LockError> {
         let linger = self.linger();
         let (fencing, ttl, started_at, chain) =
             (self.fencing, self.ttl, self.started_at, self.chain);

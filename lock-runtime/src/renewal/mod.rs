@@ -254,39 +254,114 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
 /// The renewal of one held lease, with its holder's state; stopping it
 /// (or dropping it) ends the renewal.
 pub(crate) struct Renewal<R: Renewable + 'static> {
-    renewer: Arc<Renewer>,
     id: usize,
+    /// The renewer and the entry; taken out only by
+    /// [`Renewal::into_spare`], which consumes the renewal.
+    looked_after: Option<(Arc<Renewer>, Arc<Entry<R>>)>,
+}
+
+/// A released lease's renewal, kept to look after the next lease taken on
+/// the same thread for the same registry: its allocation and its renewer
+/// are used again ([`Renewal::start`]).
+pub(crate) struct Spare<R: Renewable + 'static> {
+    /// The address of the registry's identity the renewer serves.
+    owner: usize,
+    renewer: Arc<Renewer>,
+    /// Shared by nobody: the holder took it back ([`Renewal::take_held`]).
     entry: Arc<Entry<R>>,
 }
 
 impl<R: Renewable + 'static> Renewal<R> {
     /// Starts looking after the lease `held` holds on `schedule`; when it
     /// is lost, its [`Renewable::lose`] is called. `owner` identifies the
-    /// registry.
-    pub(crate) fn start(owner: &Weak<dyn Send + Sync>, schedule: Schedule, held: R) -> Renewal<R> {
-        let renewer = Renewer::for_this_thread(owner);
+    /// registry. `spare`, a released lease's renewal kept for this, is
+    /// used if it is this thread's and the same registry's (its holder's
+    /// old state is dropped there); otherwise it is dropped.
+    pub(crate) fn start(
+        owner: &Weak<dyn Send + Sync>,
+        schedule: Schedule,
+        held: R,
+        spare: Option<Spare<R>>,
+    ) -> Renewal<R> {
         let started_at = schedule.started_at;
         let valid_until = started_at + schedule.valid_for;
-        let entry = Arc::new(Entry {
-            valid_until: AtomicI64::new(ticks::NEVER),
-            schedule,
-            stopped: AtomicBool::new(false),
-            lease: held,
-        });
+        let owner_id = owner.as_ptr() as *const () as usize;
+        let fresh = |schedule, held| {
+            let entry = Arc::new(Entry {
+                valid_until: AtomicI64::new(ticks::NEVER),
+                schedule,
+                stopped: AtomicBool::new(false),
+                lease: held,
+            });
+            (Renewer::for_this_thread(owner), entry)
+        };
+        let (renewer, entry) = match spare.filter(|spare| spare.owner == owner_id) {
+            Some(Spare {
+                renewer, mut entry, ..
+            }) => match Arc::get_mut(&mut entry) {
+                Some(unshared) => {
+                    unshared.schedule = schedule;
+                    *unshared.stopped.get_mut() = false;
+                    unshared.lease = held;
+                    #[cfg(test)]
+                    renewer.reuses.fetch_add(1, Ordering::SeqCst);
+                    (renewer, entry)
+                }
+                None => fresh(schedule, held),
+            },
+            None => fresh(schedule, held),
+        };
         entry.set_valid_until(valid_until);
         let due = entry.next_due(started_at, valid_until);
         let id = renewer.add(entry.clone(), due);
-        Renewal { renewer, id, entry }
+        Renewal {
+            id,
+            looked_after: Some((renewer, entry)),
+        }
+    }
+
+    fn looked_after(&self) -> &(Arc<Renewer>, Arc<Entry<R>>) {
+        self.looked_after
+            .as_ref()
+            .expect("a renewal's entry is taken out only by into_spare")
+    }
+
+    fn entry_ref(&self) -> &Arc<Entry<R>> {
+        &self.looked_after().1
     }
 
     /// The holder's state.
     pub(crate) fn held(&self) -> &R {
-        &self.entry.lease
+        &self.entry_ref().lease
     }
 
     /// The allocation the holder's state is in.
     pub(crate) fn entry(&self) -> &Arc<Entry<R>> {
-        &self.entry
+        self.entry_ref()
+    }
+
+    /// The renewal, stopped, to look after another lease
+    /// ([`Renewal::start`]), its holder's state as `leave` leaves it (if
+    /// given); `None` if a renewal in flight or a listener still shares
+    /// its entry (see [`take_held`](Self::take_held)). `owner` is the
+    /// address of the registry's identity given to `start`.
+    pub(crate) fn into_spare(
+        mut self,
+        owner: usize,
+        leave: Option<fn(&mut R)>,
+    ) -> Option<Spare<R>> {
+        self.stop();
+        let (renewer, mut entry) = self.looked_after.take()?;
+        match leave {
+            Some(leave) => leave(&mut Arc::get_mut(&mut entry)?.lease),
+            None if Arc::strong_count(&entry) > 1 => return None,
+            None => {}
+        }
+        Some(Spare {
+            owner,
+            renewer,
+            entry,
+        })
     }
 
     /// Stops renewing, waits until no renewal in flight shares the
@@ -297,7 +372,7 @@ impl<R: Renewable + 'static> Renewal<R> {
     pub(crate) async fn take_held(&mut self) -> &mut R {
         self.stop();
         debug_assert_eq!(
-            Arc::weak_count(&self.entry),
+            Arc::weak_count(self.entry_ref()),
             0,
             "the entry's listeners are gone before the holder takes it"
         );
@@ -305,17 +380,21 @@ impl<R: Renewable + 'static> Renewal<R> {
         // count is read, not claimed: once the slab has let the entry go
         // (`stop`), only a renewal in flight can share it, and one that
         // ends leaves it shared by nobody.
-        while Arc::strong_count(&self.entry) > 1 {
-            let returned = self.renewer.returned.notified();
+        while Arc::strong_count(self.entry_ref()) > 1 {
+            let returned = self.looked_after().0.returned.notified();
             let mut returned = std::pin::pin!(returned);
             // Registered before the check, so a give-back in between wakes it.
             returned.as_mut().enable();
-            if Arc::strong_count(&self.entry) == 1 {
+            if Arc::strong_count(self.entry_ref()) == 1 {
                 break;
             }
             returned.await;
         }
-        match Arc::get_mut(&mut self.entry) {
+        match self
+            .looked_after
+            .as_mut()
+            .and_then(|(_, entry)| Arc::get_mut(entry))
+        {
             Some(entry) => &mut entry.lease,
             None => unreachable!("the entry was found unshared, and nothing can share it since"),
         }
@@ -323,13 +402,16 @@ impl<R: Renewable + 'static> Renewal<R> {
 
     /// Stops renewing; no verdict is given after this.
     pub(crate) fn stop(&self) {
+        let Some((renewer, entry)) = &self.looked_after else {
+            return;
+        };
         // Only the holder stops its entry: once it has, a look is enough
         // (a release stops, takes the state, then drops the renewal).
-        if self.entry.stopped.load(Ordering::Relaxed) {
+        if entry.stopped.load(Ordering::Relaxed) {
             return;
         }
-        if !self.entry.stopped.swap(true, Ordering::SeqCst) {
-            self.renewer.remove(self.id);
+        if !entry.stopped.swap(true, Ordering::SeqCst) {
+            renewer.remove(self.id);
         }
     }
 }

@@ -28,6 +28,9 @@ pub(crate) struct Renewer {
     /// How many times a lock woke the task.
     #[cfg(test)]
     pub(super) wakes: std::sync::atomic::AtomicUsize,
+    /// How many leases a released lease's renewal was used again for.
+    #[cfg(test)]
+    pub(super) reuses: std::sync::atomic::AtomicUsize,
 }
 
 /// The slab of leases a renewer looks after, each with a timer of its own,
@@ -124,6 +127,8 @@ impl Renewer {
                 returned: Notify::new(),
                 #[cfg(test)]
                 wakes: Default::default(),
+                #[cfg(test)]
+                reuses: Default::default(),
             });
             renewers.push((owner.clone(), renewer.clone()));
             renewer

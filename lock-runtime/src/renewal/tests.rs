@@ -68,7 +68,7 @@ fn weak(owner: &Arc<()>) -> Weak<dyn Send + Sync> {
 }
 
 fn hold(owner: &Arc<()>) -> Renewal<Held> {
-    Renewal::start(&weak(owner), schedule(), Held::default())
+    Renewal::start(&weak(owner), schedule(), Held::default(), None)
 }
 
 /// Short locks taken after the renewer went idle wake its task once,
@@ -78,7 +78,7 @@ fn hold(owner: &Arc<()>) -> Renewal<Held> {
 async fn short_locks_after_an_idle_spell_wake_the_task_once() {
     let owner = Arc::new(());
     let first = hold(&owner);
-    let renewer = first.renewer.clone();
+    let renewer = first.looked_after().0.clone();
     first.stop();
     drop(first);
     // Idle for longer than its idle period.
@@ -104,7 +104,7 @@ async fn short_locks_after_an_idle_spell_wake_the_task_once() {
 async fn freed_timers_are_taken_again_and_a_burst_gives_them_back() {
     let owner = Arc::new(());
     let burst: Vec<Renewal<Held>> = (0..64).map(|_| hold(&owner)).collect();
-    let renewer = burst[0].renewer.clone();
+    let renewer = burst[0].looked_after().0.clone();
     let timers = || lock(&renewer.state).timers.len();
     assert_eq!(timers(), 64);
     for renewal in &burst[1..] {
@@ -140,10 +140,15 @@ async fn many_leases_are_renewed_in_batches() {
     let (renewals, losses) = (held.renewals.clone(), held.losses.clone());
     let mut leases = Vec::new();
     for _ in 0..1_000 {
-        leases.push(Renewal::start(&weak(&owner), schedule(), held.clone()));
+        leases.push(Renewal::start(
+            &weak(&owner),
+            schedule(),
+            held.clone(),
+            None,
+        ));
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let renewer = leases[0].renewer.clone();
+    let renewer = leases[0].looked_after().0.clone();
     let before = lock(&renewer.state).looks;
     // Three intervals: every lease is due three times.
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -165,7 +170,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let held = Held::default();
     let ends = held.ends.clone();
     let start = Instant::now();
-    let renewal = Renewal::start(&weak(&owner), schedule(), held);
+    let renewal = Renewal::start(&weak(&owner), schedule(), held, None);
     let told = || *ends.lock().unwrap();
     assert_eq!(
         told(),
@@ -181,7 +186,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
     let ends = capped.ends.clone();
     let mut schedule = schedule();
     schedule.max_hold = Some(Duration::from_secs(5));
-    let _renewal = Renewal::start(&weak(&owner), schedule, capped);
+    let _renewal = Renewal::start(&weak(&owner), schedule, capped, None);
     let told = *ends.lock().unwrap();
     assert_eq!(
         told,
@@ -189,5 +194,43 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
             start + Duration::from_millis(10_500) + Duration::from_secs(5),
             reason::MAX_HOLD
         ))
+    );
+}
+
+/// A released lease's renewal looks after the next lease of the same
+/// registry, renewing it as a new one; another registry's lease gets
+/// one of its own.
+#[tokio::test(start_paused = true)]
+async fn a_released_renewal_serves_the_next_lease_of_its_registry_only() {
+    let (owner, other) = (Arc::new(()), Arc::new(()));
+    let owner_id = Arc::as_ptr(&owner) as *const () as usize;
+    let mut first = hold(&owner);
+    let first_entry = Arc::as_ptr(first.entry());
+    first.take_held().await;
+    let spare = first
+        .into_spare(owner_id, None)
+        .expect("unshared once taken");
+
+    let next = Held::default();
+    let renewals = next.renewals.clone();
+    let second = Renewal::start(&weak(&owner), schedule(), next, Some(spare));
+    assert_eq!(Arc::as_ptr(second.entry()), first_entry);
+    let reuses = |renewal: &Renewal<Held>| renewal.looked_after().0.reuses.load(Ordering::SeqCst);
+    assert_eq!(reuses(&second), 1, "the allocation is used again");
+    assert!(!second.entry().is_stopped(), "and started again");
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(renewals.load(Ordering::SeqCst), 1, "renewed as a new lease");
+
+    let owners_renewer = second.looked_after().0.clone();
+    let mut second = second;
+    second.take_held().await;
+    let spare = second
+        .into_spare(owner_id, None)
+        .expect("unshared once taken");
+    let third = Renewal::start(&weak(&other), schedule(), Held::default(), Some(spare));
+    assert_eq!(reuses(&third), 0);
+    assert!(
+        !Arc::ptr_eq(&third.looked_after().0, &owners_renewer),
+        "another registry's lease has a renewer of its own"
     );
 }

@@ -22,7 +22,8 @@ use super::ticks;
 /// share the signal.
 #[derive(Clone)]
 pub struct LossSignal {
-    shared: Arc<LossShared>,
+    /// Always there but while the signal is dropped, which moves it out.
+    shared: Option<Arc<LossShared>>,
 }
 
 struct LossShared {
@@ -37,6 +38,9 @@ struct LossShared {
     deadline_reason: AtomicU8,
     /// Told once when the signal is raised; the runtime's holder of the lease.
     listener: Mutex<Option<Weak<dyn LossListener>>>,
+    /// Whether `listener` holds one: set and cleared under its lock, read
+    /// without it once nobody else can see the signal.
+    listening: AtomicBool,
 }
 
 /// Reacts when a lease is lost (the runtime's guard state).
@@ -52,7 +56,18 @@ impl Default for LossShared {
             deadline: AtomicI64::new(ticks::NEVER),
             deadline_reason: AtomicU8::new(Deadline::Late as u8),
             listener: Mutex::new(None),
+            listening: AtomicBool::new(false),
         }
+    }
+}
+
+impl LossShared {
+    /// Makes a signal nobody else can see, with no listener, as new.
+    fn reset(&self) {
+        self.raised.store(false, Ordering::Relaxed);
+        self.deadline.store(ticks::NEVER, Ordering::Relaxed);
+        self.deadline_reason
+            .store(Deadline::Late as u8, Ordering::Relaxed);
     }
 }
 
@@ -94,34 +109,40 @@ impl LossSignal {
     /// the next signal made on that thread, reset: a lock and release in
     /// a loop makes no new one.
     pub fn new() -> Self {
-        let spare = SPARE
-            .try_with(|spare| spare.take())
-            .ok()
-            .flatten()
-            .and_then(|mut shared| {
-                // Unique when it was kept, and nobody could clone it since.
-                *Arc::get_mut(&mut shared)? = LossShared::default();
-                Some(shared)
-            });
+        let shared = match SPARE.try_with(Cell::take).ok().flatten() {
+            // Unique when it was kept, with no listener, and nobody could
+            // see it since: plain stores make it new.
+            Some(shared) => {
+                shared.reset();
+                shared
+            }
+            None => Arc::default(),
+        };
         LossSignal {
-            shared: spare.unwrap_or_default(),
+            shared: Some(shared),
         }
+    }
+
+    fn shared(&self) -> &LossShared {
+        self.shared
+            .as_deref()
+            .expect("a loss signal is emptied only by its drop")
     }
 
     /// Says the lease is lost, for `reason` (logged). Idempotent.
     pub fn raise(&self, reason: &'static str) {
-        if self.shared.raised.swap(true, Ordering::SeqCst) {
+        if self.shared().raised.swap(true, Ordering::SeqCst) {
             return;
         }
         // The holder first: once woken, a body's task may end and drop it
         // before the listener would be told.
         self.tell_listener(reason);
-        self.shared.notify.notify_waiters();
+        self.shared().notify.notify_waiters();
     }
 
     /// Whether the signal was raised.
     pub fn is_raised(&self) -> bool {
-        self.shared.raised.load(Ordering::SeqCst)
+        self.shared().raised.load(Ordering::SeqCst)
     }
 
     /// Completes once the signal is raised, or the lease's deadline (which
@@ -132,7 +153,7 @@ impl LossSignal {
     /// whichever of its wake-ups comes first.
     pub async fn raised(&self) {
         loop {
-            let notified = self.shared.notify.notified();
+            let notified = self.shared().notify.notified();
             let mut notified = std::pin::pin!(notified);
             // Registered before the check, so a raise in between is not missed.
             notified.as_mut().enable();
@@ -154,10 +175,10 @@ impl LossSignal {
     pub(crate) fn ends_at(&self, at: i64, why: Deadline) {
         // The reason first: a reader that sees the new deadline passed
         // (`Acquire`) sees its reason too.
-        self.shared
+        self.shared()
             .deadline_reason
             .store(why as u8, Ordering::Relaxed);
-        self.shared.deadline.store(at, Ordering::Release);
+        self.shared().deadline.store(at, Ordering::Release);
     }
 
     /// Whether the signal is raised, raising it first if its deadline has
@@ -169,11 +190,11 @@ impl LossSignal {
     /// Raises the signal if its deadline has passed; whether it did. One
     /// atomic load and a clock read.
     fn past_deadline(&self) -> bool {
-        let deadline = self.shared.deadline.load(Ordering::Acquire);
+        let deadline = self.shared().deadline.load(Ordering::Acquire);
         if deadline == ticks::NEVER || ticks::of(Instant::now()) < deadline {
             return false;
         }
-        let why = Deadline::from_u8(self.shared.deadline_reason.load(Ordering::Relaxed));
+        let why = Deadline::from_u8(self.shared().deadline_reason.load(Ordering::Relaxed));
         self.raise(why.reason());
         true
     }
@@ -204,7 +225,10 @@ impl LossSignal {
     /// Makes `listener` the one told when the signal is raised (at once if
     /// it already was), in place of any earlier one.
     pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {
-        *self.listener() = Some(listener);
+        let mut slot = self.listener();
+        *slot = Some(listener);
+        self.shared().listening.store(true, Ordering::Relaxed);
+        drop(slot);
         if self.is_raised() {
             self.tell_listener("lost before it was taken up");
         }
@@ -214,21 +238,27 @@ impl LossSignal {
     /// in progress has ended, so the listener is not referred to from here
     /// any more.
     pub(crate) fn unlisten(&self) {
-        drop(self.listener().take());
+        let mut slot = self.listener();
+        let listener = slot.take();
+        self.shared().listening.store(false, Ordering::Relaxed);
+        drop(slot);
+        drop(listener);
     }
 
     /// Tells the listener (once), holding the lock meanwhile: `unlisten`
     /// waits for it.
     fn tell_listener(&self, reason: &'static str) {
         let mut slot = self.listener();
-        if let Some(listener) = slot.take().and_then(|weak| weak.upgrade()) {
+        let listener = slot.take();
+        self.shared().listening.store(false, Ordering::Relaxed);
+        if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
             listener.lease_lost(reason);
         }
     }
 
     fn listener(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossListener>>> {
         // One assignment or `take` per use: consistent after a panic.
-        self.shared
+        self.shared()
             .listener
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
@@ -243,13 +273,19 @@ thread_local! {
 
 impl Drop for LossSignal {
     fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
         // The last clone: nobody else can see the signal any more (no weak
         // references to it are ever made), so it can start over as
-        // another lease's. A clone is kept here, unique once this field
-        // is dropped.
-        if Arc::strong_count(&self.shared) == 1 {
-            let keep = self.shared.clone();
-            let _ = SPARE.try_with(|spare| spare.set(Some(keep)));
+        // another lease's, if nothing listens to it.
+        if Arc::strong_count(&shared) == 1 {
+            // What the other clones did before they were dropped (their
+            // count's release) is seen from here on.
+            std::sync::atomic::fence(Ordering::Acquire);
+            if !shared.listening.load(Ordering::Relaxed) {
+                let _ = SPARE.try_with(|spare| spare.set(Some(shared)));
+            }
         }
     }
 }
