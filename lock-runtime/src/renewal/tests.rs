@@ -203,7 +203,7 @@ async fn the_holder_is_told_its_deadline_and_each_new_one() {
 #[tokio::test(start_paused = true)]
 async fn a_released_renewal_serves_the_next_lease_of_its_registry_only() {
     let (owner, other) = (Arc::new(()), Arc::new(()));
-    let owner_id = Arc::as_ptr(&owner) as *const () as usize;
+    let owner_id = Arc::as_ptr(&owner) as usize;
     let mut first = hold(&owner);
     let first_entry = Arc::as_ptr(first.entry());
     first.take_held().await;
