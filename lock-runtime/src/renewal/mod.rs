@@ -326,18 +326,14 @@ impl<R: Renewable + 'static> Renewal<R> {
             .expect("a renewal's entry is taken out only by into_spare")
     }
 
-    fn entry_ref(&self) -> &Arc<Entry<R>> {
-        &self.looked_after().1
-    }
-
     /// The holder's state.
     pub(crate) fn held(&self) -> &R {
-        &self.entry_ref().lease
+        &self.entry().lease
     }
 
     /// The allocation the holder's state is in.
     pub(crate) fn entry(&self) -> &Arc<Entry<R>> {
-        self.entry_ref()
+        &self.looked_after().1
     }
 
     /// The renewal, stopped, to look after another lease
@@ -372,7 +368,7 @@ impl<R: Renewable + 'static> Renewal<R> {
     pub(crate) async fn take_held(&mut self) -> &mut R {
         self.stop();
         debug_assert_eq!(
-            Arc::weak_count(self.entry_ref()),
+            Arc::weak_count(self.entry()),
             0,
             "the entry's listeners are gone before the holder takes it"
         );
@@ -380,12 +376,12 @@ impl<R: Renewable + 'static> Renewal<R> {
         // count is read, not claimed: once the slab has let the entry go
         // (`stop`), only a renewal in flight can share it, and one that
         // ends leaves it shared by nobody.
-        while Arc::strong_count(self.entry_ref()) > 1 {
+        while Arc::strong_count(self.entry()) > 1 {
             let returned = self.looked_after().0.returned.notified();
             let mut returned = std::pin::pin!(returned);
             // Registered before the check, so a give-back in between wakes it.
             returned.as_mut().enable();
-            if Arc::strong_count(self.entry_ref()) == 1 {
+            if Arc::strong_count(self.entry()) == 1 {
                 break;
             }
             returned.await;

@@ -238,10 +238,7 @@ impl LossSignal {
     /// in progress has ended, so the listener is not referred to from here
     /// any more.
     pub(crate) fn unlisten(&self) {
-        let mut slot = self.listener();
-        let listener = slot.take();
-        self.shared().listening.store(false, Ordering::Relaxed);
-        drop(slot);
+        let listener = self.take_listener(&mut self.listener());
         drop(listener);
     }
 
@@ -249,11 +246,21 @@ impl LossSignal {
     /// waits for it.
     fn tell_listener(&self, reason: &'static str) {
         let mut slot = self.listener();
-        let listener = slot.take();
-        self.shared().listening.store(false, Ordering::Relaxed);
-        if let Some(listener) = listener.and_then(|weak| weak.upgrade()) {
+        if let Some(listener) = self
+            .take_listener(&mut slot)
+            .and_then(|weak| weak.upgrade())
+        {
             listener.lease_lost(reason);
         }
+    }
+
+    /// Takes the listener out of `slot`, the listener's lock held.
+    fn take_listener(
+        &self,
+        slot: &mut Option<Weak<dyn LossListener>>,
+    ) -> Option<Weak<dyn LossListener>> {
+        self.shared().listening.store(false, Ordering::Relaxed);
+        slot.take()
     }
 
     fn listener(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossListener>>> {
