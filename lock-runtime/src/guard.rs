@@ -17,7 +17,7 @@ use crate::error::LockError;
 use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
-use crate::renewal::{Entry, Renewable, Renewal, Schedule, Spare};
+use crate::renewal::{Entry, Fill, Renewable, Renewal, Schedule, Spare};
 use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply};
 use crate::telemetry::{self, Labels};
 
@@ -166,6 +166,59 @@ impl LossListener for State {
     }
 }
 
+/// A new holder's state, made from what the acquire has: written over a
+/// spare one's in place where it can ([`Fill`]).
+struct Fresh<'a> {
+    parts: &'a Parts<'a>,
+    loss: LossSignal,
+    lease: Box<dyn Lease>,
+    started_at: Instant,
+    turn: LocalTurn,
+}
+
+impl Fill<State> for Fresh<'_> {
+    fn into_new(self) -> State {
+        State {
+            full_key: self.turn.key().clone(),
+            prefix_len: self.parts.prefix_len,
+            lease: Some(self.lease),
+            loss: self.loss,
+            turn: Mutex::new(Some(self.turn)),
+            span: self.parts.span.clone(),
+            labels: self.parts.labels,
+            started_at: self.started_at,
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    fn fill(self, old: &mut State) {
+        // Every field, so that a new one is not forgotten here.
+        let State {
+            full_key,
+            prefix_len,
+            lease,
+            loss,
+            turn,
+            span,
+            labels,
+            started_at,
+            ended,
+        } = old;
+        // The same key as the last lock (the common case): its copy stays.
+        if !Arc::ptr_eq(full_key, self.turn.key()) {
+            *full_key = self.turn.key().clone();
+        }
+        *prefix_len = self.parts.prefix_len;
+        *lease = Some(self.lease);
+        *loss = self.loss;
+        *turn.get_mut().unwrap_or_else(|poison| poison.into_inner()) = Some(self.turn);
+        *span = self.parts.span.clone();
+        *labels = self.parts.labels;
+        *started_at = self.started_at;
+        *ended.get_mut() = false;
+    }
+}
+
 impl LockGuard {
     pub(crate) fn new(
         parts: &Parts<'_>,
@@ -174,16 +227,12 @@ impl LockGuard {
         turn: LocalTurn,
     ) -> LockGuard {
         let caps = parts.capabilities;
-        let state = State {
-            full_key: turn.key().clone(),
-            prefix_len: parts.prefix_len,
-            lease: Some(grant.lease),
+        let state = Fresh {
+            parts,
             loss: grant.loss,
-            turn: Mutex::new(Some(turn)),
-            span: parts.span.clone(),
-            labels: parts.labels,
+            lease: grant.lease,
             started_at: grant.started_at,
-            ended: AtomicBool::new(false),
+            turn,
         };
         let renewal = Renewal::start(
             parts.registry,

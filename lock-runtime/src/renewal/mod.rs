@@ -251,6 +251,26 @@ fn act(renewer: &Arc<Renewer>, id: usize, entry: Arc<Entry>) {
     });
 }
 
+/// A holder's state to be: made into a new entry's, or written over the
+/// old state of a spare one (see [`Renewal::start`]), which it may keep
+/// parts of.
+pub(crate) trait Fill<R> {
+    /// The state, for a new entry.
+    fn into_new(self) -> R;
+    /// The state, written over a released lease's `old`.
+    fn fill(self, old: &mut R);
+}
+
+impl<R> Fill<R> for R {
+    fn into_new(self) -> R {
+        self
+    }
+
+    fn fill(self, old: &mut R) {
+        *old = self;
+    }
+}
+
 /// The renewal of one held lease, with its holder's state; stopping it
 /// (or dropping it) ends the renewal.
 pub(crate) struct Renewal<R: Renewable + 'static> {
@@ -272,44 +292,44 @@ pub(crate) struct Spare<R: Renewable + 'static> {
 }
 
 impl<R: Renewable + 'static> Renewal<R> {
-    /// Starts looking after the lease `held` holds on `schedule`; when it
-    /// is lost, its [`Renewable::lose`] is called. `owner` identifies the
-    /// registry. `spare`, a released lease's renewal kept for this, is
-    /// used if it is this thread's and the same registry's (its holder's
-    /// old state is dropped there); otherwise it is dropped.
+    /// Starts looking after the lease whose holder's state `held` makes,
+    /// on `schedule`; when it is lost, its [`Renewable::lose`] is called.
+    /// `owner` identifies the registry. `spare`, a released lease's
+    /// renewal kept for this, is used if it is this thread's and the same
+    /// registry's (`held` then fills its holder's old state in place);
+    /// otherwise it is dropped.
     pub(crate) fn start(
         owner: &Weak<dyn Send + Sync>,
         schedule: Schedule,
-        held: R,
+        held: impl Fill<R>,
         spare: Option<Spare<R>>,
     ) -> Renewal<R> {
         let started_at = schedule.started_at;
         let valid_until = started_at + schedule.valid_for;
         let owner_id = owner.as_ptr() as *const () as usize;
-        let fresh = |schedule, held| {
-            let entry = Arc::new(Entry {
-                valid_until: AtomicI64::new(ticks::NEVER),
-                schedule,
-                stopped: AtomicBool::new(false),
-                lease: held,
-            });
-            (Renewer::for_this_thread(owner), entry)
-        };
-        let (renewer, entry) = match spare.filter(|spare| spare.owner == owner_id) {
-            Some(Spare {
-                renewer, mut entry, ..
-            }) => match Arc::get_mut(&mut entry) {
-                Some(unshared) => {
-                    unshared.schedule = schedule;
-                    *unshared.stopped.get_mut() = false;
-                    unshared.lease = held;
-                    #[cfg(test)]
-                    renewer.reuses.fetch_add(1, Ordering::SeqCst);
-                    (renewer, entry)
-                }
-                None => fresh(schedule, held),
-            },
-            None => fresh(schedule, held),
+        let mut spare = spare.filter(|spare| spare.owner == owner_id);
+        let reused = spare
+            .as_mut()
+            .and_then(|spare| Arc::get_mut(&mut spare.entry));
+        let (renewer, entry) = match reused {
+            Some(unshared) => {
+                unshared.schedule = schedule;
+                *unshared.stopped.get_mut() = false;
+                held.fill(&mut unshared.lease);
+                let Spare { renewer, entry, .. } = spare.expect("reused from a spare");
+                #[cfg(test)]
+                renewer.reuses.fetch_add(1, Ordering::SeqCst);
+                (renewer, entry)
+            }
+            None => {
+                let entry = Arc::new(Entry {
+                    valid_until: AtomicI64::new(ticks::NEVER),
+                    schedule,
+                    stopped: AtomicBool::new(false),
+                    lease: held.into_new(),
+                });
+                (Renewer::for_this_thread(owner), entry)
+            }
         };
         entry.set_valid_until(valid_until);
         let due = entry.next_due(started_at, valid_until);
@@ -406,9 +426,9 @@ impl<R: Renewable + 'static> Renewal<R> {
         if entry.stopped.load(Ordering::Relaxed) {
             return;
         }
-        if !entry.stopped.swap(true, Ordering::SeqCst) {
-            renewer.remove(self.id);
-        }
+        // A store, not a swap: only the holder writes it, once per lease.
+        entry.stopped.store(true, Ordering::Release);
+        renewer.remove(self.id);
     }
 }
 
