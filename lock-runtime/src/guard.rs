@@ -212,7 +212,10 @@ impl Fill<State> for Fresh<'_> {
         *lease = Some(self.lease);
         *loss = self.loss;
         *turn.get_mut().unwrap_or_else(|poison| poison.into_inner()) = Some(self.turn);
-        *span = self.parts.span.clone();
+        // No span while no subscriber listens: nothing to replace.
+        if !(span.is_none() && self.parts.span.is_none()) {
+            *span = self.parts.span.clone();
+        }
         *labels = self.parts.labels;
         *started_at = self.started_at;
         *ended.get_mut() = false;
