@@ -196,25 +196,66 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 }
 
 /// Wait mode: waits for the lock, runs `body` under it, releases.
+/// (Each of these four returns the one future that does the call, with
+/// no layer of its own around it: a layer would move the call's future
+/// once more.)
 #[doc(hidden)]
-pub async fn run_wait<F: Future>(
+pub fn run_wait<F: Future>(
     key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
-) -> Result<F::Output, LockError> {
-    run_wait_in(crate::registry()?, key, spec, failed, body).await
+) -> impl Future<Output = Result<F::Output, LockError>> {
+    wait_in(None, key, spec, failed, body)
 }
 
 /// [`run_wait`] on the registry of `registry = expr`.
 #[doc(hidden)]
-pub async fn run_wait_in<F: Future>(
-    registry: &LockRegistry,
+pub fn run_wait_in<'a, F: Future>(
+    registry: &'a LockRegistry,
+    key: &'a RenderedKey,
+    spec: Spec,
+    failed: fn(&F::Output) -> bool,
+    body: F,
+) -> impl Future<Output = Result<F::Output, LockError>> {
+    wait_in(Some(registry), key, spec, failed, body)
+}
+
+/// Skip mode: one attempt; `Ok(None)` without running `body` when held.
+#[doc(hidden)]
+pub fn run_skip<F: Future>(
+    key: &RenderedKey,
+    spec: Spec,
+    failed: fn(&F::Output) -> bool,
+    body: F,
+) -> impl Future<Output = Result<Option<F::Output>, LockError>> {
+    skip_in(None, key, spec, failed, body)
+}
+
+/// [`run_skip`] on the registry of `registry = expr`.
+#[doc(hidden)]
+pub fn run_skip_in<'a, F: Future>(
+    registry: &'a LockRegistry,
+    key: &'a RenderedKey,
+    spec: Spec,
+    failed: fn(&F::Output) -> bool,
+    body: F,
+) -> impl Future<Output = Result<Option<F::Output>, LockError>> {
+    skip_in(Some(registry), key, spec, failed, body)
+}
+
+/// Wait mode on `registry`, or on the global one.
+async fn wait_in<F: Future>(
+    registry: Option<&LockRegistry>,
     key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
+    let registry = match registry {
+        Some(registry) => registry,
+        None => crate::registry()?,
+    };
     let key = key.as_str();
     let opts = spec.options(key, Mode::Wait)?;
     let full_key = registry.full_key(key)?;
@@ -224,26 +265,18 @@ pub async fn run_wait_in<F: Future>(
     ran.ok_or_else(|| crate::registry::never_skipped(key))
 }
 
-/// Skip mode: one attempt; `Ok(None)` without running `body` when held.
-#[doc(hidden)]
-pub async fn run_skip<F: Future>(
+/// Skip mode on `registry`, or on the global one.
+async fn skip_in<F: Future>(
+    registry: Option<&LockRegistry>,
     key: &RenderedKey,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    run_skip_in(crate::registry()?, key, spec, failed, body).await
-}
-
-/// [`run_skip`] on the registry of `registry = expr`.
-#[doc(hidden)]
-pub async fn run_skip_in<F: Future>(
-    registry: &LockRegistry,
-    key: &RenderedKey,
-    spec: Spec,
-    failed: fn(&F::Output) -> bool,
-    body: F,
-) -> Result<Option<F::Output>, LockError> {
+    let registry = match registry {
+        Some(registry) => registry,
+        None => crate::registry()?,
+    };
     let key = key.as_str();
     let opts = spec.options(key, Mode::Skip)?;
     let full_key = registry.full_key(key)?;
