@@ -71,12 +71,15 @@ pub(crate) fn until_lost<F: Future>(
     on_lost: OnLost,
     body: F,
 ) -> impl Future<Output = Option<F::Output>> {
-    // Plain functions returning the futures, not `async fn`s: each layer
-    // of those would move the body's future once more.
-    task_locks::with_frames(frames, async move {
+    // A plain function returning the future, not an `async fn`: a layer
+    // would move the body's future once more. The frames are put in
+    // place around each poll of the body.
+    let mut scope = task_locks::Scope::new(frames);
+    async move {
+        let mut body = pin!(body);
         match on_lost {
             OnLost::Cancel => {
-                let (mut body, lost) = (pin!(body), leases.lost());
+                let lost = leases.lost();
                 let mut lost = pin!(lost);
                 let mut woken = !fresh;
                 poll_fn(|cx| {
@@ -89,16 +92,24 @@ pub(crate) fn until_lost<F: Future>(
                     if lost_now {
                         return Poll::Ready(None);
                     }
+                    let entered = scope.enter();
                     if let Poll::Ready(output) = body.as_mut().poll(cx) {
                         return Poll::Ready(Some(output));
                     }
+                    drop(entered);
                     lost.as_mut().poll(cx).map(|()| None)
                 })
                 .await
             }
-            OnLost::Notify => Some(body.await),
+            OnLost::Notify => Some(
+                poll_fn(|cx| {
+                    let _entered = scope.enter();
+                    body.as_mut().poll(cx)
+                })
+                .await,
+            ),
         }
-    })
+    }
 }
 
 /// The leases a body runs under, as [`until_lost`] watches them: one

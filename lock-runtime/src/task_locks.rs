@@ -1,13 +1,32 @@
 //! The locks the current task holds through the attribute: re-entrancy,
 //! [`fencing_token`] and [`lost`].
 
-use std::future::Future;
+use std::cell::RefCell;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
 
 use crate::store::{Claim, LossSignal};
 
-tokio::task_local! {
-    static HELD: Frames;
+thread_local! {
+    /// The locks of the task whose locked body this thread is polling:
+    /// put in place around each poll of the body ([`Scope::enter`]) and
+    /// taken out after it, so they are that task's alone, as a
+    /// task-local's value would be.
+    static HELD: RefCell<Frames> = const {
+        RefCell::new(Frames {
+            one: None,
+            more: Vec::new(),
+        })
+    };
+}
+
+/// Reads the frames of the task being polled (none outside a locked
+/// body, or while the thread ends).
+fn read_held<R>(read: impl FnOnce(&Frames) -> R) -> Option<R> {
+    HELD.try_with(|held| held.try_borrow().ok().map(|held| read(&held)))
+        .ok()
+        .flatten()
 }
 
 /// The locks the current task holds, outermost first: one inline (an
@@ -93,9 +112,7 @@ pub(crate) struct Frame {
 /// # }
 /// ```
 pub fn fencing_token() -> Option<u64> {
-    HELD.try_with(|held| held.last().map(|frame| frame.fencing))
-        .ok()
-        .flatten()
+    read_held(|held| held.last().map(|frame| frame.fencing)).flatten()
 }
 
 /// Returns the fencing token of the lock on `key` held by the current task
@@ -122,13 +139,12 @@ pub fn fencing_token() -> Option<u64> {
 /// # }
 /// ```
 pub fn fencing_token_for(key: &str) -> Option<u64> {
-    HELD.try_with(|held| {
+    read_held(|held| {
         held.iter()
             .rev()
             .find(|frame| &frame.full_key[frame.prefix_len..] == key)
             .map(|frame| frame.fencing)
     })
-    .ok()
     .flatten()
 }
 
@@ -163,41 +179,92 @@ pub fn fencing_token_for(key: &str) -> Option<u64> {
 /// # }
 /// ```
 pub async fn lost() {
-    let losses: Vec<LossSignal> = HELD
-        .try_with(|held| held.iter().map(|frame| frame.loss.clone()).collect())
-        .unwrap_or_default();
+    let losses: Vec<LossSignal> =
+        read_held(|held| held.iter().map(|frame| frame.loss.clone()).collect()).unwrap_or_default();
     LossSignal::any_raised(&losses).await
 }
 
 /// Whether a lease the current task holds through `#[distributed_lock]`
 /// is known to be lost; `false` outside an annotated body. See [`lost`].
 pub fn is_lost() -> bool {
-    HELD.try_with(|held| held.iter().any(|frame| frame.loss.is_raised()))
-        .unwrap_or(false)
+    read_held(|held| held.iter().any(|frame| frame.loss.is_raised())).unwrap_or(false)
 }
 
 /// The frame of `full_key` if the current task already holds it.
 pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
-    HELD.try_with(|held| {
+    read_held(|held| {
         held.iter()
             .rev()
             .find(|frame| frame.registry == registry && &*frame.full_key == full_key)
             .cloned()
     })
-    .ok()
     .flatten()
 }
 
 /// Runs `body` with `frame` as the innermost held lock.
 pub(crate) fn with_frame<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
-    with_frames(std::iter::once(frame), body)
+    let mut scope = Scope::new(std::iter::once(frame));
+    async move {
+        let mut body = pin!(body);
+        poll_fn(|cx| {
+            let _entered = scope.enter();
+            body.as_mut().poll(cx)
+        })
+        .await
+    }
 }
 
-/// Runs `body` with `frames` as the innermost held locks.
-pub(crate) fn with_frames<F: Future>(
-    frames: impl IntoIterator<Item = Frame>,
-    body: F,
-) -> impl Future<Output = F::Output> {
-    let held = HELD.try_with(Clone::clone).unwrap_or_default();
-    HELD.scope(held.with(frames), body)
+/// The locks a body runs under, with those of the bodies around it: put
+/// in place for each of its polls.
+pub(crate) struct Scope {
+    frames: Frames,
+}
+
+impl Scope {
+    /// The frames of the task being polled now, and `inner` within them.
+    pub(crate) fn new(inner: impl IntoIterator<Item = Frame>) -> Scope {
+        let outer = read_held(Clone::clone).unwrap_or_default();
+        Scope {
+            frames: outer.with(inner),
+        }
+    }
+
+    /// Puts the frames in place until the returned guard is dropped (at
+    /// the end of one poll of the body).
+    pub(crate) fn enter(&mut self) -> Entered<'_> {
+        let swapped = swap_held(&mut self.frames);
+        Entered {
+            frames: &mut self.frames,
+            swapped,
+        }
+    }
+}
+
+/// A scope's frames in place; dropping it puts back what was there.
+pub(crate) struct Entered<'a> {
+    frames: &'a mut Frames,
+    /// Whether the frames went in (not while the thread ends).
+    swapped: bool,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if self.swapped {
+            swap_held(self.frames);
+        }
+    }
+}
+
+/// Swaps `frames` with the thread's; `false` if the thread's are gone
+/// (the thread is ending) or read right now (never: reads are closures
+/// that poll nothing).
+fn swap_held(frames: &mut Frames) -> bool {
+    HELD.try_with(|held| match held.try_borrow_mut() {
+        Ok(mut held) => {
+            std::mem::swap(&mut *held, frames);
+            true
+        }
+        Err(_) => false,
+    })
+    .unwrap_or(false)
 }

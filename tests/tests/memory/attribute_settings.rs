@@ -138,3 +138,44 @@ async fn fencing_false_gives_the_body_a_zero_token() {
     assert_eq!(guard.fencing_token(), 0);
     guard.release().await.unwrap();
 }
+
+#[distributed_lock(key = "ledger:{day}", registry = locks)]
+async fn waiting_entry(
+    locks: &LockRegistry,
+    day: u32,
+    entered: tokio::sync::oneshot::Sender<Option<u64>>,
+    go_on: tokio::sync::oneshot::Receiver<()>,
+) -> (Option<u64>, Option<u64>) {
+    let _ = entered.send(lock_runtime::fencing_token());
+    // A task spawned from the body is another task: no lock of its own.
+    let spawned = tokio::spawn(async { lock_runtime::fencing_token() })
+        .await
+        .unwrap();
+    let _ = go_on.await;
+    (lock_runtime::fencing_token(), spawned)
+}
+
+/// The locks a body holds are its task's alone: while the body waits, the
+/// other tasks on its thread (one thread here) see none, nor does a task
+/// it spawns, and the body sees its own again when it runs on; once the
+/// call returns, nothing is held.
+#[tokio::test(flavor = "current_thread")]
+async fn a_bodys_locks_are_its_tasks_alone() {
+    let locks = LockRegistry::memory();
+    let (entered_tx, entered) = tokio::sync::oneshot::channel();
+    let (go_on, go_on_rx) = tokio::sync::oneshot::channel();
+    let call = tokio::spawn({
+        let locks = locks.clone();
+        async move { waiting_entry(&locks, 1, entered_tx, go_on_rx).await }
+    });
+    let token = entered.await.unwrap().expect("the body sees its lock");
+    // The body is waiting: this task runs on the same thread.
+    assert_eq!(lock_runtime::fencing_token(), None);
+    assert_eq!(lock_runtime::fencing_token_for("ledger:1"), None);
+    assert!(!lock_runtime::is_lost());
+    go_on.send(()).unwrap();
+    let (again, spawned) = call.await.unwrap().unwrap();
+    assert_eq!(again, Some(token));
+    assert_eq!(spawned, None);
+    assert_eq!(lock_runtime::fencing_token(), None);
+}
