@@ -45,6 +45,10 @@ impl Frames {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.one.is_none() && self.more.is_empty()
+    }
+
     fn iter(&self) -> std::slice::Iter<'_, Frame> {
         self.as_slice().iter()
     }
@@ -223,7 +227,11 @@ pub(crate) struct Scope {
 impl Scope {
     /// The frames of the task being polled now, and `inner` within them.
     pub(crate) fn new(inner: impl IntoIterator<Item = Frame>) -> Scope {
-        let outer = read_held(Clone::clone).unwrap_or_default();
+        // Outside every locked body (the common case) there is nothing to
+        // copy.
+        let outer = read_held(|held| (!held.is_empty()).then(|| held.clone()))
+            .flatten()
+            .unwrap_or_default();
         Scope {
             frames: outer.with(inner),
         }
