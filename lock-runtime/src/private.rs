@@ -252,12 +252,7 @@ async fn wait_in<F: Future>(
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let registry = match registry {
-        Some(registry) => registry,
-        None => crate::registry()?,
-    };
-    let key = key.as_str();
-    let opts = spec.options(key, Mode::Wait)?;
+    let (registry, key, opts) = prepare(registry, key, spec, Mode::Wait)?;
     let full_key = registry.full_key(key)?;
     let ran = registry
         .run(key, &full_key, &opts, Mode::Wait, failed, body)
@@ -273,16 +268,34 @@ async fn skip_in<F: Future>(
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let registry = match registry {
-        Some(registry) => registry,
-        None => crate::registry()?,
-    };
-    let key = key.as_str();
-    let opts = spec.options(key, Mode::Skip)?;
+    let (registry, key, opts) = prepare(registry, key, spec, Mode::Skip)?;
     let full_key = registry.full_key(key)?;
     registry
         .run(key, &full_key, &opts, Mode::Skip, failed, body)
         .await
+}
+
+/// What a one-key call runs on: the registry (`registry`, or the global
+/// one), the key, and the options for `mode`. Inlined: a call returning
+/// the options by value copies them once more.
+#[inline]
+fn prepare<'a>(
+    registry: Option<&'a LockRegistry>,
+    key: &'a RenderedKey,
+    spec: Spec,
+    mode: Mode,
+) -> Result<(&'a LockRegistry, &'a str, LockOptions), LockError> {
+    let registry = registry_or_global(registry)?;
+    let key = key.as_str();
+    Ok((registry, key, spec.options(key, mode)?))
+}
+
+/// `registry`, or the global one.
+fn registry_or_global(registry: Option<&LockRegistry>) -> Result<&LockRegistry, LockError> {
+    match registry {
+        Some(registry) => Ok(registry),
+        None => crate::registry(),
+    }
 }
 
 /// Wait mode with `keys = [..]`: waits for every lock (in canonical order),
@@ -331,10 +344,7 @@ async fn run_all<F: Future>(
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let opts = spec.options(keys.first().map_or("", RenderedKey::as_str), mode)?;
-    let registry = match registry {
-        Some(registry) => registry,
-        None => crate::registry()?,
-    };
+    let registry = registry_or_global(registry)?;
     let keys: Vec<String> = keys.iter().map(|key| key.as_str().to_owned()).collect();
     let span = telemetry::locks_span(&keys, mode);
     let result = telemetry::in_span!(span, run_all_in(registry, keys, opts, mode, failed, body));

@@ -76,9 +76,9 @@ pub(crate) fn until_lost<F: Future>(
     // place around each poll of the body.
     let mut scope = task_locks::Scope::new(frames);
     async move {
-        let mut body = pin!(body);
         match on_lost {
             OnLost::Cancel => {
+                let mut body = pin!(body);
                 let lost = leases.lost();
                 let mut lost = pin!(lost);
                 let mut woken = !fresh;
@@ -101,13 +101,7 @@ pub(crate) fn until_lost<F: Future>(
                 })
                 .await
             }
-            OnLost::Notify => Some(
-                poll_fn(|cx| {
-                    let _entered = scope.enter();
-                    body.as_mut().poll(cx)
-                })
-                .await,
-            ),
+            OnLost::Notify => Some(scope.run(body).await),
         }
     }
 }

@@ -207,15 +207,7 @@ pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
 
 /// Runs `body` with `frame` as the innermost held lock.
 pub(crate) fn with_frame<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
-    let mut scope = Scope::new(std::iter::once(frame));
-    async move {
-        let mut body = pin!(body);
-        poll_fn(|cx| {
-            let _entered = scope.enter();
-            body.as_mut().poll(cx)
-        })
-        .await
-    }
+    Scope::new(std::iter::once(frame)).run(body)
 }
 
 /// The locks a body runs under, with those of the bodies around it: put
@@ -235,6 +227,16 @@ impl Scope {
         Scope {
             frames: outer.with(inner),
         }
+    }
+
+    /// Runs `body` with the frames in place for each of its polls.
+    pub(crate) async fn run<F: Future>(mut self, body: F) -> F::Output {
+        let mut body = pin!(body);
+        poll_fn(|cx| {
+            let _entered = self.enter();
+            body.as_mut().poll(cx)
+        })
+        .await
     }
 
     /// Puts the frames in place until the returned guard is dropped (at
