@@ -197,9 +197,11 @@ pub(crate) async fn contend(
             // undo would wait as long again; what it left ends with its
             // lease).
             // Not `within`: one future fewer around the common attempt.
+            let reply = store.acquire(request);
+            let answered_at_once = reply.is_ready();
             let answer = match deadline {
-                None => Some(store.acquire(request).await),
-                Some(deadline) => timeout_at(deadline, store.acquire(request)).await.ok(),
+                None => Some(reply.await),
+                Some(deadline) => timeout_at(deadline, reply).await.ok(),
             };
             let answer = match answer {
                 Some(Ok(answer)) => answer,
@@ -222,7 +224,16 @@ pub(crate) async fn contend(
                     // A lease the store prepared ahead counts from then.
                     let mut started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                     let valid_for = parts.capabilities.valid_for(opts.ttl);
-                    let took = started_at.elapsed();
+                    // Answered as the call returned, for a lease that
+                    // started with the request: nothing was waited for in
+                    // which it could run out, so no clock read (a thread
+                    // descheduled here is no later than one descheduled
+                    // just after the check).
+                    let took = if answered_at_once && started_at == sent_at {
+                        Duration::ZERO
+                    } else {
+                        started_at.elapsed()
+                    };
                     if took >= valid_for {
                         match Box::pin(keep_late_grant(&mut *lease, deadline, valid_for)).await {
                             None => {

@@ -340,8 +340,9 @@ impl LockGuard {
     }
 
     /// Whether the store granted this lease to this call, which found it
-    /// valid on the clock as the answer arrived (`acquire`'s check of a
-    /// grant against `ttl` less the margin), with no wait since: not handed
+    /// valid as the answer arrived (`acquire`'s check of a grant against
+    /// `ttl` less the margin, on the clock unless the store answered as
+    /// the call returned), with no wait since: not handed
     /// over by the previous holder in this process, whose grant may have
     /// waited for its taker. The body's first poll, in that same poll of
     /// the task, need not read the clock again.

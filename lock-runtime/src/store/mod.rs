@@ -112,6 +112,11 @@ impl<'a, T> Reply<'a, T> {
         Reply(Answer::Ready(Some(answer)))
     }
 
+    /// Whether the answer is known already: awaiting it takes no time.
+    pub(crate) fn is_ready(&self) -> bool {
+        matches!(self.0, Answer::Ready(_))
+    }
+
     /// An answer `future` will give.
     pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
         Reply(Answer::Later(Box::pin(future)))
