@@ -150,13 +150,16 @@ impl Store {
             }
             #[cfg(feature = "zookeeper")]
             Store::ZooKeeper { client, sale } => {
-                let path = format!("/flash/{sale}/stock");
+                let (client, path) = (&*client, &format!("/flash/{sale}/stock"));
                 // A server reads from its own copy, which may trail the
                 // leader's: the last holder's write, made through another
                 // session, could be missing yet. `sync` first brings this
                 // session's server up to the leader.
-                client.sync(&path).await?;
-                let (data, _) = client.get_data(&path).await?;
+                let data = examples::zookeeper_retrying(|| async move {
+                    client.sync(path).await?;
+                    Ok(client.get_data(path).await?.0)
+                })
+                .await?;
                 String::from_utf8(data)?.parse()?
             }
         })
@@ -197,7 +200,11 @@ impl Store {
             Store::ZooKeeper { client, sale } => {
                 let path = format!("/flash/{sale}/stock");
                 let data = level.to_string();
-                match client.set_data(&path, data.as_bytes(), None).await {
+                // The same level twice is one write: it may be sent again.
+                let set = examples::zookeeper_retrying(|| {
+                    client.set_data(&path, data.as_bytes(), None)
+                });
+                match set.await {
                     Err(zookeeper_client::Error::NoNode) => {
                         // The first write, by the parent: make the sale's nodes.
                         let options = zookeeper_client::CreateMode::Persistent
@@ -294,13 +301,20 @@ impl Store {
             }
             #[cfg(feature = "zookeeper")]
             Store::ZooKeeper { client, sale } => {
-                let dir = format!("/flash/{sale}/orders");
+                let (client, dir) = (&*client, &format!("/flash/{sale}/orders"));
                 // Up to the leader first, as `read_stock`: the buyers wrote
                 // through other sessions.
-                client.sync(&dir).await?;
+                let orders = examples::zookeeper_retrying(|| async move {
+                    client.sync(dir).await?;
+                    let mut orders = Vec::new();
+                    for order in client.list_children(dir).await? {
+                        orders.push(client.get_data(&format!("{dir}/{order}")).await?.0);
+                    }
+                    Ok(orders)
+                })
+                .await?;
                 let mut levels = Vec::new();
-                for order in client.list_children(&dir).await? {
-                    let (data, _) = client.get_data(&format!("{dir}/{order}")).await?;
+                for data in orders {
                     levels.push(String::from_utf8(data)?.parse()?);
                 }
                 levels
@@ -341,7 +355,9 @@ impl Store {
             #[cfg(feature = "zookeeper")]
             Store::ZooKeeper { client, sale } => {
                 let dir = format!("/flash/{sale}/orders");
-                let stat = client.check_stat(&dir).await?.ok_or("no orders node")?;
+                let stat = examples::zookeeper_retrying(|| client.check_stat(&dir))
+                    .await?
+                    .ok_or("no orders node")?;
                 stat.num_children as u64
             }
         })

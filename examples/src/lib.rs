@@ -193,6 +193,32 @@ impl StoreFlag {
     }
 }
 
+/// Runs `op`, a ZooKeeper read (or a write that may be made twice), again
+/// when the connection to the session's server dropped under it: a server
+/// closes its clients' connections when it loses the ensemble's quorum
+/// (as one may on a busy machine), and the session goes on on another. At
+/// most 5 tries, 100 ms apart; other errors are returned at once.
+#[cfg(feature = "zookeeper")]
+pub async fn zookeeper_retrying<T, F, Fut>(mut op: F) -> Result<T, zookeeper_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, zookeeper_client::Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match op().await {
+            // `Custom` carries the connection's own I/O errors (a reset).
+            Err(zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_))
+                if tries < 5 =>
+            {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,3 +244,4 @@ mod tests {
         assert_eq!(missing, Err("--postgres needs a value".into()));
     }
 }
+
