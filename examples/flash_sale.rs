@@ -201,9 +201,8 @@ impl Store {
                 let path = format!("/flash/{sale}/stock");
                 let data = level.to_string();
                 // The same level twice is one write: it may be sent again.
-                let set = examples::zookeeper_retrying(|| {
-                    client.set_data(&path, data.as_bytes(), None)
-                });
+                let set =
+                    examples::zookeeper_retrying(|| client.set_data(&path, data.as_bytes(), None));
                 match set.await {
                     Err(zookeeper_client::Error::NoNode) => {
                         // The first write, by the parent: make the sale's nodes.

@@ -244,4 +244,3 @@ mod tests {
         assert_eq!(missing, Err("--postgres needs a value".into()));
     }
 }
-
