@@ -147,7 +147,7 @@ impl TableStore {
             ttl: request.ttl,
         };
         Acquire::Acquired {
-            fencing,
+            fencing: Some(fencing),
             lease: Box::new(lease),
         }
     }
@@ -212,7 +212,7 @@ async fn demo() -> Result<(), LockError> {
     let first = locks.lock("reports", two.clone()).await?;
     let second = locks.lock("reports", two.clone()).await?;
     let turned_away = locks.try_lock("reports", two).await?.is_none();
-    let tokens = (first.fencing_token(), second.fencing_token());
+    let tokens = (first.fencing_token().await?, second.fencing_token().await?);
     println!(
         "2 permits held, fencing tokens {tokens:?}; a third caller turned away: {turned_away}"
     );

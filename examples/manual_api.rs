@@ -50,7 +50,7 @@ async fn main() -> Result<(), Error> {
     println!(
         "locked `{}` with fencing token {}",
         guard.key(),
-        guard.fencing_token()
+        guard.fencing_token().await?
     );
 
     // try_lock: one attempt; None while someone holds it.
@@ -102,13 +102,14 @@ async fn main() -> Result<(), Error> {
         .max(Duration::from_millis(300));
     let short = LockOptions::default().ttl(ttl).watchdog(false);
     let a = registry.lock(&key, short).await?;
-    let a_token = a.fencing_token();
+    let a_token = a.fencing_token().await?;
     println!("A holds token {a_token} and pauses (a long GC, say)...");
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     println!("A still holds the lease? {}", a.is_held());
     let b = registry.lock(&key, LockOptions::default()).await?;
-    println!("B took over with token {}", b.fencing_token());
-    store.write(b.fencing_token(), "B's invoice")?;
+    let b_token = b.fencing_token().await?;
+    println!("B took over with token {b_token}");
+    store.write(b_token, "B's invoice")?;
     println!("B wrote: ok");
     match store.write(a_token, "A's stale invoice") {
         Ok(()) => println!("A wrote: ok (the store did not check!)"),

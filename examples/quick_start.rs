@@ -15,7 +15,7 @@ use lock_runtime::{distributed_lock, fencing_token};
 
 #[distributed_lock(key = "stock:{item_id}", ttl = "10s")]
 async fn buy(item_id: u64, qty: u32) -> String {
-    let token = fencing_token().unwrap_or_default();
+    let token = fencing_token().await.unwrap_or_default();
     tokio::time::sleep(Duration::from_millis(20)).await;
     format!("item {item_id} x{qty} (fencing token {token})")
 }

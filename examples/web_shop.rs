@@ -143,7 +143,7 @@ async fn buy(
     Ok(Json(Receipt {
         item,
         left: left - 1,
-        fencing_token: fencing_token().unwrap_or(0),
+        fencing_token: fencing_token().await?,
     }))
 }
 

@@ -286,6 +286,20 @@ fn server_time_per_lock(server: &RedisServer, locks: u32) -> Result<String, Erro
             usec / f64::from(locks)
         );
     }
+    // How many reads and writes of sockets the server made: the fewer per
+    // lock, the more commands each of the client's writes carried.
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut server.connection())?;
+    for name in ["total_reads_processed", "total_writes_processed"] {
+        let value = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if let Some(value) = value {
+            let _ = write!(line, " {name} {:.2};", value / f64::from(locks));
+        }
+    }
     Ok(line)
 }
 

@@ -60,7 +60,7 @@ use proc_macro::TokenStream;
 /// | `wait_timeout = "5s"` | wait forever | wait mode only: give up with [`LockError::Timeout`] |
 /// | `hold_at_least = "10s"` | none | keep the lease this long after it was taken, even if the body ended sooner |
 /// | `watchdog = false` | `true` | renew the lease every `ttl / 3` while the body runs |
-/// | `fencing = false` | `true` | give the body a fencing token; without one, `fencing_token()` is 0 and a store that makes tokens at a cost skips that work (on Redis, a plain `SET NX PX` per uncontended acquire instead of a script) |
+/// | `fencing = false` | `true` | give the body a fencing token; without one, `fencing_token().await` gives 0 at once, and a store that issues tokens at a cost skips that work (on Redis, the round trip of the body's first read of its token) |
 /// | `max_hold = "10m"` | none | stop renewing after this long; the body then loses its lease |
 /// | `on_lost = "notify"` | `"cancel"` | when the lease is lost while the body runs: `"cancel"` drops the body at its next `.await`; `"notify"` lets it run to its end, told by `lock_runtime::lost()` / `is_lost()`, for a body that must finish or undo a step. Either way the call then returns `LockError::Lost` (with `errors = "into"`, the body's own error if it returns one) |
 /// | `permits = 3` | `1` | a semaphore: at most this many bodies run at once per key, across every process (an integer literal or any `u32` expression); every caller of the key must give the same number |

@@ -143,7 +143,7 @@ pub(crate) async fn contend(
     if let Some(mut handed) = turn.take_handed() {
         if handed.ttl == opts.ttl && !handed.loss.is_raised() {
             if !opts.fencing {
-                handed.fencing = 0;
+                handed.fencing = Some(0);
             }
             tracing::debug!(
                 parent: wait,
@@ -261,7 +261,7 @@ pub(crate) async fn contend(
                     }
                     place.take().into_iter().for_each(Stake::settle);
                     // Asked for none: whatever the store made is not promised.
-                    let fencing = if opts.fencing { fencing } else { 0 };
+                    let fencing = if opts.fencing { fencing } else { Some(0) };
                     tracing::debug!(
                         parent: wait,
                         key,

@@ -196,6 +196,16 @@ pub enum LockError {
         reason: String,
     },
 
+    /// [`fencing_token`](crate::fencing_token) or
+    /// [`fencing_token_for`](crate::fencing_token_for) was asked where the
+    /// task holds no such lock through `#[distributed_lock]`: outside an
+    /// annotated body (`key` is `None`), or for a key it did not lock.
+    #[error("this task holds no lock{} through #[distributed_lock]", .key.as_ref().map(|key| format!(" on `{key}`")).unwrap_or_default())]
+    NotHeld {
+        /// The key asked for, if one was.
+        key: Option<String>,
+    },
+
     /// The store could not be reached or answered with an error, for one
     /// lock ([`StoreErrorKind::Unavailable`]): the same call may succeed
     /// later.
@@ -241,6 +251,7 @@ impl LockError {
             LockError::InvalidKey { .. } => (400, None),
             LockError::NotInitialized
             | LockError::AlreadyInitialized
+            | LockError::NotHeld { .. }
             | LockError::InvalidOptions { .. }
             | LockError::InvalidSettings { .. } => (500, None),
         }

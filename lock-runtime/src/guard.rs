@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
@@ -40,7 +41,6 @@ pub struct LockGuard {
 
 struct Holding {
     registry: usize,
-    fencing: u64,
     /// How the lease holds its key.
     claim: Claim,
     started_at: Instant,
@@ -70,6 +70,9 @@ struct State {
     /// out by the release or the hand-over once nothing else shares the
     /// state ([`Renewal::take_held`]).
     lease: Option<Box<dyn Lease>>,
+    /// The fencing token: set at the grant, or by the first read of a
+    /// lease whose store issues it on demand ([`Lease::fencing_token`]).
+    fencing: OnceCell<u64>,
     loss: LossSignal,
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
@@ -126,6 +129,30 @@ impl State {
     fn take_turn(&self) -> Option<LocalTurn> {
         self.turn().take()
     }
+
+    /// The fencing token: the grant's, or issued by the lease at the first
+    /// read (the others wait for that one).
+    async fn fencing_token(&self) -> Result<u64, LockError> {
+        let issue = || async {
+            let lease = match &self.lease {
+                Some(lease) if !self.loss.is_raised() => lease,
+                _ => return Err(LockError::lost(self.key())),
+            };
+            match lease.fencing_token().await {
+                Ok(Some(token)) => Ok(token),
+                Ok(None) => {
+                    self.loss.raise(telemetry::reason::REFUSED);
+                    Err(LockError::lost(self.key()))
+                }
+                Err(source) => Err(LockError::store(
+                    self.key(),
+                    "issue a fencing token for",
+                    source,
+                )),
+            }
+        };
+        self.fencing.get_or_try_init(issue).await.copied()
+    }
 }
 
 impl Renewable for State {
@@ -172,6 +199,7 @@ struct Fresh<'a> {
     parts: &'a Parts<'a>,
     loss: LossSignal,
     lease: Box<dyn Lease>,
+    fencing: Option<u64>,
     started_at: Instant,
     turn: LocalTurn,
 }
@@ -182,6 +210,7 @@ impl Fill<State> for Fresh<'_> {
             full_key: self.turn.key().clone(),
             prefix_len: self.parts.prefix_len,
             lease: Some(self.lease),
+            fencing: OnceCell::new_with(self.fencing),
             loss: self.loss,
             turn: Mutex::new(Some(self.turn)),
             span: self.parts.span.clone(),
@@ -197,6 +226,7 @@ impl Fill<State> for Fresh<'_> {
             full_key,
             prefix_len,
             lease,
+            fencing,
             loss,
             turn,
             span,
@@ -210,6 +240,7 @@ impl Fill<State> for Fresh<'_> {
         }
         *prefix_len = self.parts.prefix_len;
         *lease = Some(self.lease);
+        *fencing = OnceCell::new_with(self.fencing);
         *loss = self.loss;
         *turn.get_mut().unwrap_or_else(|poison| poison.into_inner()) = Some(self.turn);
         // No span while no subscriber listens: nothing to replace.
@@ -219,6 +250,41 @@ impl Fill<State> for Fresh<'_> {
         *labels = self.parts.labels;
         *started_at = self.started_at;
         *ended.get_mut() = false;
+    }
+}
+
+/// Where the attribute's accessors read a held lease's fencing token:
+/// known at the grant, or read through the holder's state, which asks the
+/// store at the first read.
+#[derive(Clone)]
+pub(crate) struct FencingSource(Source);
+
+#[derive(Clone)]
+enum Source {
+    Known(u64),
+    Holder(Weak<Entry<State>>),
+}
+
+impl FencingSource {
+    /// The token of the lease on `key`.
+    pub(crate) async fn read(&self, key: &str) -> Result<u64, LockError> {
+        match &self.0 {
+            Source::Known(token) => Ok(*token),
+            Source::Holder(holder) => match holder.upgrade() {
+                Some(holder) => holder.held().fencing_token().await,
+                // The guard is gone: so is the lease.
+                None => Err(LockError::lost(key)),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for FencingSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Source::Known(token) => write!(f, "{token}"),
+            Source::Holder(_) => f.write_str("on demand"),
+        }
     }
 }
 
@@ -234,6 +300,7 @@ impl LockGuard {
             parts,
             loss: grant.loss,
             lease: grant.lease,
+            fencing: grant.fencing,
             started_at: grant.started_at,
             turn,
         };
@@ -254,7 +321,6 @@ impl LockGuard {
         LockGuard {
             held: Some(Holding {
                 registry: parts.registry_id(),
-                fencing: grant.fencing,
                 claim: opts.claim(),
                 started_at: grant.started_at,
                 ttl: opts.ttl,
@@ -280,8 +346,29 @@ impl LockGuard {
     /// [`FencingPromise`](crate::store::FencingPromise)). Pass it to
     /// storage that should refuse writes from a holder whose lease has since
     /// been lost.
-    pub fn fencing_token(&self) -> u64 {
-        self.held().fencing
+    ///
+    /// Most stores issue the token with the grant, and this answers at
+    /// once. The Redis store's default lock issues it at the first read
+    /// instead, in one round trip that checks the lease still holds the
+    /// key (a lock whose body never reads its token then costs no
+    /// token); later reads answer at once.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Lost`] if the lease is known lost, or the store found
+    /// it no longer holds the key (which raises the loss);
+    /// [`LockError::Store`] if the store could not be reached.
+    pub async fn fencing_token(&self) -> Result<u64, LockError> {
+        self.held().state().fencing_token().await
+    }
+
+    /// Where the attribute's accessors read this lease's fencing token.
+    pub(crate) fn fencing_source(&self) -> FencingSource {
+        let held = self.held();
+        FencingSource(match held.state().fencing.get() {
+            Some(token) => Source::Known(*token),
+            None => Source::Holder(Arc::downgrade(held.renewal.entry())),
+        })
     }
 
     /// How this lease holds its key: [`Access::Read`] for a read lock,
@@ -422,8 +509,7 @@ impl Holding {
 
     async fn release_lease(&mut self) -> Result<(), LockError> {
         let linger = self.linger();
-        let (fencing, ttl, started_at, chain) =
-            (self.fencing, self.ttl, self.started_at, self.chain);
+        let (ttl, started_at, chain) = (self.ttl, self.started_at, self.chain);
         self.renewal.stop();
         // The release tells of a loss from here on.
         self.state().loss.unlisten();
@@ -448,7 +534,7 @@ impl Holding {
             let grant = Grant {
                 lease,
                 loss: state.loss.clone(),
-                fencing,
+                fencing: None,
                 ttl,
                 started_at,
                 chain,
@@ -558,7 +644,7 @@ impl fmt::Debug for LockGuard {
             Some(held) => f
                 .debug_struct("LockGuard")
                 .field("key", &held.state().key())
-                .field("fencing_token", &held.fencing)
+                .field("fencing_token", &held.state().fencing.get())
                 .field("is_held", &!held.state().loss.is_raised())
                 .finish(),
             None => f.write_str("LockGuard(released)"),

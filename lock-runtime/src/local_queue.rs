@@ -215,7 +215,9 @@ impl LocalQueues {
 pub(crate) struct Grant {
     pub(crate) lease: Box<dyn Lease>,
     pub(crate) loss: LossSignal,
-    pub(crate) fencing: u64,
+    /// The fencing token; `None` until the holder asks the lease for it
+    /// ([`Lease::fencing_token`]).
+    pub(crate) fencing: Option<u64>,
     pub(crate) ttl: Duration,
     /// When the lease started: when the request that granted (or last
     /// extended) it was sent, or earlier if the store says it started

@@ -34,13 +34,20 @@ impl LockGuards {
         self.guards.iter().map(LockGuard::key).collect()
     }
 
-    /// The fencing token of `key`'s lock; `None` if `key` is not one of
-    /// these.
-    pub fn fencing_token(&self, key: &str) -> Option<u64> {
-        self.guards
-            .iter()
-            .find(|guard| guard.key() == key)
-            .map(LockGuard::fencing_token)
+    /// The fencing token of `key`'s lock, as
+    /// [`LockGuard::fencing_token`] reads it.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NotHeld`] if `key` is not one of these; otherwise as
+    /// [`LockGuard::fencing_token`].
+    pub async fn fencing_token(&self, key: &str) -> Result<u64, LockError> {
+        match self.guards.iter().find(|guard| guard.key() == key) {
+            Some(guard) => guard.fencing_token().await,
+            None => Err(LockError::NotHeld {
+                key: Some(LockError::shown_key(key)),
+            }),
+        }
     }
 
     /// The guards, in the order they were locked.

@@ -198,11 +198,12 @@ impl LockOptions {
 
     /// Whether the lock has a fencing token (the default). Without one,
     /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) and
-    /// [`fencing_token`](crate::fencing_token) give 0, and a store whose
-    /// tokens cost a round trip's worth of work skips them: on Redis an
-    /// uncontended acquire is then one plain `SET NX PX` rather than a
-    /// script. For locks whose body writes nowhere a token could be
-    /// checked (a scheduled job, a cache refresh).
+    /// [`fencing_token`](crate::fencing_token) give 0 at once, and a store
+    /// whose tokens cost work skips it: on Redis, whose default lock issues
+    /// its token when the body first reads it, that read is then no round
+    /// trip, and a contended, fair or shared lock's script makes none. For
+    /// locks whose body writes nowhere a token could be checked (a
+    /// scheduled job, a cache refresh).
     pub fn fencing(mut self, on: bool) -> Self {
         self.fencing = on;
         self

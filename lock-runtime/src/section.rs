@@ -25,7 +25,7 @@ pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
         registry,
         full_key: full_key.clone(),
         prefix_len,
-        fencing: guard.fencing_token(),
+        fencing: guard.fencing_source(),
         loss: guard.loss().clone(),
         claim: guard.claim(),
     }

@@ -6,6 +6,8 @@ use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
 
+use crate::error::LockError;
+use crate::guard::FencingSource;
 use crate::store::{Claim, LossSignal};
 
 thread_local! {
@@ -85,7 +87,7 @@ pub(crate) struct Frame {
     /// Where the key as the caller gave it starts in `full_key` (for
     /// [`fencing_token_for`]).
     pub(crate) prefix_len: usize,
-    pub(crate) fencing: u64,
+    pub(crate) fencing: FencingSource,
     /// Raised when the lease is lost.
     pub(crate) loss: LossSignal,
     /// How the lease holds its key.
@@ -93,16 +95,24 @@ pub(crate) struct Frame {
 }
 
 /// Returns the fencing token of the innermost lock held by the current task
-/// through `#[distributed_lock]`, or `None` outside an annotated body.
+/// through `#[distributed_lock]`. At once where the store issued it with the
+/// grant; see [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)
+/// for the store that issues it at the first read.
+///
+/// # Errors
+///
+/// [`LockError::NotHeld`] outside an annotated body;
+/// [`LockError::Lost`] and [`LockError::Store`] as
+/// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) says.
 ///
 /// # Examples
 ///
 /// ```
-/// use lock_runtime::{LockRegistry, distributed_lock, fencing_token};
+/// use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token};
 ///
-/// #[distributed_lock(key = "ledger")]
-/// async fn append() -> u64 {
-///     fencing_token().expect("inside a locked body")
+/// #[distributed_lock(key = "ledger", errors = "into")]
+/// async fn append() -> Result<u64, LockError> {
+///     fencing_token().await
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -111,27 +121,46 @@ pub(crate) struct Frame {
 /// let first = append().await?;
 /// let second = append().await?;
 /// assert!(second > first);
-/// assert_eq!(fencing_token(), None);
+/// assert!(matches!(fencing_token().await, Err(LockError::NotHeld { key: None })));
 /// # Ok(())
 /// # }
 /// ```
-pub fn fencing_token() -> Option<u64> {
-    read_held(|held| held.last().map(|frame| frame.fencing)).flatten()
+pub async fn fencing_token() -> Result<u64, LockError> {
+    let innermost = read_held(|held| {
+        held.last().map(|frame| {
+            (
+                frame.fencing.clone(),
+                frame.full_key.clone(),
+                frame.prefix_len,
+            )
+        })
+    })
+    .flatten();
+    let Some((source, full_key, prefix_len)) = innermost else {
+        return Err(LockError::NotHeld { key: None });
+    };
+    source.read(&full_key[prefix_len..]).await
 }
 
 /// Returns the fencing token of the lock on `key` held by the current task
-/// through `#[distributed_lock]` (the innermost, if nested), or `None`:
-/// with `keys = [..]`, each key's own token.
+/// through `#[distributed_lock]` (the innermost, if nested): with
+/// `keys = [..]`, each key's own token.
+///
+/// # Errors
+///
+/// [`LockError::NotHeld`] when the task holds no lock on `key` through the
+/// attribute; otherwise as [`fencing_token`].
 ///
 /// # Examples
 ///
 /// ```
-/// use lock_runtime::{LockRegistry, distributed_lock, fencing_token_for};
+/// use lock_runtime::{LockError, LockRegistry, distributed_lock, fencing_token_for};
 ///
-/// #[distributed_lock(keys = ["acct:{from}", "acct:{to}"])]
-/// async fn transfer(from: u32, to: u32) -> (u64, u64) {
-///     let token = |id: u32| fencing_token_for(&format!("acct:{id}")).expect("held");
-///     (token(from), token(to))
+/// #[distributed_lock(keys = ["acct:{from}", "acct:{to}"], errors = "into")]
+/// async fn transfer(from: u32, to: u32) -> Result<(u64, u64), LockError> {
+///     let from = fencing_token_for(&format!("acct:{from}")).await?;
+///     let to = fencing_token_for(&format!("acct:{to}")).await?;
+///     Ok((from, to))
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -142,14 +171,20 @@ pub fn fencing_token() -> Option<u64> {
 /// # Ok(())
 /// # }
 /// ```
-pub fn fencing_token_for(key: &str) -> Option<u64> {
-    read_held(|held| {
+pub async fn fencing_token_for(key: &str) -> Result<u64, LockError> {
+    let source = read_held(|held| {
         held.iter()
             .rev()
             .find(|frame| &frame.full_key[frame.prefix_len..] == key)
-            .map(|frame| frame.fencing)
+            .map(|frame| frame.fencing.clone())
     })
-    .flatten()
+    .flatten();
+    let Some(source) = source else {
+        return Err(LockError::NotHeld {
+            key: Some(LockError::shown_key(key)),
+        });
+    };
+    source.read(key).await
 }
 
 /// Completes when a lease the current task holds through

@@ -43,11 +43,21 @@ async fn attempt(backend: &Arc<dyn Store>, key: &str) -> Result<Won, Option<Dura
     let request = AcquireRequest::new(key, token, TTL, &loss);
     let sent_us = now_us();
     match backend.acquire(request).await.unwrap() {
-        Acquire::Acquired { fencing, lease } => Ok(Won {
-            fencing,
-            lease,
-            sent_us,
-        }),
+        Acquire::Acquired { fencing, lease } => {
+            let fencing = match fencing {
+                Some(fencing) => fencing,
+                // Issued on demand; none once the lease was lost already.
+                None => match lease.fencing_token().await.unwrap() {
+                    Some(fencing) => fencing,
+                    None => return Err(None),
+                },
+            };
+            Ok(Won {
+                fencing,
+                lease,
+                sent_us,
+            })
+        }
         Acquire::Held { remaining } => Err(remaining),
         _ => unreachable!("the contract has two answers"),
     }

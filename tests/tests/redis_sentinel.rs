@@ -46,7 +46,9 @@ impl Sections {
             while !sections.stop.load(Ordering::SeqCst) {
                 match registry.lock(&key, opts.clone()).await {
                     Ok(guard) => {
-                        sections.critical(guard.fencing_token()).await;
+                        sections
+                            .critical(guard.fencing_token().await.unwrap())
+                            .await;
                         let _ = guard.release().await;
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -122,7 +124,7 @@ impl Sections {
 #[distributed_lock(key = "{key}", ttl = "2s", wait_timeout = "1s")]
 async fn annotated(key: &str, sections: Arc<Sections>) {
     sections
-        .critical(fencing_token().expect("inside a locked body"))
+        .critical(fencing_token().await.expect("inside a locked body"))
         .await;
 }
 
@@ -267,7 +269,7 @@ async fn fencing_survives_a_failover_to_a_replica_that_missed_the_last_grants() 
     let take = async |registry: &LockRegistry| {
         let opts = LockOptions::default().wait_timeout(Duration::from_secs(1));
         let guard = registry.lock(&key, opts).await?;
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().await.unwrap();
         guard.release().await.map(|()| token)
     };
     tokens.push(take(&registry).await.unwrap());
@@ -469,7 +471,7 @@ async fn semaphores_and_read_locks_work_through_sentinel() {
     let two = LockOptions::default().permits(2);
     let first = a.lock(&key, two.clone()).await.unwrap();
     let second = b.lock(&key, two.clone()).await.unwrap();
-    assert!(second.fencing_token() > first.fencing_token());
+    assert!(second.fencing_token().await.unwrap() > first.fencing_token().await.unwrap());
     assert!(a.try_lock(&key, two.clone()).await.unwrap().is_none());
     let info = b.inspect(&key).await.unwrap().expect("held");
     assert_eq!((info.permits, info.holders), (Some(2), 2), "{info:?}");

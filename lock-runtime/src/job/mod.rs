@@ -763,23 +763,31 @@ where
 {
     let key = job.fire_key(fire);
     let (most, mut backoff) = job.backoff(fire, next);
-    let guard = loop {
+    let (guard, fencing_token) = loop {
         let err = match registry.try_lock(&key, job.options()).await {
-            // Held now, or started before by a replica that lost it (its
-            // runner died or was frozen past its lease): a fire runs once.
-            Ok(Some(guard)) => match job
-                .mark(&registry, &job.started_key(fire), job.linger(fire, next))
-                .await
-            {
-                Ok(true) => break guard,
-                Ok(false) => {
-                    let _ = guard.release().await;
-                    return job.report(fire, None, FireOutcome::TakenElsewhere);
-                }
+            // Read before the fire is marked started: a fire marked is not
+            // tried again.
+            Ok(Some(guard)) => match guard.fencing_token().await {
                 Err(err) => {
                     let _ = guard.release().await;
                     err
                 }
+                // Held now, or started before by a replica that lost it (its
+                // runner died or was frozen past its lease): a fire runs once.
+                Ok(token) => match job
+                    .mark(&registry, &job.started_key(fire), job.linger(fire, next))
+                    .await
+                {
+                    Ok(true) => break (guard, token),
+                    Ok(false) => {
+                        let _ = guard.release().await;
+                        return job.report(fire, None, FireOutcome::TakenElsewhere);
+                    }
+                    Err(err) => {
+                        let _ = guard.release().await;
+                        err
+                    }
+                },
             },
             Ok(None) => return job.report(fire, None, FireOutcome::TakenElsewhere),
             Err(err) => err,
@@ -824,7 +832,7 @@ where
     let run = body(Fire {
         job: job.name.clone(),
         at: fire,
-        fencing_token: guard.fencing_token(),
+        fencing_token,
     });
     let outcome = tokio::select! {
         output = run => output.failure().map_or(FireOutcome::Done, FireOutcome::Failed),

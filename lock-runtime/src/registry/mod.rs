@@ -215,9 +215,9 @@ impl LockRegistry {
     /// let registry = LockRegistry::memory();
     /// let opts = LockOptions::default().on_lost(OnLost::Notify);
     /// let token = registry
-    ///     .with_lock("report:eu", opts, async { lock_runtime::fencing_token() })
+    ///     .with_lock("report:eu", opts, async { lock_runtime::fencing_token().await })
     ///     .await?;
-    /// assert!(token.is_some());
+    /// assert!(token.is_ok());
     /// # Ok(())
     /// # }
     /// ```
@@ -345,7 +345,7 @@ impl LockRegistry {
     /// let guard = registry.lock("stock:7", LockOptions::default()).await?;
     /// let info = registry.inspect("stock:7").await?.expect("held");
     /// assert!(info.held_by_this_process);
-    /// assert_eq!(info.fencing_token, guard.fencing_token());
+    /// assert_eq!(info.fencing_token, guard.fencing_token().await?);
     /// println!("held for {:?} more", info.remaining);
     /// # guard.release().await?;
     /// # Ok(())
@@ -404,7 +404,7 @@ impl LockRegistry {
         .await;
         drop(wait);
         let (outcome, fencing) = match &result {
-            Ok(Some((grant, _))) => (Outcome::Acquired, Some(grant.fencing)),
+            Ok(Some((grant, _))) => (Outcome::Acquired, grant.fencing),
             Ok(None) => (Outcome::Skipped, None),
             Err(LockError::Timeout { .. }) => (Outcome::Timeout, None),
             Err(_) => (Outcome::Error, None),
@@ -481,7 +481,10 @@ pub struct LockInfo {
     /// from a store that does not count it (ZooKeeper: the lease lasts as
     /// long as the holder's session).
     pub remaining: Option<Duration>,
-    /// The holder's fencing token (0 from a store without fencing).
+    /// The holder's fencing token (0 from a store without fencing). Where
+    /// the store issues tokens when the holder first reads them (Redis's
+    /// default lock), the last one issued for the key: the holder's once
+    /// it has read it.
     pub fencing_token: u64,
     /// Whether a task of this process holds it (through any registry).
     pub held_by_this_process: bool,

@@ -93,6 +93,13 @@ pub(crate) struct Entry<R: ?Sized = dyn Renewable> {
     lease: R,
 }
 
+impl<R: ?Sized> Entry<R> {
+    /// The holder's state.
+    pub(crate) fn held(&self) -> &R {
+        &self.lease
+    }
+}
+
 impl<R: LossListener + ?Sized> LossListener for Entry<R> {
     fn lease_lost(&self, reason: &'static str) {
         self.lease.lease_lost(reason);

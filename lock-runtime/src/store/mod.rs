@@ -210,6 +210,29 @@ pub trait Lease: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Issues this lease's fencing token now, for a lease granted (or
+    /// handed over) without one (`fencing: None`): a token larger than
+    /// every token issued for the key before, as
+    /// [`FencingPromise`] says, issued only
+    /// while this lease holds the key, in one step with checking that it
+    /// does. `Ok(None)` when it no longer does. The runtime asks at most
+    /// once per grant, the first time the holder reads its token. Takes
+    /// `&self`, as [`renew`](Self::renew) does: a renewal may be in flight
+    /// at the same time.
+    ///
+    /// Issued while the lease holds the key, a late token orders writes as
+    /// one issued with the grant would: no other holder can be granted
+    /// between the grant and the issue, and a holder that lost the key
+    /// gets none.
+    ///
+    /// The default, for a store that issues every token with its grant, is
+    /// never called: it answers a misuse error.
+    fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        Reply::ready(Err(StoreError::misuse(
+            "this store issues fencing tokens with the grant, not on demand",
+        )))
+    }
+
     /// When the store started counting this lease's ttl, if that was before
     /// the acquire request was sent: a store that prepares leases ahead
     /// (etcd) says when it last granted or extended the one it used. The

@@ -16,7 +16,9 @@ use super::{Claim, Lease, LockToken, LossSignal};
 pub struct LeaseInfo {
     /// The holder's token, when the store keeps one it can read back.
     pub token: Option<LockToken>,
-    /// The holder's fencing token (0 from a store without fencing).
+    /// The holder's fencing token (0 from a store without fencing). A
+    /// store that issues tokens on demand ([`Lease::fencing_token`]) gives
+    /// the last one issued for the key: the holder's once it has read it.
     pub fencing: u64,
     /// How long the lease has left, when the store counts it (a session
     /// store does not: the lease lasts as long as the holder's session).
@@ -202,8 +204,10 @@ impl<'a> AcquireRequest<'a> {
 pub enum Acquire {
     /// The lease is ours.
     Acquired {
-        /// The fencing token of this lease (see [`FencingPromise`](super::FencingPromise)).
-        fencing: u64,
+        /// The fencing token of this lease (see
+        /// [`FencingPromise`](super::FencingPromise)); `None` when the store
+        /// issues it only when the holder asks ([`Lease::fencing_token`]).
+        fencing: Option<u64>,
         /// The handle that renews, releases or hands over this lease.
         lease: Box<dyn Lease>,
     },
@@ -222,8 +226,9 @@ pub enum Acquire {
 pub enum HandOver {
     /// The lease is the next holder's now, with this fencing token.
     Moved {
-        /// The next holder's fencing token.
-        fencing: u64,
+        /// The next holder's fencing token; `None` when the store issues
+        /// it only when the holder asks ([`Lease::fencing_token`]).
+        fencing: Option<u64>,
     },
     /// The lease was no longer ours: nothing was handed over.
     Lost,
@@ -237,7 +242,9 @@ impl From<Option<u64>> for HandOver {
     /// `Some(fencing)`: moved with that token; `None`: lost.
     fn from(fencing: Option<u64>) -> Self {
         match fencing {
-            Some(fencing) => HandOver::Moved { fencing },
+            Some(fencing) => HandOver::Moved {
+                fencing: Some(fencing),
+            },
             None => HandOver::Lost,
         }
     }

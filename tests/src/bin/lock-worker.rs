@@ -80,7 +80,7 @@ async fn transfer(
 async fn hold(hold: Duration) {
     println!(
         "acquired fencing={} at_ms={}",
-        fencing_token().unwrap_or(0),
+        fencing_token().await.unwrap_or(0),
         now_ms()
     );
     tokio::time::sleep(hold).await;
@@ -118,7 +118,7 @@ async fn run_once(key: &str) {
 
 #[distributed_lock(key = "{key}", ttl = "10s")]
 async fn record_fencing(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<u64> {
-    let token = fencing_token().unwrap_or(0);
+    let token = fencing_token().await.unwrap_or(0);
     let _: i64 = conn.rpush(format!("fence:{key}"), token).await?;
     Ok(token)
 }
@@ -144,7 +144,7 @@ async fn hold_permit(key: &str, duration: Duration) {
 /// saw, and any writer found inside.
 #[distributed_lock(key = "{key}", access = "read", ttl = "10s")]
 async fn read_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
-    let token = fencing_token().unwrap_or(0);
+    let token = fencing_token().await.unwrap_or(0);
     let _: i64 = conn
         .rpush(format!("rw:{key}:tokens"), format!("r{token}"))
         .await?;
@@ -163,7 +163,7 @@ async fn read_section(conn: &mut MultiplexedConnection, key: &str) -> redis::Red
 /// found inside (there must be none) and when.
 #[distributed_lock(key = "{key}", access = "write", ttl = "10s")]
 async fn write_section(conn: &mut MultiplexedConnection, key: &str) -> redis::RedisResult<()> {
-    let token = fencing_token().unwrap_or(0);
+    let token = fencing_token().await.unwrap_or(0);
     let _: i64 = conn
         .rpush(format!("rw:{key}:tokens"), format!("w{token}"))
         .await?;
@@ -194,7 +194,7 @@ async fn chaos_section(
     key: &str,
     entry: &std::sync::Mutex<Option<String>>,
 ) -> redis::RedisResult<()> {
-    let token = fencing_token().unwrap_or(0);
+    let token = fencing_token().await.unwrap_or(0);
     let id = entry_id();
     *entry.lock().expect("entry") = Some(id.clone());
     let active = enter(conn, &format!("chaos:{key}:inside"), &id).await?;
@@ -285,7 +285,7 @@ impl SoakBody<'_> {
                 "start key={key} holder={} claim={} fencing={}{asked} at_us={start}",
                 self.holder,
                 self.claim,
-                fencing_token_for(key).unwrap_or(0),
+                fencing_token_for(key).await.unwrap_or(0),
             ));
         }
         // Said when the body stops, before the release: run to its end,
@@ -649,7 +649,7 @@ async fn main() -> Result<(), LockError> {
                 .await?;
             println!(
                 "acquired fencing={} at_ms={}",
-                guard.fencing_token(),
+                guard.fencing_token().await.unwrap(),
                 now_ms()
             );
             guard.release().await?;
@@ -860,7 +860,7 @@ async fn main() -> Result<(), LockError> {
             let guard = lock_runtime::registry()?.lock(&key, options).await?;
             println!(
                 "acquired fencing={} at_ms={}",
-                guard.fencing_token(),
+                guard.fencing_token().await.unwrap(),
                 now_ms()
             );
             guard.release().await?;

@@ -446,7 +446,7 @@ async fn tls_with_a_client_certificate_locks_and_releases() {
     let mut tokens = Vec::new();
     for _ in 0..2 {
         let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
-        tokens.push(guard.fencing_token());
+        tokens.push(guard.fencing_token().await.unwrap());
         guard.release().await.unwrap();
     }
     assert!(tokens[1] > tokens[0], "fencing tokens {tokens:?}");

@@ -62,8 +62,9 @@ async fn transfer(
     bank.set(to, b + amount);
     bank.leave(from);
     bank.leave(to);
-    let token = |id: u32| fencing_token_for(&format!("acct:{id}")).expect("held");
-    (token(from), token(to))
+    let from = fencing_token_for(&format!("acct:{from}")).await;
+    let to = fencing_token_for(&format!("acct:{to}")).await;
+    (from.expect("held"), to.expect("held"))
 }
 
 #[distributed_lock(keys = ["acct:{from}", "acct:{to}"], mode = "skip", registry = locks)]
@@ -178,8 +179,11 @@ async fn lock_all_orders_dedups_and_times_out_as_a_whole(locks: LockRegistry) {
         .await
         .unwrap();
     assert_eq!(guards.keys(), ["a", "b"]);
-    assert!(guards.fencing_token("a").is_some());
-    assert_eq!(guards.fencing_token("c"), None);
+    assert!(guards.fencing_token("a").await.is_ok());
+    assert!(matches!(
+        guards.fencing_token("c").await,
+        Err(LockError::NotHeld { key: Some(key) }) if key == "c"
+    ));
     guards.release().await.unwrap();
 
     let held = locks.lock("b", LockOptions::default()).await.unwrap();

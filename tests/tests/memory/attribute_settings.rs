@@ -110,12 +110,12 @@ lock_tests::on_memory_and_redis!(
 
 #[distributed_lock(key = "report:{day}", fencing = false, registry = locks)]
 async fn unfenced_report(locks: &LockRegistry, day: u32) -> Option<u64> {
-    lock_runtime::fencing_token()
+    lock_runtime::fencing_token().await.ok()
 }
 
 #[distributed_lock(key = "report:{day}", registry = locks)]
 async fn fenced_report(locks: &LockRegistry, day: u32) -> Option<u64> {
-    lock_runtime::fencing_token()
+    lock_runtime::fencing_token().await.ok()
 }
 
 /// `fencing = false`: the body's token is 0 (the store's, if it made one,
@@ -135,7 +135,7 @@ async fn fencing_false_gives_the_body_a_zero_token() {
         .lock("report:2", LockOptions::default().fencing(false))
         .await
         .unwrap();
-    assert_eq!(guard.fencing_token(), 0);
+    assert_eq!(guard.fencing_token().await.unwrap(), 0);
     guard.release().await.unwrap();
 }
 
@@ -146,13 +146,13 @@ async fn waiting_entry(
     entered: tokio::sync::oneshot::Sender<Option<u64>>,
     go_on: tokio::sync::oneshot::Receiver<()>,
 ) -> (Option<u64>, Option<u64>) {
-    let _ = entered.send(lock_runtime::fencing_token());
+    let _ = entered.send(lock_runtime::fencing_token().await.ok());
     // A task spawned from the body is another task: no lock of its own.
-    let spawned = tokio::spawn(async { lock_runtime::fencing_token() })
+    let spawned = tokio::spawn(async { lock_runtime::fencing_token().await.ok() })
         .await
         .unwrap();
     let _ = go_on.await;
-    (lock_runtime::fencing_token(), spawned)
+    (lock_runtime::fencing_token().await.ok(), spawned)
 }
 
 /// The locks a body holds are its task's alone: while the body waits, the
@@ -170,12 +170,18 @@ async fn a_bodys_locks_are_its_tasks_alone() {
     });
     let token = entered.await.unwrap().expect("the body sees its lock");
     // The body is waiting: this task runs on the same thread.
-    assert_eq!(lock_runtime::fencing_token(), None);
-    assert_eq!(lock_runtime::fencing_token_for("ledger:1"), None);
+    assert!(matches!(
+        lock_runtime::fencing_token().await,
+        Err(LockError::NotHeld { key: None })
+    ));
+    assert!(matches!(
+        lock_runtime::fencing_token_for("ledger:1").await,
+        Err(LockError::NotHeld { key: Some(key) }) if key == "ledger:1"
+    ));
     assert!(!lock_runtime::is_lost());
     go_on.send(()).unwrap();
     let (again, spawned) = call.await.unwrap().unwrap();
     assert_eq!(again, Some(token));
     assert_eq!(spawned, None);
-    assert_eq!(lock_runtime::fencing_token(), None);
+    assert!(lock_runtime::fencing_token().await.is_err());
 }

@@ -194,11 +194,11 @@ async fn view_then_edit(locks: &LockRegistry, k: &str) -> Result<(), LockError> 
 
 #[distributed_lock(key = "job:{k}", registry = locks, permits = 3)]
 async fn job(locks: &LockRegistry, k: &str, nested: u32) -> Result<u64, LockError> {
-    let outer = lock_runtime::fencing_token().unwrap();
+    let outer = lock_runtime::fencing_token().await.unwrap();
     let inner = Box::pin(locks.with_lock(
         &format!("job:{k}"),
         LockOptions::default().permits(nested),
-        async { lock_runtime::fencing_token().unwrap() },
+        async { lock_runtime::fencing_token().await.unwrap() },
     ))
     .await?;
     assert_eq!(inner, outer, "the nested call shares the permit");

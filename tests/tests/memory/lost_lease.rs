@@ -186,10 +186,10 @@ async fn with_lock_runs_a_body_under_the_lock_and_honours_on_lost() {
     // Re-entrant, as the attribute: the nested call shares the lease.
     let (outer, inner) = locks
         .with_lock(&key, LockOptions::default(), async {
-            let outer = lock_runtime::fencing_token().unwrap();
+            let outer = lock_runtime::fencing_token().await.unwrap();
             let inner = locks
                 .with_lock(&key, LockOptions::default(), async {
-                    lock_runtime::fencing_token().unwrap()
+                    lock_runtime::fencing_token().await.unwrap()
                 })
                 .await
                 .unwrap();

@@ -84,7 +84,7 @@ async fn a_holder_whose_lease_expired_gets_lost_and_leaves_the_next_lock_alone()
         .await
         .unwrap()
         .expect("expired lease is free");
-    assert!(second.fencing_token() > first.fencing_token());
+    assert!(second.fencing_token().await.unwrap() > first.fencing_token().await.unwrap());
     assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
     assert!(second.is_held());
     assert!(is_held(&a, &key).await, "second lock intact");
@@ -284,7 +284,7 @@ async fn hand_overs_within_a_process_give_other_processes_their_turn() {
             .lock(&key, opts.clone())
             .await
             .expect("B starved by A's hand-overs");
-        fencing.push(guard.fencing_token());
+        fencing.push(guard.fencing_token().await.unwrap());
         guard.release().await.unwrap();
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -343,7 +343,7 @@ async fn a_forced_release_tells_the_holder_at_once_and_frees_its_turn() {
     // The process's turn was given back with it: another task of A gets in.
     let opts = LockOptions::default().wait_timeout(Duration::from_millis(50));
     let next = a.lock(&key, opts).await.unwrap();
-    assert!(next.fencing_token() > held.fencing_token());
+    assert!(next.fencing_token().await.unwrap() > held.fencing_token().await.unwrap());
     assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
     assert!(
         next.is_held(),

@@ -340,14 +340,14 @@ async fn a_panicking_body_releases_promptly() {
 
 #[distributed_lock(key = "ledger:{k}")]
 async fn outer(k: &str) -> (u64, u64) {
-    let mine = fencing_token().unwrap();
+    let mine = fencing_token().await.unwrap();
     let nested = inner(k).await.unwrap();
     (mine, nested)
 }
 
 #[distributed_lock(key = "ledger:{k}", wait_timeout = "1s")]
 async fn inner(k: &str) -> u64 {
-    fencing_token().unwrap()
+    fencing_token().await.unwrap()
 }
 
 #[distributed_lock(key = "countdown:{k}", wait_timeout = "1s")]
@@ -390,7 +390,7 @@ async fn reentrancy_is_per_task_not_per_process() {
 
 #[distributed_lock(key = "fence:{k}")]
 async fn record_token(k: &str, seen: &Mutex<Vec<u64>>) {
-    let token = fencing_token().unwrap();
+    let token = fencing_token().await.unwrap();
     tokio::task::yield_now().await;
     seen.lock().unwrap().push(token);
 }
@@ -412,13 +412,16 @@ async fn fencing_tokens_strictly_increase() {
     for handle in handles {
         handle.await.unwrap();
     }
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 200);
     assert!(
         seen.windows(2).all(|w| w[0] < w[1]),
         "tokens in holding order must increase: {seen:?}"
     );
-    assert_eq!(fencing_token(), None, "no token outside a locked body");
+    assert!(
+        matches!(fencing_token().await, Err(LockError::NotHeld { key: None })),
+        "no token outside a locked body"
+    );
 }
 
 #[distributed_lock(key = "{name}")]

@@ -209,7 +209,7 @@ impl Shop {
     #[distributed_lock(key = "stock:{item}", wait_timeout = "2s", registry = self.locks)]
     async fn buy(&self, item: &str) -> u64 {
         tracing::info!("body ran");
-        lock_runtime::fencing_token().unwrap_or(0)
+        lock_runtime::fencing_token().await.unwrap_or(0)
     }
 
     #[distributed_lock(key = "stock:{item}", wait_timeout = "100ms", registry = self.locks)]

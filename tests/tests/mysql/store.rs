@@ -73,11 +73,11 @@ async fn a_released_keys_row_is_kept_until_purged() {
     for registry in [&a, &b, &a] {
         let guard = registry.lock(&old, fenced.clone()).await.unwrap();
         assert!(
-            guard.fencing_token() > last,
+            guard.fencing_token().await.unwrap() > last,
             "{} after {last}",
-            guard.fencing_token()
+            guard.fencing_token().await.unwrap()
         );
-        last = guard.fencing_token();
+        last = guard.fencing_token().await.unwrap();
         guard.release().await.unwrap();
     }
     assert_eq!(
@@ -121,9 +121,9 @@ async fn a_released_keys_row_is_kept_until_purged() {
     assert_eq!(store.purge().await.unwrap(), 0);
     let again = b.lock(&old, fenced).await.unwrap();
     assert!(
-        again.fencing_token() > last,
+        again.fencing_token().await.unwrap() > last,
         "{} after {last}",
-        again.fencing_token()
+        again.fencing_token().await.unwrap()
     );
     again.release().await.unwrap();
     holding.release().await.unwrap();

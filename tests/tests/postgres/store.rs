@@ -341,7 +341,7 @@ async fn fencing_follows_grant_order_when_a_waiting_statement_runs_late() {
         let (late, key) = (late.clone(), key.clone());
         async move {
             let guard = late.lock(&key, LockOptions::default()).await.unwrap();
-            let granted = (Instant::now(), guard.fencing_token());
+            let granted = (Instant::now(), guard.fencing_token().await.unwrap());
             guard.release().await.unwrap();
             granted
         }
@@ -367,7 +367,7 @@ async fn fencing_follows_grant_order_when_a_waiting_statement_runs_late() {
                 .try_lock(&key, LockOptions::default())
                 .await
                 .unwrap()?;
-            let granted = (Instant::now(), guard.fencing_token());
+            let granted = (Instant::now(), guard.fencing_token().await.unwrap());
             guard.release().await.unwrap();
             Some(granted)
         }

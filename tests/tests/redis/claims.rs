@@ -68,7 +68,7 @@ async fn readers_share_and_a_waiting_writer_holds_new_readers_off() {
     let key = unique_key("rw");
     let first = a.lock(&key, read()).await.unwrap();
     let second = b.lock(&key, read()).await.unwrap();
-    assert!(first.fencing_token() < second.fencing_token());
+    assert!(first.fencing_token().await.unwrap() < second.fencing_token().await.unwrap());
     let info = a.inspect(&key).await.unwrap().expect("held");
     assert_eq!(
         (info.access, info.permits, info.holders),
@@ -101,7 +101,7 @@ async fn readers_share_and_a_waiting_writer_holds_new_readers_off() {
         waited < Duration::from_secs(1),
         "woken, not polled: {waited:?}"
     );
-    assert!(writer.fencing_token() > 0);
+    assert!(writer.fencing_token().await.unwrap() > 0);
     assert!(a.try_lock(&key, read()).await.unwrap().is_none());
     writer.release().await.unwrap();
     // The writer's mark outlives its grant by 50 ms at most.

@@ -56,8 +56,13 @@ async fn a_cluster_by_url_locks_across_slots() {
         let mut guards = Vec::new();
         for key in &keys {
             let guard = a.lock(key, LockOptions::default()).await.unwrap();
-            if let Some(previous) = last_fencing.insert(key.clone(), guard.fencing_token()) {
-                assert!(guard.fencing_token() > previous, "round {round}, {key}");
+            if let Some(previous) =
+                last_fencing.insert(key.clone(), guard.fencing_token().await.unwrap())
+            {
+                assert!(
+                    guard.fencing_token().await.unwrap() > previous,
+                    "round {round}, {key}"
+                );
             }
             guards.push(guard);
         }
@@ -196,7 +201,7 @@ async fn semaphores_and_read_locks_work_across_slots() {
         second.release().await.unwrap();
         let reader = a.lock(&key, read()).await.unwrap();
         let other = b.lock(&key, read()).await.unwrap();
-        assert!(other.fencing_token() > reader.fencing_token());
+        assert!(other.fencing_token().await.unwrap() > reader.fencing_token().await.unwrap());
         assert!(
             b.try_lock(&key, LockOptions::default())
                 .await

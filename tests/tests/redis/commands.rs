@@ -38,7 +38,7 @@ async fn an_unfenced_lock_is_one_plain_set() {
         .lock(&unique_key("plain"), LockOptions::default())
         .await
         .unwrap();
-    assert_eq!(guard.fencing_token(), 0);
+    assert_eq!(guard.fencing_token().await.unwrap(), 0);
     guard.release().await.unwrap();
     assert_commands(&server, PLAIN_LOCK);
 }
@@ -52,21 +52,21 @@ async fn a_lock_without_fencing_on_a_fenced_store_is_one_plain_set() {
     let registry = registry(&server).await;
     let key = unique_key("mixed");
     let first = registry.lock(&key, LockOptions::default()).await.unwrap();
-    let before = first.fencing_token();
+    let before = first.fencing_token().await.unwrap();
     first.release().await.unwrap();
     reset_stats(&server);
     let plain = registry
         .lock(&key, LockOptions::default().fencing(false))
         .await
         .unwrap();
-    assert_eq!(plain.fencing_token(), 0);
+    assert_eq!(plain.fencing_token().await.unwrap(), 0);
     plain.release().await.unwrap();
     assert_commands(&server, PLAIN_LOCK);
     let after = registry.lock(&key, LockOptions::default()).await.unwrap();
     assert!(
-        after.fencing_token() > before,
+        after.fencing_token().await.unwrap() > before,
         "{before} then {}",
-        after.fencing_token()
+        after.fencing_token().await.unwrap()
     );
     after.release().await.unwrap();
 }
@@ -83,15 +83,27 @@ async fn uncontended_lock_and_release_are_one_round_trip_each() {
         .await
         .unwrap();
     guard.release().await.unwrap();
-    // Two top-level commands; the rest ran inside the acquire script (SET NX,
-    // then TIME and a SET .. GET of the fencing counter) and the release
-    // script (GET, DEL; no PUBLISH, as nobody waits).
+    // Two top-level commands: the plain SET NX (the token is issued only
+    // when read), and the release script (GET, DEL; no PUBLISH, as nobody
+    // waits).
+    assert_commands(&server, PLAIN_LOCK);
+    // A body that reads its token twice: one more round trip, the first
+    // time, to the script that checks the holder (GET) and issues it
+    // (TIME, and a SET .. GET of the fencing counter).
+    reset_stats(&server);
+    let guard = registry
+        .lock(&unique_key("rt"), LockOptions::default())
+        .await
+        .unwrap();
+    let token = guard.fencing_token().await.unwrap();
+    assert_eq!(guard.fencing_token().await.unwrap(), token);
+    guard.release().await.unwrap();
     assert_commands(
         &server,
         &[
             ("del", 1),
             ("evalsha", 2),
-            ("get", 1),
+            ("get", 2),
             ("set", 2),
             ("time", 1),
         ],

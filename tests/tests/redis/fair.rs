@@ -155,10 +155,10 @@ async fn fair_mode_hands_over_within_a_process_while_nobody_else_waits() {
     })
     .await;
     reset_stats(&server);
-    let fencing = first.fencing_token();
+    let fencing = first.fencing_token().await.unwrap();
     first.release().await.unwrap();
     let next = next.await.unwrap();
-    assert!(next.fencing_token() > fencing);
+    assert!(next.fencing_token().await.unwrap() > fencing);
     let calls = command_calls(&server);
     assert_eq!(
         calls_of(&calls, "del"),

@@ -181,7 +181,7 @@ async fn fencing_tokens_increase_while_a_majority_keeps_its_data() {
     let mut last = 0;
     for round in 0..12 {
         let guard = registry.lock(&key, LockOptions::default()).await.unwrap();
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().await.unwrap();
         assert!(token > last, "round {round}: {last} then {token}");
         last = token;
         guard.release().await.unwrap();

@@ -39,7 +39,7 @@ store_contract!(
 
 #[distributed_lock(key = "tls:{key}", registry = locks, ttl = "2s")]
 async fn locked_body(locks: &LockRegistry, key: &str) -> Option<u64> {
-    lock_runtime::fencing_token()
+    lock_runtime::fencing_token().await.ok()
 }
 
 /// The attribute on a registry over TLS, and the server's own view: the

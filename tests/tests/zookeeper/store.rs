@@ -257,9 +257,9 @@ async fn the_fencing_token_is_the_held_nodes_czxid() {
             .get_data(&format!("{parent}/{}", queue[0]))
             .await
             .unwrap();
-        assert_eq!(guard.fencing_token(), stat.czxid as u64);
-        assert!(guard.fencing_token() > last);
-        last = guard.fencing_token();
+        assert_eq!(guard.fencing_token().await.unwrap(), stat.czxid as u64);
+        assert!(guard.fencing_token().await.unwrap() > last);
+        last = guard.fencing_token().await.unwrap();
         guard.release().await.unwrap();
     }
 }

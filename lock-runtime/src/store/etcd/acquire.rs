@@ -153,7 +153,7 @@ impl EtcdStore {
                 _ => {
                     let lease = self.granted(ours, request.token, true, request.loss);
                     Ok(Acquire::Acquired {
-                        fencing: lease.created.max(0).unsigned_abs(),
+                        fencing: Some(lease.created.max(0).unsigned_abs()),
                         lease: Box::new(lease),
                     })
                 }
@@ -233,7 +233,7 @@ impl EtcdStore {
         let lease = self.granted(ours, request.token, false, request.loss);
         if lease.refresh().await? {
             return Ok(Acquire::Acquired {
-                fencing: lease.created.max(0).unsigned_abs(),
+                fencing: Some(lease.created.max(0).unsigned_abs()),
                 lease: Box::new(lease),
             });
         }

@@ -138,7 +138,7 @@ impl EtcdStore {
             self.inner.shared.queued().remove(&request.token);
             let lease = self.granted(ours, request.token, true, request.loss);
             return Ok(Acquire::Acquired {
-                fencing: lease.created.max(0).unsigned_abs(),
+                fencing: Some(lease.created.max(0).unsigned_abs()),
                 lease: Box::new(lease.one_of_many()),
             });
         }

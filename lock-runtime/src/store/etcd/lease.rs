@@ -163,7 +163,7 @@ impl EtcdLease {
         let loss = self.loss.clone();
         *self = store.granted(entry, next, !renewed, &loss);
         Ok(HandOver::Moved {
-            fencing: revision(&answer),
+            fencing: Some(revision(&answer)),
         })
     }
 }

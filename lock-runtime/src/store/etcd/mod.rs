@@ -235,7 +235,7 @@ impl Store for EtcdStore {
                 self.inner.shared.queued().remove(&request.token);
                 let lease = self.granted(entry, request.token, true, request.loss);
                 return Ok(Acquire::Acquired {
-                    fencing: lease.created.max(0).unsigned_abs(),
+                    fencing: Some(lease.created.max(0).unsigned_abs()),
                     lease: Box::new(lease),
                 });
             }

@@ -137,7 +137,7 @@ impl MemoryStore {
                 holder.expires = now + request.ttl;
                 let fencing = holder.fencing;
                 return Ok(Acquire::Acquired {
-                    fencing,
+                    fencing: Some(fencing),
                     lease: lease(slot.key.clone()),
                 });
             }
@@ -159,7 +159,7 @@ impl MemoryStore {
             previous.raise("the lease expired and another holder took the key");
         }
         Ok(Acquire::Acquired {
-            fencing,
+            fencing: Some(fencing),
             lease: lease(key),
         })
     }

@@ -37,7 +37,10 @@ async fn attempt_with(
         .claiming(claim)
         .waiting(waits);
     match store.acquire(request).await.expect("a fitting claim") {
-        Acquire::Acquired { fencing, lease } => Ok((lease, fencing)),
+        Acquire::Acquired { fencing, lease } => Ok((
+            lease,
+            fencing.expect("the memory store issues tokens with the grant"),
+        )),
         Acquire::Held { remaining } => Err(remaining),
     }
 }

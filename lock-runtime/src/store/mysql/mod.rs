@@ -482,7 +482,7 @@ impl MySqlStore {
             let take = &self.shared.statements.take;
             let once = || self.shared.exec_id(take, (token.as_str(), ttl, &id[..]));
             match self.shared.again_if_closed(once).await {
-                Ok(Some(fencing)) => return Ok(granted(fencing)),
+                Ok(Some(fencing)) => return Ok(granted(Some(fencing))),
                 Ok(None) => {}
                 Err(err) if rolled_back(&err) => {}
                 Err(err) => return Err(err),
@@ -500,7 +500,7 @@ impl MySqlStore {
             match self.shared.again_if_closed(once).await {
                 Ok(fencing) => {
                     let fencing = fencing.ok_or("the insert set no LAST_INSERT_ID")?;
-                    return Ok(granted(fencing));
+                    return Ok(granted(Some(fencing)));
                 }
                 Err(err) if server_code(&err) == Some(ER_DUP_ENTRY) || rolled_back(&err) => {}
                 Err(err) => return Err(err),
@@ -539,7 +539,7 @@ impl MySqlStore {
             }
         };
         if answer < HELD {
-            return Ok(granted(answer));
+            return Ok(granted(Some(answer)));
         }
         let (kind, remaining) = sql::held(answer);
         let held = match kind {
@@ -589,7 +589,7 @@ impl MySqlStore {
         let (answer, value, held) = row.ok_or("the claim procedure returned no row")?;
         match answer {
             1 => Ok(Acquire::Acquired {
-                fencing: value,
+                fencing: Some(value),
                 lease: Box::new(MySqlLease {
                     shared: self.shared.clone(),
                     id,

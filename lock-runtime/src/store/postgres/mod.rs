@@ -220,7 +220,7 @@ impl Store for PostgresStore {
                 if let Some(row) = granted {
                     let fencing: i64 = row.get(0);
                     return Ok(Acquire::Acquired {
-                        fencing: u64::try_from(fencing).unwrap_or(0),
+                        fencing: Some(u64::try_from(fencing).unwrap_or(0)),
                         lease: Box::new(PostgresLease {
                             shared: self.shared.clone(),
                             id,
@@ -334,7 +334,7 @@ impl PostgresStore {
         let value = u64::try_from(value.unwrap_or(0)).unwrap_or(0);
         match answer {
             1 => Ok(Acquire::Acquired {
-                fencing: value,
+                fencing: Some(value),
                 lease: Box::new(PostgresLease {
                     shared: self.shared.clone(),
                     id,

@@ -54,6 +54,19 @@ impl Fencing {
     }
 }
 
+/// Which fencing token an exclusive grant comes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tokens {
+    /// None: the caller asked for none, or the store makes none (0).
+    Unfenced,
+    /// Issued by the grant's script, in the same round trip (Redlock's
+    /// nodes, fair mode).
+    WithGrant,
+    /// Issued when the holder first reads it ([`Commands::issue`]): the
+    /// grant is the plain `SET`.
+    OnDemand,
+}
+
 /// How many replicas must have a grant before it is handed out (`WAIT`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ReplicaAcks {
@@ -109,28 +122,42 @@ where
         )
     }
 
-    /// One exclusive attempt: the fencing token when granted (0 when not
-    /// `fenced`, or with fencing off); otherwise how long the holder has
-    /// left, and whether this waiting writer marked the key against new
-    /// shares (it passes `marked` on its next attempts, and clears the mark
-    /// once granted).
-    #[allow(clippy::too_many_arguments)]
+    /// The tokens an exclusive grant asked to come with `asked` gets
+    /// here: none with fencing off; with the grant in fair mode, whose
+    /// grants are scripts anyway.
+    pub(super) fn tokens(&self, asked: Tokens) -> Tokens {
+        match asked {
+            _ if self.fencing == Fencing::Off => Tokens::Unfenced,
+            Tokens::OnDemand if self.fair.is_some() => Tokens::WithGrant,
+            asked => asked,
+        }
+    }
+
+    /// One exclusive attempt: when granted, the fencing token as `tokens`
+    /// says (`Some(0)` for none, `None` when issued on demand); otherwise
+    /// how long the holder has left, and whether this waiting writer
+    /// marked the key against new shares (it passes `marked` on its next
+    /// attempts, and clears the mark once granted).
     pub(super) async fn acquire(
         &self,
         lock: &[u8],
         token: LockToken,
         ttl: Duration,
-        waits: bool,
-        marked: bool,
-        fenced: bool,
-    ) -> Result<Result<u64, (Option<Duration>, bool)>, StoreError> {
-        let unfenced = !fenced || self.fencing == Fencing::Off;
+        (waits, marked): (bool, bool),
+        tokens: Tokens,
+    ) -> Result<Result<Option<u64>, (Option<Duration>, bool)>, StoreError> {
+        let tokens = self.tokens(tokens);
+        let granted = |fencing: u64| match tokens {
+            Tokens::Unfenced => Some(0),
+            Tokens::WithGrant => Some(fencing),
+            Tokens::OnDemand => None,
+        };
         if self.fair.is_none()
-            && unfenced
+            && tokens != Tokens::WithGrant
             && !marked
             && let Some(answer) = self.acquire_plain(lock, token, ttl, waits).await?
         {
-            return Ok(answer);
+            return Ok(answer.map(|()| granted(0)));
         }
         let call = match self.fair {
             None => Call::new(
@@ -144,7 +171,10 @@ where
             )
             .arg(&token.hex()[..])
             .arg(millis(ttl))
-            .arg(self.fencing.counter_life(ttl))
+            .arg(match tokens {
+                Tokens::WithGrant => self.fencing.counter_life(ttl),
+                Tokens::Unfenced | Tokens::OnDemand => 0,
+            })
             .arg(u8::from(waits) + u8::from(waits && marked)),
             Some(grant_timeout) => self
                 .fenced(&scripts::FAIR_ACQUIRE, lock, token, ttl)
@@ -170,7 +200,29 @@ where
             return Ok(Err((remaining, marks)));
         }
         self.replicated().await?;
-        Ok(Ok(u64::try_from(value).unwrap_or(0)))
+        Ok(Ok(granted(u64::try_from(value).unwrap_or(0))))
+    }
+
+    /// Issues the fencing token of `token`'s exclusive lease on `lock`,
+    /// checked to hold it in the same script: `None` when it does not.
+    /// Sent again after a connection failure: a second token is larger,
+    /// and as good.
+    pub(super) async fn issue(
+        &self,
+        lock: &[u8],
+        token: LockToken,
+        ttl: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        let call = Call::new(&scripts::ISSUE, &[lock, &suffixed(lock, b":fence")])
+            .arg(&token.hex()[..])
+            .arg(self.fencing.counter_life(ttl));
+        let issued: ::redis::Value = invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
+        if issued == ::redis::Value::Nil {
+            return Ok(None);
+        }
+        let fencing = u64::try_from(integer(&issued)?).unwrap_or(0);
+        self.replicated().await?;
+        Ok(Some(fencing))
     }
 
     /// An exclusive attempt without a fencing token, in the one command a
@@ -186,7 +238,7 @@ where
         token: LockToken,
         ttl: Duration,
         waits: bool,
-    ) -> Result<Option<Result<u64, (Option<Duration>, bool)>>, StoreError> {
+    ) -> Result<Option<Result<(), (Option<Duration>, bool)>>, StoreError> {
         let hex = token.hex();
         let mut set = ::redis::Cmd::with_capacity(7, 64 + lock.len());
         set.arg("SET")
@@ -242,7 +294,7 @@ where
             }
         }
         self.replicated().await?;
-        Ok(Some(Ok(0)))
+        Ok(Some(Ok(())))
     }
 
     /// One attempt at a share or a permit (`claim`) of the key: the
@@ -392,14 +444,23 @@ where
         Ok(released == 1)
     }
 
+    /// Moves `token`'s lease on `lock` to `next`: with a new fencing token
+    /// unless the lease's tokens are issued `on_demand` (the next holder's
+    /// then is, too).
     pub(super) async fn hand_over(
         &self,
         lock: &[u8],
-        token: LockToken,
-        next: LockToken,
+        (token, next): (LockToken, LockToken),
         ttl: Duration,
+        on_demand: bool,
     ) -> Result<HandOver, StoreError> {
         let call = match self.fair {
+            None if on_demand => self
+                .with_keys(&scripts::HAND_OVER, lock)
+                .arg(&token.hex()[..])
+                .arg(millis(ttl))
+                .arg(0)
+                .arg(&next.hex()[..]),
             None => self
                 .fenced(&scripts::HAND_OVER, lock, token, ttl)
                 .arg(&next.hex()[..]),
@@ -415,8 +476,11 @@ where
         Ok(match integer(&fencing)? {
             -2 => HandOver::Released,
             fencing => {
-                let handed = HandOver::from(u64::try_from(fencing).ok());
-                if let HandOver::Moved { .. } = handed {
+                let mut handed = HandOver::from(u64::try_from(fencing).ok());
+                if let HandOver::Moved { fencing } = &mut handed {
+                    if on_demand {
+                        *fencing = None;
+                    }
                     self.replicated().await?;
                 }
                 handed

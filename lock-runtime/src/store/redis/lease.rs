@@ -6,6 +6,7 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 
 use super::commands::Commands;
+use crate::error::StoreError;
 use crate::store::{HandOver, Lease, LockToken, Reply};
 
 /// One lease on one Redis: the lock's Redis name and our token.
@@ -19,6 +20,9 @@ pub(super) struct RedisLease<C> {
     /// Whether its acquire knew the key to be in demand: its release and
     /// renewal then go by script, which wakes waiters in the same call.
     pub(super) contended: bool,
+    /// Whether its fencing token is issued when the holder first reads it
+    /// (and the next holder's after a hand-over too).
+    pub(super) on_demand: bool,
 }
 
 impl<C> RedisLease<C> {
@@ -54,13 +58,22 @@ where
             let next = LockToken::random();
             let handed = self
                 .commands
-                .hand_over(&self.lock, self.token, next, self.ttl)
+                .hand_over(&self.lock, (self.token, next), self.ttl, self.on_demand)
                 .await?;
             if let HandOver::Moved { .. } = handed {
                 self.token = next;
             }
             Ok(handed)
         })
+    }
+
+    fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        if !self.on_demand {
+            return Reply::ready(Err(StoreError::misuse(
+                "this lease's fencing token came with its grant",
+            )));
+        }
+        Reply::new(self.commands.issue(&self.lock, self.token, self.ttl))
     }
 }
 

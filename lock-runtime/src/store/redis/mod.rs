@@ -2,11 +2,19 @@
 //!
 //! # Protocol
 //!
-//! - Acquire is one round trip: a script that runs `SET key token NX PX
-//!   ttl` and on success issues the fencing token (below); without a
-//!   fencing token, the plain `SET key token NX PX ttl GET` alone. When the
-//!   key is held it answers the holder's `PTTL`. It returns a handle that
-//!   keeps the lock's Redis name and token.
+//! - Acquire is one round trip: the plain `SET key token NX PX ttl GET`
+//!   (its old value tells a retried attempt that it holds the key
+//!   already). When the key is held it answers the holder's `PTTL`. It
+//!   returns a handle that keeps the lock's Redis name and token.
+//! - An exclusive lease's fencing token (below) is issued when the holder
+//!   first reads it ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)),
+//!   by a script that checks the lease still holds the key in the same
+//!   step, one round trip: a lock whose body never reads its token costs
+//!   no token, and a holder that lost the key gets `Lost`, not a token.
+//!   No other holder can be granted between a grant and its token, so a
+//!   late token orders writes as one issued with the grant would. Shares,
+//!   permits and fair mode's grants are scripts anyway, and issue the
+//!   token with the grant.
 //! - Renew and release are owner-checked scripts (`GET` = token, then
 //!   `PEXPIRE` / `DEL`); never a bare `DEL` or `EXPIRE`. A waiter refused
 //!   by a lease marks its key (a `~` after the holder's token), and the
@@ -14,8 +22,8 @@
 //!   release nobody waits for is a `GET` and a `DEL`, as a plain lock's. A
 //!   release that must linger (`hold_at_least`) shortens the lease
 //!   instead. A hand-over within the process moves the lease, and a
-//!   waiter's mark, to a new token and issues a new fencing token, in one
-//!   script.
+//!   waiter's mark, to a new token in one script; the next holder's
+//!   fencing token is issued when it reads it.
 //! - Where the server has owner-checked commands of its own (Redis 8.4's
 //!   `DELEX key IFEQ token` and `SET key token IFEQ token PX ttl`, Valkey
 //!   9's `DELIFEQ`), asked at connect ([`OwnerChecks`]), an exclusive
@@ -215,7 +223,7 @@ pub use builder::RedisStoreBuilder;
 pub(crate) use builder::tls_setters;
 use builder::{check_grant_timeout, invalid_settings};
 pub use commands::Fencing;
-use commands::{Call, Commands, Retry, invoke, millis};
+use commands::{Call, Commands, Retry, Tokens, invoke, millis};
 pub use connection::RedisConnection;
 use connection::Source;
 pub(crate) use connection::TlsSettings;
@@ -358,9 +366,17 @@ where
     ) -> Result<Result<u64, Option<Duration>>, StoreError> {
         let answer = self
             .commands
-            .acquire(&lock_name(key), token, ttl, waits, false, true)
+            .acquire(
+                &lock_name(key),
+                token,
+                ttl,
+                (waits, false),
+                Tokens::WithGrant,
+            )
             .await?;
-        Ok(answer.map_err(|(remaining, _)| remaining))
+        Ok(answer
+            .map(|fencing| fencing.unwrap_or(0))
+            .map_err(|(remaining, _)| remaining))
     }
 
     /// Renews `token`'s lease on `key` to `ttl`.
@@ -419,15 +435,18 @@ where
             let answer = match request.claim {
                 Claim::Exclusive => {
                     let marked = request.hints.waits && self.marks.contains(token);
+                    let tokens = match request.hints.fenced {
+                        true => Tokens::OnDemand,
+                        false => Tokens::Unfenced,
+                    };
                     let answer = self
                         .commands
                         .acquire(
                             &lock,
                             token,
                             request.ttl,
-                            request.hints.waits,
-                            marked,
-                            request.hints.fenced,
+                            (request.hints.waits, marked),
+                            tokens,
                         )
                         .await?;
                     match answer {
@@ -445,17 +464,17 @@ where
                         }
                     }
                 }
-                claim => {
-                    self.commands
-                        .share_acquire(
-                            &lock,
-                            request.token,
-                            request.ttl,
-                            claim,
-                            request.hints.waits,
-                        )
-                        .await?
-                }
+                claim => self
+                    .commands
+                    .share_acquire(
+                        &lock,
+                        request.token,
+                        request.ttl,
+                        claim,
+                        request.hints.waits,
+                    )
+                    .await?
+                    .map(Some),
             };
             Ok(match answer {
                 Ok(fencing) => Acquire::Acquired {
@@ -467,6 +486,7 @@ where
                         ttl: request.ttl,
                         exclusive: request.claim == Claim::Exclusive,
                         contended: request.hints.contended,
+                        on_demand: fencing.is_none(),
                     }),
                 },
                 Err(remaining) => Acquire::Held { remaining },

@@ -303,7 +303,7 @@ impl Store for RedlockStore {
                     let valid_until = started + ttl - self.drift(ttl);
                     let lease = RedlockLease::new(self.clone(), key, token, ttl, valid_until);
                     return Ok(Acquire::Acquired {
-                        fencing: token_value,
+                        fencing: Some(token_value),
                         lease: Box::new(lease),
                     });
                 }

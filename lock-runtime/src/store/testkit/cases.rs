@@ -127,10 +127,12 @@ pub async fn an_expired_lease_is_free_and_stale(store: &Clients) {
     let key = unique_key("contract");
     let short = short_ttl(store.caps());
     let (mut stale, first) = granted(attempt(&store.a, &key, LockToken::random(), short).await);
+    let first = token_of(&*stale, first).await;
     // Expiry is the thing under test: sleeping past it is the point.
     tokio::time::sleep(short * 3).await;
     assert!(!stale.renew().await.unwrap(), "expired lease renewed");
     let (mut lease, second) = granted(attempt(&store.b, &key, LockToken::random(), TTL).await);
+    let second = token_of(&*lease, second).await;
     if store.caps().fencing.increasing {
         assert!(
             second > first,
@@ -212,10 +214,39 @@ pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
     for round in 0..20 {
         let client = if round % 2 == 0 { &store.a } else { &store.b };
         let (mut lease, next) = granted(attempt(client, &key, LockToken::random(), TTL).await);
+        let next = token_of(&*lease, next).await;
         assert!(next > last, "{last} then {next}");
         last = next;
         assert!(lease.release(Duration::ZERO).await.unwrap());
     }
+}
+
+/// A fencing token issued on demand ([`Lease::fencing_token`]) is the
+/// holder's alone: read after the grant it is still larger than the
+/// previous holder's (where the store promises that), and a lease that
+/// lost its key gets none. A store that issues every token with the grant
+/// keeps this trivially.
+pub async fn a_token_issued_on_demand_is_the_holders_alone(store: &Clients) {
+    let key = unique_key("contract");
+    let short = short_ttl(store.caps());
+    let (mut first, token) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    let first_token = token_of(&*first, token).await;
+    assert!(first.release(Duration::ZERO).await.unwrap());
+    let (stale, stale_token) = granted(attempt(&store.a, &key, LockToken::random(), short).await);
+    // Expiry is the thing under test: sleeping past it is the point.
+    tokio::time::sleep(short * 3).await;
+    let (mut next, next_token) = granted(attempt(&store.b, &key, LockToken::random(), TTL).await);
+    if stale_token.is_none() {
+        let issued = stale.fencing_token().await.unwrap();
+        assert_eq!(issued, None, "a lease that lost its key was issued a token");
+    }
+    // Read late, after a pause the grant did not see.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let next_token = token_of(&*next, next_token).await;
+    if store.caps().fencing.increasing {
+        assert!(next_token > first_token, "{first_token} then {next_token}");
+    }
+    assert!(next.release(Duration::ZERO).await.unwrap());
 }
 
 /// A watch made before a release reports it; one made when nothing is
@@ -247,7 +278,9 @@ pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
     let key = unique_key("contract");
     let old = LockToken::random();
     let (mut lease, first) = granted(attempt(&store.a, &key, old, TTL).await);
+    let first = token_of(&*lease, first).await;
     let second = moved(lease.hand_over().await.unwrap());
+    let second = token_of(&*lease, second).await;
     if store.caps().fencing.increasing {
         assert!(second > first, "{first} then {second}");
     }
@@ -367,6 +400,7 @@ pub async fn inspect_reports_the_holder(store: &Clients) {
     assert_eq!(store.b.inspect(&key).await.unwrap(), None, "never taken");
     let token = LockToken::random();
     let (mut lease, fencing) = granted(attempt(&store.a, &key, token, TTL).await);
+    let fencing = token_of(&*lease, fencing).await;
     for client in [&store.a, &store.b] {
         let info = client.inspect(&key).await.unwrap().expect("held");
         assert_eq!(info.token, Some(token), "{info:?}");
@@ -377,6 +411,7 @@ pub async fn inspect_reports_the_holder(store: &Clients) {
     }
     match lease.hand_over().await.unwrap() {
         HandOver::Moved { fencing: next } => {
+            let next = token_of(&*lease, next).await;
             let info = store.b.inspect(&key).await.unwrap().expect("held");
             assert_eq!(info.fencing, next, "{info:?}");
             let moved = info.token.expect("a token");
@@ -463,7 +498,9 @@ pub async fn each_permit_expires_renews_and_fences_alone(store: &Clients) {
     let request = AcquireRequest::new(&key, LockToken::random(), short, &loss).claiming(two);
     let sent = tokio::time::Instant::now();
     let (mut crashed, first) = granted(store.a.acquire(request).await.expect("acquire"));
+    let first = token_of(&*crashed, first).await;
     let (mut live, second) = granted(claim(&store.b, &key, two).await);
+    let second = token_of(&*live, second).await;
     if store.caps().fencing.increasing {
         assert!(second > first, "{first} then {second}");
     }
@@ -491,6 +528,7 @@ pub async fn each_permit_expires_renews_and_fences_alone(store: &Clients) {
     assert!(live.renew().await.unwrap(), "the live permit renews");
     assert!(!crashed.renew().await.unwrap(), "an expired permit renewed");
     let (mut next, third) = granted(claim(&store.a, &key, two).await);
+    let third = token_of(&*next, third).await;
     if store.caps().fencing.increasing {
         assert!(third > second, "{second} then {third}");
     }

@@ -259,18 +259,32 @@ async fn claim(store: &Arc<dyn Store>, key: &str, claim: Claim) -> Acquire {
 
 /// The new fencing token of a hand-over that moved the lease (nobody else
 /// waits in these tests, so a store that queues waiters hands over too).
-fn moved(handed: HandOver) -> u64 {
+fn moved(handed: HandOver) -> Option<u64> {
     match handed {
         HandOver::Moved { fencing } => fencing,
         other => panic!("not handed over: {other:?}"),
     }
 }
 
-/// The lease and fencing token of a granted attempt.
-fn granted(answer: Acquire) -> (Box<dyn Lease>, u64) {
+/// The lease and fencing token of a granted attempt (`None`: issued on
+/// demand, see [`token_of`]).
+fn granted(answer: Acquire) -> (Box<dyn Lease>, Option<u64>) {
     match answer {
         Acquire::Acquired { fencing, lease } => (lease, fencing),
         other => panic!("expected the lease, got {other:?}"),
+    }
+}
+
+/// The fencing token of a lease that holds its key: the one it was granted
+/// with, or one it issues now.
+async fn token_of(lease: &dyn Lease, granted: Option<u64>) -> u64 {
+    match granted {
+        Some(token) => token,
+        None => lease
+            .fencing_token()
+            .await
+            .expect("a token issued on demand")
+            .expect("a lease that holds its key gets a token"),
     }
 }
 

@@ -139,7 +139,7 @@ impl ZooKeeperStore {
             .insert(child.path.clone(), request.loss.clone());
         let lease = ZooKeeperLease::new(shared.clone(), request.token, child, request.ttl, sent_at);
         Ok(Some(Acquire::Acquired {
-            fencing,
+            fencing: Some(fencing),
             lease: Box::new(lease),
         }))
     }

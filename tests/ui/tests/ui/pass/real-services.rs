@@ -32,7 +32,7 @@ async fn job(Order { id, item: _ }: Order) -> Result<u64, AppError> {
 
 #[distributed_lock(keys = ["acct:{from}", "acct:{to}"], wait_timeout = "5s")]
 async fn transfer(from: u32, to: u32) -> Option<u64> {
-    fencing_token_for(&format!("acct:{from}"))
+    fencing_token_for(&format!("acct:{from}")).await.ok()
 }
 
 async fn calls() -> Result<(), AppError> {
