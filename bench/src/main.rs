@@ -11,6 +11,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
 //! cargo run --release --manifest-path bench/Cargo.toml -- --handoff lock-runtime,distributed-lock 200 3
+//! cargo run --release --manifest-path bench/Cargo.toml -- --scaling      # BENCHMARKS-scaling.svg
 //! ```
 //!
 //! Contenders:
@@ -66,6 +67,7 @@ mod floors;
 mod measure;
 mod processes;
 mod report;
+mod scaling;
 mod stores;
 mod system;
 mod wake;
@@ -79,6 +81,7 @@ use floors::*;
 use measure::*;
 use processes::*;
 use report::*;
+use scaling::*;
 use stores::*;
 use system::*;
 use wake::*;
@@ -353,6 +356,10 @@ async fn main() -> Result<(), Error> {
         return handoff_only(&args[1..]).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.first().map(String::as_str) == Some("--scaling") {
+        let only = args[1..].iter().find(|a| *a != "--quick");
+        return scaling(quick, only.map(String::as_str)).await;
+    }
     if args.first().map(String::as_str) == Some("--store") {
         // `--store postgres|mysql|etcd|zookeeper|claims [--quick]`: that store's
         // rows alone, printed, not written.

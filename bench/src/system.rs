@@ -13,31 +13,49 @@ pub(crate) fn proc_stat(pid: &str) -> Option<(u32, u64)> {
     Some((fields.get(1)?.parse().ok()?, ticks))
 }
 
-/// The CPU time (user and system) of every process started under this one
-/// (the store's servers), read from `/proc`.
-pub(crate) fn servers_cpu_time() -> Duration {
-    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+/// Every process started under this one (the store's servers, and theirs).
+fn descendants() -> Vec<u32> {
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name();
             let pid = name.to_str()?;
-            let (ppid, ticks) = proc_stat(pid)?;
-            Some((pid.parse().ok()?, ppid, ticks))
+            let (ppid, _) = proc_stat(pid)?;
+            Some((pid.parse().ok()?, ppid))
         })
         .collect();
-    let mut ours = vec![std::process::id()];
-    let mut ticks = 0;
-    while let Some(parent) = ours.pop() {
-        for &(pid, ppid, own) in &all {
+    let (mut found, mut parents) = (Vec::new(), vec![std::process::id()]);
+    while let Some(parent) = parents.pop() {
+        for &(pid, ppid) in &all {
             if ppid == parent {
-                ticks += own;
-                ours.push(pid);
+                found.push(pid);
+                parents.push(pid);
             }
         }
     }
+    found
+}
+
+/// The CPU time (user and system) of every process started under this one
+/// (the store's servers), read from `/proc`.
+pub(crate) fn servers_cpu_time() -> Duration {
+    let ticks: u64 = descendants()
+        .iter()
+        .filter_map(|pid| proc_stat(&pid.to_string()))
+        .map(|(_, ticks)| ticks)
+        .sum();
     Duration::from_millis(ticks * 10)
+}
+
+/// The resident memory of every process started under this one (the
+/// store's servers), in bytes.
+pub(crate) fn servers_rss_bytes() -> u64 {
+    descendants()
+        .iter()
+        .map(|pid| rss_of(&pid.to_string()))
+        .sum()
 }
 
 /// This process's CPU time so far: the sum over its threads of
@@ -56,7 +74,12 @@ pub(crate) fn cpu_time() -> Duration {
 }
 
 pub(crate) fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    rss_of("self")
+}
+
+/// The resident memory of process `pid` (or `self`), in bytes.
+fn rss_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
             status
