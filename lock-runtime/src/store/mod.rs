@@ -212,11 +212,11 @@ pub trait Lease: Send + Sync + fmt::Debug {
 
     /// Issues this lease's fencing token now, for a lease granted (or
     /// handed over) without one (`fencing: None`): a token larger than
-    /// every token issued for the key before, as
-    /// [`FencingPromise`] says, issued only
-    /// while this lease holds the key, in one step with checking that it
-    /// does. `Ok(None)` when it no longer does. The runtime asks at most
-    /// once per grant, the first time the holder reads its token. Takes
+    /// every token issued for the key before, as [`FencingPromise`] says,
+    /// issued only while this lease holds the key, in one step with
+    /// checking that it does. `Ok(None)` when it no longer does. The runtime asks once per
+    /// grant, the first time the holder reads its token (again only after
+    /// an ask that failed: a second token is larger, and as good). Takes
     /// `&self`, as [`renew`](Self::renew) does: a renewal may be in flight
     /// at the same time.
     ///
