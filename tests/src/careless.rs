@@ -33,6 +33,10 @@ impl Lease for CarelessLease {
             Ok(true)
         })
     }
+
+    fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        self.inner.fencing_token()
+    }
 }
 
 impl Store for Careless {

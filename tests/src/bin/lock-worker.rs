@@ -77,6 +77,25 @@ async fn transfer(
     Ok(())
 }
 
+/// The fencing token of the lock on `key` (the innermost when `None`) this
+/// task holds through the attribute, read as a careful body reads it:
+/// again while the store cannot be reached (Redis issues it at the first
+/// read). `None` once the lease is known lost: the body has no token to
+/// write with, and stops.
+async fn token_of(key: Option<&str>) -> Option<u64> {
+    loop {
+        let read = match key {
+            Some(key) => fencing_token_for(key).await,
+            None => fencing_token().await,
+        };
+        match read {
+            Ok(token) => return Some(token),
+            Err(LockError::Store { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(_) => return None,
+        }
+    }
+}
+
 async fn hold(hold: Duration) {
     println!(
         "acquired fencing={} at_ms={}",
@@ -194,7 +213,9 @@ async fn chaos_section(
     key: &str,
     entry: &std::sync::Mutex<Option<String>>,
 ) -> redis::RedisResult<()> {
-    let token = fencing_token().await.unwrap_or(0);
+    let Some(token) = token_of(None).await else {
+        return Ok(());
+    };
     let id = entry_id();
     *entry.lock().expect("entry") = Some(id.clone());
     let active = enter(conn, &format!("chaos:{key}:inside"), &id).await?;
@@ -273,19 +294,26 @@ impl SoakBody<'_> {
     /// key includes the others'), but that its leases may be held since.
     async fn run(&self, keys: &[String]) {
         use lock_tests::history::now_us;
+        // Read before the body begins: one cancelled or lost on the way
+        // (a round trip on Redis) never began, and says nothing here.
+        let mut tokens = Vec::with_capacity(keys.len());
+        for key in keys {
+            match token_of(Some(key)).await {
+                Some(token) => tokens.push(token),
+                None => return,
+            }
+        }
         let start = now_us();
         *self.last.lock().expect("last") = start;
-        for key in keys {
+        for (key, token) in keys.iter().zip(tokens) {
             let asked = if keys.len() == 1 {
                 format!(" asked_us={}", self.asked)
             } else {
                 format!(" held_from_us={}", self.asked)
             };
             self.history.line(&format!(
-                "start key={key} holder={} claim={} fencing={}{asked} at_us={start}",
-                self.holder,
-                self.claim,
-                fencing_token_for(key).await.unwrap_or(0),
+                "start key={key} holder={} claim={} fencing={token}{asked} at_us={start}",
+                self.holder, self.claim,
             ));
         }
         // Said when the body stops, before the release: run to its end,
@@ -649,7 +677,7 @@ async fn main() -> Result<(), LockError> {
                 .await?;
             println!(
                 "acquired fencing={} at_ms={}",
-                guard.fencing_token().await.unwrap(),
+                guard.fencing_token().await?,
                 now_ms()
             );
             guard.release().await?;
@@ -860,7 +888,7 @@ async fn main() -> Result<(), LockError> {
             let guard = lock_runtime::registry()?.lock(&key, options).await?;
             println!(
                 "acquired fencing={} at_ms={}",
-                guard.fencing_token().await.unwrap(),
+                guard.fencing_token().await?,
                 now_ms()
             );
             guard.release().await?;

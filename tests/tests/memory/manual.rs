@@ -456,6 +456,10 @@ mod gated {
                 self.inner.release(linger).await
             })
         }
+
+        fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+            self.inner.fencing_token()
+        }
     }
 
     impl Store for GatedStore {

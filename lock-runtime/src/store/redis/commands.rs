@@ -125,7 +125,7 @@ where
     /// The tokens an exclusive grant asked to come with `asked` gets
     /// here: none with fencing off; with the grant in fair mode, whose
     /// grants are scripts anyway.
-    pub(super) fn tokens(&self, asked: Tokens) -> Tokens {
+    fn tokens(&self, asked: Tokens) -> Tokens {
         match asked {
             _ if self.fencing == Fencing::Off => Tokens::Unfenced,
             Tokens::OnDemand if self.fair.is_some() => Tokens::WithGrant,
@@ -455,14 +455,15 @@ where
         on_demand: bool,
     ) -> Result<HandOver, StoreError> {
         let call = match self.fair {
-            None if on_demand => self
+            // A counter life of 0: the lease moves without a new token.
+            None => self
                 .with_keys(&scripts::HAND_OVER, lock)
                 .arg(&token.hex()[..])
                 .arg(millis(ttl))
-                .arg(0)
-                .arg(&next.hex()[..]),
-            None => self
-                .fenced(&scripts::HAND_OVER, lock, token, ttl)
+                .arg(match on_demand {
+                    true => 0,
+                    false => self.fencing.counter_life(ttl),
+                })
                 .arg(&next.hex()[..]),
             // Handed over only while no other process waits in the queue.
             Some(grant_timeout) => self
