@@ -226,7 +226,8 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// gets none.
     ///
     /// The default, for a store that issues every token with its grant, is
-    /// never called: it answers a misuse error.
+    /// never called: it answers a misuse error. A store that wraps another
+    /// store's leases forwards this, as it forwards [`renew`](Self::renew).
     fn fencing_token(&self) -> Reply<'_, Option<u64>> {
         Reply::ready(Err(StoreError::misuse(
             "this store issues fencing tokens with the grant, not on demand",
