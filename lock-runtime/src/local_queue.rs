@@ -6,12 +6,13 @@
 //! A queue nobody is in stays for its key's next lock until the map has
 //! doubled, so a key locked again costs one lookup and no allocation.
 //!
-//! A holder that releases while other tasks of its process queue behind it
-//! asks the store to move the lease to a new token ([`Lease::hand_over`]),
-//! one round trip instead of a release and an acquire, and leaves the
-//! [`Grant`] for the next task, which takes it up at the front of the queue.
-//! At most [`MAX_HAND_OVERS`] in a row, so other processes get their turn.
-//! A grant left behind for a waiter that went away is released.
+//! A holder (of the key, or of one of a semaphore's permits) that releases
+//! while other tasks of its process queue behind it asks the store to move
+//! the lease to a new token ([`Lease::hand_over`]), one round trip instead
+//! of a release and an acquire, and leaves the [`Grant`] for the next task,
+//! which takes it up at the front of the queue. At most [`MAX_HAND_OVERS`]
+//! in a row, so other processes get their turn. A grant left behind for a
+//! waiter that went away is released.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -251,9 +252,10 @@ struct KeyQueue {
     users: AtomicUsize,
     /// The turns: `width` permits, taken by the front of the queue.
     turn: Semaphore,
-    /// A lease handed over for the next holder, until it takes it up.
-    handed: Mutex<Option<Grant>>,
-    /// Whether `handed` holds one: set under its lock, read without.
+    /// The leases handed over for the next holders, until they take them
+    /// up: at most one per turn (`width`).
+    handed: Mutex<Vec<Grant>>,
+    /// Whether `handed` holds any: set under its lock, read without.
     has_handed: AtomicBool,
     /// Set while the map takes the queue out (a sweep, or a claim of
     /// another width taking the key over), and for good once it has: a
@@ -271,7 +273,7 @@ impl KeyQueue {
             width,
             users: AtomicUsize::new(0),
             turn: Semaphore::new(width as usize),
-            handed: Mutex::new(None),
+            handed: Mutex::new(Vec::new()),
             has_handed: AtomicBool::new(false),
             retired: AtomicBool::new(false),
         }
@@ -301,15 +303,15 @@ impl KeyQueue {
         false
     }
 
-    fn handed(&self) -> MutexGuard<'_, Option<Grant>> {
-        // Only `take` and `replace`: consistent after a panic.
+    fn handed(&self) -> MutexGuard<'_, Vec<Grant>> {
+        // Only `push` and `pop`: consistent after a panic.
         self.handed
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// A user leaves the queue; the last one releases a lease handed
-    /// over to a waiter that went away. The queue stays in the map, idle,
+    /// A user leaves the queue; the last one releases the leases handed
+    /// over to waiters that went away. The queue stays in the map, idle,
     /// for the next lock of its key (see [`Queues::sweep`]).
     fn leave(&self) {
         // No lock: a sweep takes out only queues nobody is in, and a user
@@ -317,32 +319,59 @@ impl KeyQueue {
         if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        // Rather than let it block other processes until its ttl.
-        if let Some(mut handed) = self.take_handed()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move {
-                let _ = handed.lease.release(Duration::ZERO).await;
-            });
+        while let Some(handed) = self.take_handed() {
+            release_in_background(handed);
+        }
+    }
+
+    /// After a hand-over, or a waiter leaving without its turn: a lease
+    /// handed over that no waiter can take up (a turn is free, so none is
+    /// queued for it) is released, rather than kept from other processes
+    /// until the queue empties (a semaphore's other holders may keep it in
+    /// use). A turn freed at that moment by another holder's release can
+    /// make it take a grant whose waiter has its turn already: that waiter
+    /// then asks the store itself, a round trip more.
+    fn release_stranded(&self) {
+        if !self.has_handed.load(Ordering::Acquire) {
+            return;
+        }
+        // Holding a free turn while it looks: a grant found then is
+        // nobody's.
+        let Ok(_turn) = self.turn.try_acquire() else {
+            return;
+        };
+        if let Some(handed) = self.take_handed() {
+            release_in_background(handed);
         }
     }
 
     /// Leaves `grant` for the next turn.
     fn put_handed(&self, grant: Grant) {
         let mut handed = self.handed();
-        *handed = Some(grant);
+        handed.push(grant);
         self.has_handed.store(true, Ordering::Release);
     }
 
-    /// The grant the last turn left, if any; the common case (none) takes
+    /// A grant an earlier turn left, if any; the common case (none) takes
     /// no lock.
     fn take_handed(&self) -> Option<Grant> {
         if !self.has_handed.load(Ordering::Acquire) {
             return None;
         }
         let mut handed = self.handed();
-        self.has_handed.store(false, Ordering::Relaxed);
-        handed.take()
+        let grant = handed.pop();
+        self.has_handed.store(!handed.is_empty(), Ordering::Relaxed);
+        grant
+    }
+}
+
+/// Releases a grant nobody takes up, rather than let it keep other
+/// processes out until its ttl.
+fn release_in_background(mut grant: Grant) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            let _ = grant.lease.release(Duration::ZERO).await;
+        });
     }
 }
 
@@ -390,7 +419,11 @@ impl QueueMember {
 
 impl Drop for QueueMember {
     fn drop(&mut self) {
-        self.leave();
+        // Still in the queue: a member that never had its turn (a turn's
+        // member has left by now).
+        if let Some(queue) = self.leave() {
+            queue.release_stranded();
+        }
     }
 }
 
@@ -436,13 +469,13 @@ impl LocalTurn {
         }
     }
 
-    /// Whether other tasks of this process wait behind this turn, one
-    /// of them for this holder's lease: the turn is the key's only one (an
-    /// exclusive claim's), so a hand-over can go to the next.
+    /// Whether other tasks of this process wait behind this turn (more
+    /// are in the queue than it has turns), one of whom a hand-over can
+    /// go to.
     pub(crate) fn has_waiters(&self) -> bool {
         self.member().is_some_and(|member| {
             let queue = member.queue();
-            queue.width == 1 && queue.users.load(Ordering::Relaxed) > 1
+            queue.users.load(Ordering::Relaxed) > queue.width as usize
         })
     }
 
@@ -460,7 +493,7 @@ impl LocalTurn {
     /// released by the store instead), the turn is given up, and the lease
     /// dropped unless it was moved.
     pub(crate) async fn hand_over(
-        self,
+        mut self,
         Grant {
             mut lease,
             loss,
@@ -490,6 +523,14 @@ impl LocalTurn {
             started_at,
             chain: chain + 1,
         });
+        // The turn goes to the next waiter, unless the one this was for
+        // gave up while the store moved the lease and none is left.
+        if let LocalTurn::Queued(member) = &mut self
+            && let Some(queue) = member.leave()
+        {
+            queue.turn.add_permits(1);
+            queue.release_stranded();
+        }
         Ok(handed)
     }
 }

@@ -196,6 +196,10 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// [`HandOver::Released`] when the store released it instead (a store
     /// that queues waiters, whose turn it is).
     ///
+    /// Asked of exclusive leases and of semaphore permits, never of
+    /// shares. A permit moves within the key's holders: the key stays as
+    /// full as it was, and nobody waiting for a place is granted one.
+    ///
     /// The default, for a store that cannot move a lease, releases it
     /// ([`HandOver::Released`], or [`HandOver::Lost`] when it was no longer
     /// ours): the next holder then acquires as usual, in more round trips.

@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use lock_runtime::store::{
+    Acquire, AcquireRequest, Capabilities, HandOver, Lease, LeaseInfo, LockToken, ReleaseWatch,
+    Reply, Store,
+};
 use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock};
 use lock_tests::unique_key;
-use tokio::sync::Barrier;
+use tokio::sync::{Barrier, Notify};
 
 /// How many bodies are inside, and the most ever seen at once.
 #[derive(Default)]
@@ -260,70 +264,122 @@ async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
     lock_tests::scenarios::hold_at_least_ends_on_time(&a, &b).await;
 }
 
-/// The memory store, counting the acquires that reach it.
-#[derive(Debug, Default)]
+/// The memory store, counting the acquires and hand-overs that reach it;
+/// with a gate, each hand-over waits there until let through.
+#[derive(Debug, Default, Clone)]
 struct CountingStore {
     inner: lock_runtime::MemoryStore,
     acquires: Arc<AtomicUsize>,
+    hand_overs: Arc<AtomicUsize>,
+    gate: Option<Arc<HandOverGate>>,
 }
 
-impl lock_runtime::store::Store for CountingStore {
-    fn capabilities(&self) -> &lock_runtime::store::Capabilities {
+/// Where a hand-over waits: `reached` is told when one arrives, `open`
+/// lets it through.
+#[derive(Debug, Default)]
+struct HandOverGate {
+    reached: Notify,
+    open: Notify,
+}
+
+/// A memory store lease whose hand-overs are counted (and gated).
+#[derive(Debug)]
+struct CountingLease {
+    inner: Box<dyn Lease>,
+    hand_overs: Arc<AtomicUsize>,
+    gate: Option<Arc<HandOverGate>>,
+}
+
+impl Lease for CountingLease {
+    fn renew(&self) -> Reply<'_, bool> {
+        self.inner.renew()
+    }
+
+    fn release(&mut self, linger: Duration) -> Reply<'_, bool> {
+        self.inner.release(linger)
+    }
+
+    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+        Reply::new(async move {
+            if let Some(gate) = &self.gate {
+                gate.reached.notify_one();
+                gate.open.notified().await;
+            }
+            self.hand_overs.fetch_add(1, Ordering::SeqCst);
+            self.inner.hand_over().await
+        })
+    }
+
+    fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        self.inner.fencing_token()
+    }
+}
+
+impl Store for CountingStore {
+    fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        request: lock_runtime::store::AcquireRequest<'a>,
-    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::Acquire> {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(request)
+        Reply::new(async move {
+            Ok(match self.inner.acquire(request).await? {
+                Acquire::Acquired { fencing, lease } => Acquire::Acquired {
+                    fencing,
+                    lease: Box::new(CountingLease {
+                        inner: lease,
+                        hand_overs: self.hand_overs.clone(),
+                        gate: self.gate.clone(),
+                    }),
+                },
+                other => other,
+            })
+        })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: lock_runtime::store::LockToken,
-    ) -> lock_runtime::store::Reply<'a, bool> {
+    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
         self.inner.abandon(key, token)
     }
 
-    fn watch<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::ReleaseWatch> {
+    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
         self.inner.watch(key)
     }
 
-    fn force_release<'a>(&'a self, key: &'a str) -> lock_runtime::store::Reply<'a, bool> {
+    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         self.inner.force_release(key)
     }
 
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> lock_runtime::store::Reply<'a, Option<lock_runtime::store::LeaseInfo>> {
+    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         self.inner.inspect(key)
     }
 }
 
 /// Tasks of one process queue in the process for a semaphore's permits,
 /// as they do for a mutex: no more of them ask the store at a time than it
-/// has permits, and each waiter asks it once, when a holder of this
-/// process has let a permit go.
+/// has permits, and a holder that leaves while others wait hands its
+/// permit to the next in the store's one round trip, so the waiters never
+/// ask the store themselves.
 #[tokio::test]
-async fn a_semaphores_waiters_in_one_process_queue_in_the_process() {
+async fn a_semaphores_waiters_in_one_process_queue_there_for_permits_handed_over() {
     let store = CountingStore::default();
-    let acquires = store.acquires.clone();
+    let (acquires, hand_overs) = (store.acquires.clone(), store.hand_overs.clone());
     let locks = LockRegistry::new(store);
     let k = unique_key("queued-permits");
     let opts = LockOptions::default().permits(2);
     let first = locks.lock(&k, opts.clone()).await.unwrap();
     let second = locks.lock(&k, opts.clone()).await.unwrap();
+    let mut tokens = vec![
+        first.fencing_token().await.unwrap(),
+        second.fencing_token().await.unwrap(),
+    ];
     let waiters: Vec<_> = (0..4)
         .map(|_| {
             let (locks, k, opts) = (locks.clone(), k.clone(), opts.clone());
-            tokio::spawn(async move { locks.lock(&k, opts).await?.release().await })
+            tokio::spawn(async move {
+                let guard = locks.lock(&k, opts).await?;
+                let token = guard.fencing_token().await?;
+                guard.release().await.map(|()| token)
+            })
         })
         .collect();
     // Polled: nothing signals that a task joined the queue.
@@ -343,12 +399,62 @@ async fn a_semaphores_waiters_in_one_process_queue_in_the_process() {
     first.release().await.unwrap();
     second.release().await.unwrap();
     for waiter in waiters {
-        waiter.await.unwrap().unwrap();
+        tokens.push(waiter.await.unwrap().unwrap());
     }
     assert_eq!(
-        acquires.load(Ordering::SeqCst),
-        6,
-        "each waiter asked the store once, when its turn came"
+        (
+            acquires.load(Ordering::SeqCst),
+            hand_overs.load(Ordering::SeqCst)
+        ),
+        (2, 4),
+        "each waiter took up a permit handed over, and asked the store for none"
     );
+    let mut distinct = tokens.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "a fencing token each: {tokens:?}");
     assert_eq!(locks.local_keys(), 0);
+    assert_eq!(locks.inspect(&k).await.unwrap(), None, "all released");
+}
+
+/// A permit handed over for a waiter that gave up meanwhile, while the
+/// semaphore's other holder keeps the key in use in this process, is
+/// released at once: another process gets the place without waiting for
+/// that holder to leave, or for the permit's ttl.
+#[tokio::test(start_paused = true)]
+async fn a_permit_handed_over_to_a_waiter_that_gave_up_is_released() {
+    let gate = Arc::new(HandOverGate::default());
+    let store = CountingStore {
+        gate: Some(gate.clone()),
+        ..CountingStore::default()
+    };
+    let (locks, elsewhere) = (LockRegistry::new(store.clone()), LockRegistry::new(store));
+    let k = unique_key("stranded-permit");
+    let opts = LockOptions::default().permits(2);
+    let first = locks.lock(&k, opts.clone()).await.unwrap();
+    let second = locks.lock(&k, opts.clone()).await.unwrap();
+    let waiter = {
+        let (locks, k) = (locks.clone(), k.clone());
+        let opts = opts.clone().wait_timeout(Duration::from_secs(1));
+        tokio::spawn(async move { locks.lock(&k, opts).await.map(drop) })
+    };
+    while locks.local_queue_len(&k) < 3 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The first holder hands its permit over to the waiter; the hand-over
+    // waits at the gate until the waiter has given up.
+    let release = tokio::spawn(first.release());
+    gate.reached.notified().await;
+    let gave_up = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(gave_up, LockError::Timeout { .. }), "{gave_up:?}");
+    gate.open.notify_one();
+    release.await.unwrap().unwrap();
+    // Released in the background: the other process's waiter is told.
+    let other = elsewhere
+        .lock(&k, opts.clone().wait_timeout(Duration::from_secs(5)))
+        .await
+        .expect("the permit nobody took up is released");
+    other.release().await.unwrap();
+    second.release().await.unwrap();
+    assert_eq!(locks.inspect(&k).await.unwrap(), None, "all released");
 }

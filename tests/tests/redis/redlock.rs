@@ -35,6 +35,7 @@ store_contract!(
         a_forced_release_is_pushed_to_the_holder,
         shares_hold_together_and_an_exclusive_claim_alone,
         a_semaphore_admits_up_to_its_limit,
+        a_handed_over_permit_keeps_its_place,
         each_permit_expires_renews_and_fences_alone,
         a_forced_release_frees_every_share,
         a_waiting_exclusive_claim_stops_new_shares,

@@ -446,15 +446,39 @@ where
 
     /// Moves `token`'s lease on `lock` to `next`: with a new fencing token
     /// unless the lease's tokens are issued `on_demand` (the next holder's
-    /// then is, too).
+    /// then is, too). A permit (not `exclusive`) moves within the key's
+    /// holders; in fair mode it is released instead, so that the store's
+    /// queue has its turn.
     pub(super) async fn hand_over(
         &self,
         lock: &[u8],
         (token, next): (LockToken, LockToken),
         ttl: Duration,
-        on_demand: bool,
+        (exclusive, on_demand): (bool, bool),
     ) -> Result<HandOver, StoreError> {
         let call = match self.fair {
+            _ if !exclusive => {
+                if self.fair.is_some() {
+                    let released = self.release(lock, token, Duration::ZERO, false, false);
+                    return Ok(match released.await? {
+                        true => HandOver::Released,
+                        false => HandOver::Lost,
+                    });
+                }
+                Call::new(
+                    &scripts::SHARE_HAND_OVER,
+                    &[
+                        lock,
+                        &suffixed(lock, b":fence"),
+                        &suffixed(lock, b":kind"),
+                        &suffixed(lock, b":tokens"),
+                    ],
+                )
+                .arg(&token.hex()[..])
+                .arg(millis(ttl))
+                .arg(self.fencing.counter_life(ttl))
+                .arg(&next.hex()[..])
+            }
             // A counter life of 0: the lease moves without a new token.
             None => self
                 .with_keys(&scripts::HAND_OVER, lock)

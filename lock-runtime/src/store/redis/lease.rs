@@ -58,7 +58,12 @@ where
             let next = LockToken::random();
             let handed = self
                 .commands
-                .hand_over(&self.lock, (self.token, next), self.ttl, self.on_demand)
+                .hand_over(
+                    &self.lock,
+                    (self.token, next),
+                    self.ttl,
+                    (self.exclusive, self.on_demand),
+                )
                 .await?;
             if let HandOver::Moved { .. } = handed {
                 self.token = next;

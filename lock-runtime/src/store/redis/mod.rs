@@ -52,9 +52,13 @@
 //! shares hold the key and that waits marks the key (`:writer`, kept while
 //! it keeps asking): new shares are refused until it is served, so readers
 //! cannot starve it; on a free key the mark is cut to 50 ms. A key serves
-//! one claim while held: another is an error naming both. In fair mode
-//! shares and permits queue with everyone else (see below) and no mark is
-//! needed.
+//! one claim while held: another is an error naming both. A permit whose
+//! holder leaves while another task of its process waits moves to that
+//! task's token in one script (its member of the set, its fencing token),
+//! as an exclusive lease does: the key stays full, and no other process's
+//! waiter is woken for it. In fair mode shares and permits queue with
+//! everyone else (see below) and no mark is needed; a permit is then
+//! released rather than handed over, so the queue has its turn.
 //!
 //! # Fair mode
 //!

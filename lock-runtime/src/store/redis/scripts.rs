@@ -23,6 +23,8 @@ pub(super) static RELEASE: Lazy<Script> = script!("waited.lua", "release.lua");
 pub(super) static MARK: Lazy<Script> = script!("waited.lua", "mark.lua");
 pub(super) static RELEASE_EXCLUSIVE: Lazy<Script> = script!("release_exclusive.lua");
 pub(super) static HAND_OVER: Lazy<Script> = script!("fence.lua", "waited.lua", "hand_over.lua");
+pub(super) static SHARE_HAND_OVER: Lazy<Script> =
+    script!("fence.lua", "shares.lua", "share_hand_over.lua");
 pub(super) static ISSUE: Lazy<Script> = script!("fence.lua", "waited.lua", "issue.lua");
 pub(super) static FORCE_RELEASE: Lazy<Script> = script!("force_release.lua");
 pub(super) static INSPECT: Lazy<Script> = script!("inspect.lua");
@@ -59,7 +61,7 @@ pub(super) async fn load<C: ConnectionLike + Clone>(conn: &C) {
 }
 
 /// Every script.
-fn all() -> [&'static Script; 15] {
+fn all() -> [&'static Script; 16] {
     [
         &ACQUIRE,
         &SHARE_ACQUIRE,
@@ -68,6 +70,7 @@ fn all() -> [&'static Script; 15] {
         &MARK,
         &RELEASE_EXCLUSIVE,
         &HAND_OVER,
+        &SHARE_HAND_OVER,
         &ISSUE,
         &FORCE_RELEASE,
         &INSPECT,

@@ -484,6 +484,49 @@ pub async fn a_semaphore_admits_up_to_its_limit(store: &Clients) {
     }
 }
 
+/// A permit handed over keeps its place among the key's holders: moved
+/// to a new token with a larger fencing token, the key still full (a
+/// further permit refused, the old token refused), the handle going on as
+/// the new holder until its release frees the place; or, from a store
+/// that does not move permits, released, the place free at once.
+pub async fn a_handed_over_permit_keeps_its_place(store: &Clients) {
+    store.needs("a_handed_over_permit_keeps_its_place").await;
+    let key = unique_key("contract");
+    let two = Claim::permits(NonZeroU32::new(2).unwrap());
+    let (old, loss) = (LockToken::random(), LossSignal::new());
+    let request = AcquireRequest::new(&key, old, TTL, &loss).claiming(two);
+    let (mut handed, first) = granted(store.a.acquire(request).await.expect("acquire"));
+    let first = token_of(&*handed, first).await;
+    let (mut other, second) = granted(claim(&store.b, &key, two).await);
+    let second = token_of(&*other, second).await;
+    refused(claim(&store.b, &key, two).await);
+    match handed.hand_over().await.unwrap() {
+        HandOver::Moved { fencing } => {
+            let moved = token_of(&*handed, fencing).await;
+            if store.caps().fencing.increasing {
+                assert!(moved > first.max(second), "{first}, {second}, then {moved}");
+            }
+            refused(claim(&store.b, &key, two).await);
+            assert!(
+                !store.a.abandon(&key, old).await.unwrap(),
+                "the old token still releases the handed-over permit"
+            );
+            refused(claim(&store.b, &key, two).await);
+            assert!(handed.renew().await.unwrap(), "the moved permit renews");
+            assert!(handed.release(Duration::ZERO).await.unwrap());
+        }
+        HandOver::Released => {
+            assert!(!handed.renew().await.unwrap(), "released, yet renewed");
+        }
+        HandOver::Lost => panic!("a held permit was lost in its hand-over"),
+    }
+    let (mut next, _) = granted(claim(&store.b, &key, two).await);
+    refused(claim(&store.a, &key, two).await);
+    assert!(next.release(Duration::ZERO).await.unwrap());
+    assert!(other.release(Duration::ZERO).await.unwrap());
+    assert_eq!(store.b.inspect(&key).await.unwrap(), None, "all released");
+}
+
 /// Each permit is a lease of its own: one not renewed expires alone and
 /// its place is taken, its handle then refused, while the other renews;
 /// fencing tokens rise with every grant; inspection counts the holders.

@@ -93,6 +93,7 @@ macro_rules! __contract_cases {
             the_capabilities_are_consistent,
             shares_hold_together_and_an_exclusive_claim_alone,
             a_semaphore_admits_up_to_its_limit,
+            a_handed_over_permit_keeps_its_place,
             each_permit_expires_renews_and_fences_alone,
             the_claim_rule_holds_for_every_pair,
             a_forced_release_frees_every_share,

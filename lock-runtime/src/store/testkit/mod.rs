@@ -109,7 +109,7 @@ impl Clients {
 pub const CASES: &[&str] = &__contract_cases!(names);
 
 /// The cases that check an ability a store may lack.
-pub const SKIPPABLE: [&str; 10] = [
+pub const SKIPPABLE: [&str; 11] = [
     "a_lingering_release_keeps_the_lease_that_long",
     "fencing_tokens_increase_across_holders",
     "a_hand_over_moves_the_lease_to_a_new_token",
@@ -118,6 +118,7 @@ pub const SKIPPABLE: [&str; 10] = [
     "a_semaphore_admits_up_to_its_limit",
     "a_watch_fires_on_release_and_only_then",
     "each_permit_expires_renews_and_fences_alone",
+    "a_handed_over_permit_keeps_its_place",
     "a_forced_release_frees_every_share",
     "a_waiting_exclusive_claim_stops_new_shares",
 ];
@@ -132,9 +133,9 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "fencing_tokens_increase_across_holders" => caps.fencing.increasing,
         "a_forced_release_is_pushed_to_the_holder" => caps.pushes_loss,
         "shares_hold_together_and_an_exclusive_claim_alone" => caps.shares,
-        "a_semaphore_admits_up_to_its_limit" | "each_permit_expires_renews_and_fences_alone" => {
-            caps.permits
-        }
+        "a_semaphore_admits_up_to_its_limit"
+        | "each_permit_expires_renews_and_fences_alone"
+        | "a_handed_over_permit_keeps_its_place" => caps.permits,
         "a_forced_release_frees_every_share" | "a_waiting_exclusive_claim_stops_new_shares" => {
             caps.shares
         }
