@@ -440,19 +440,26 @@ pub(crate) enum LocalTurn {
 
 impl Drop for LocalTurn {
     fn drop(&mut self) {
-        // Leaves before the next local waiter goes ahead, so the new
-        // holder's `has_waiters` counts only real waiters, not this turn
-        // (it would hand its lease over to nobody). The turn goes back
-        // also when nobody waits: the queue stays for the key's next lock.
-        if let LocalTurn::Queued(member) = self
-            && let Some(queue) = member.leave()
-        {
-            queue.turn.add_permits(1);
-        }
+        self.give_up();
     }
 }
 
 impl LocalTurn {
+    /// Leaves the queue and gives the turn back; the queue, unless the
+    /// turn was given up already (or is outside every queue).
+    fn give_up(&mut self) -> Option<Arc<KeyQueue>> {
+        // Leaves before the next local waiter goes ahead, so the new
+        // holder's `has_waiters` counts only real waiters, not this turn
+        // (it would hand its lease over to nobody). The turn goes back
+        // also when nobody waits: the queue stays for the key's next lock.
+        let LocalTurn::Queued(member) = self else {
+            return None;
+        };
+        let queue = member.leave()?;
+        queue.turn.add_permits(1);
+        Some(queue)
+    }
+
     /// The queue this turn is at the front of, if any.
     fn member(&self) -> Option<&QueueMember> {
         match self {
@@ -525,10 +532,7 @@ impl LocalTurn {
         });
         // The turn goes to the next waiter, unless the one this was for
         // gave up while the store moved the lease and none is left.
-        if let LocalTurn::Queued(member) = &mut self
-            && let Some(queue) = member.leave()
-        {
-            queue.turn.add_permits(1);
+        if let Some(queue) = self.give_up() {
             queue.release_stranded();
         }
         Ok(handed)

@@ -456,31 +456,30 @@ where
         ttl: Duration,
         (exclusive, on_demand): (bool, bool),
     ) -> Result<HandOver, StoreError> {
-        let call = match self.fair {
-            _ if !exclusive => {
-                if self.fair.is_some() {
-                    let released = self.release(lock, token, Duration::ZERO, false, false);
-                    return Ok(match released.await? {
-                        true => HandOver::Released,
-                        false => HandOver::Lost,
-                    });
-                }
-                Call::new(
-                    &scripts::SHARE_HAND_OVER,
-                    &[
-                        lock,
-                        &suffixed(lock, b":fence"),
-                        &suffixed(lock, b":kind"),
-                        &suffixed(lock, b":tokens"),
-                    ],
-                )
-                .arg(&token.hex()[..])
-                .arg(millis(ttl))
-                .arg(self.fencing.counter_life(ttl))
-                .arg(&next.hex()[..])
+        let call = match (exclusive, self.fair) {
+            // Fair mode: the store's queue has its turn.
+            (false, Some(_)) => {
+                let released = self.release(lock, token, Duration::ZERO, false, false);
+                return Ok(match released.await? {
+                    true => HandOver::Released,
+                    false => HandOver::Lost,
+                });
             }
+            (false, None) => Call::new(
+                &scripts::SHARE_HAND_OVER,
+                &[
+                    lock,
+                    &suffixed(lock, b":fence"),
+                    &suffixed(lock, b":kind"),
+                    &suffixed(lock, b":tokens"),
+                ],
+            )
+            .arg(&token.hex()[..])
+            .arg(millis(ttl))
+            .arg(self.fencing.counter_life(ttl))
+            .arg(&next.hex()[..]),
             // A counter life of 0: the lease moves without a new token.
-            None => self
+            (true, None) => self
                 .with_keys(&scripts::HAND_OVER, lock)
                 .arg(&token.hex()[..])
                 .arg(millis(ttl))
@@ -490,7 +489,7 @@ where
                 })
                 .arg(&next.hex()[..]),
             // Handed over only while no other process waits in the queue.
-            Some(grant_timeout) => self
+            (true, Some(grant_timeout)) => self
                 .fenced(&scripts::FAIR_HAND_OVER, lock, token, ttl)
                 .arg(&next.hex()[..])
                 .arg(suffixed(lock, b":released"))
