@@ -483,8 +483,7 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The holder's fencing token (0 from a store without fencing). Where
     /// the store issues tokens when the holder first reads them (Redis's
-    /// default lock), the last one issued for the key: the holder's once
-    /// it has read it.
+    /// default lock), 0 until the holder has read one.
     pub fencing_token: u64,
     /// Whether a task of this process holds it (through any registry).
     pub held_by_this_process: bool,

@@ -18,7 +18,7 @@ pub struct LeaseInfo {
     pub token: Option<LockToken>,
     /// The holder's fencing token (0 from a store without fencing). A
     /// store that issues tokens on demand ([`Lease::fencing_token`]) gives
-    /// the last one issued for the key: the holder's once it has read it.
+    /// 0 until the holder has read one, never an earlier holder's.
     pub fencing: u64,
     /// How long the lease has left, when the store counts it (a session
     /// store does not: the lease lasts as long as the holder's session).

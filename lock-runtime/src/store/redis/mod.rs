@@ -118,7 +118,9 @@
 //! acquire or hand-over script), or one more than the key's last token if
 //! that is larger. The last token is kept in a counter next to the lock that
 //! expires with the lease ([`Fencing::ExpireAfter`] keeps it longer), so
-//! no per-key state is left once a key is free.
+//! no per-key state is left once a key is free. The counter also names the
+//! lease its token went to, so inspection reports a holder's own token, or
+//! none while the default lock's holder has not read one.
 //!
 //! **The promise:** tokens strictly increase per key, across holders,
 //! processes and lease expiry, **and after the server lost data** it was
@@ -407,18 +409,20 @@ where
             .await
     }
 
-    /// Raises `key`'s fencing counter to at least `floor`, kept for at least
-    /// `life`.
+    /// Raises `key`'s fencing counter to at least `floor`, issued to
+    /// `holder`, kept for at least `life`.
     pub(crate) async fn raise_fencing(
         &self,
         key: &str,
         floor: u64,
+        holder: LockToken,
         life: Duration,
     ) -> Result<(), StoreError> {
         let counter = suffixed(&lock_name(key), b":fence");
         let call = Call::new(&scripts::RAISE, &[&counter])
             .arg(floor)
-            .arg(millis(life));
+            .arg(millis(life))
+            .arg(&holder.hex()[..]);
         let _: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
         Ok(())
     }

@@ -297,7 +297,9 @@ impl Store for RedlockStore {
             if fencing.len() >= self.quorum() && validity.is_some_and(|v| !v.is_zero()) {
                 let token_value = fencing.iter().copied().max().unwrap_or(0);
                 let raised = self
-                    .on_all(limit, |node| node.raise_fencing(key, token_value, ttl))
+                    .on_all(limit, |node| {
+                        node.raise_fencing(key, token_value, token, ttl)
+                    })
                     .await;
                 if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
                     let valid_until = started + ttl - self.drift(ttl);

@@ -223,9 +223,10 @@ pub async fn fencing_tokens_increase_across_holders(store: &Clients) {
 
 /// A fencing token issued on demand ([`Lease::fencing_token`]) is the
 /// holder's alone: read after the grant it is still larger than the
-/// previous holder's (where the store promises that), and a lease that
-/// lost its key gets none. A store that issues every token with the grant
-/// keeps this trivially.
+/// previous holder's (where the store promises that), a lease that lost
+/// its key gets none, and inspection shows no token (0) for the holder
+/// until it reads one, never an earlier holder's. A store that issues
+/// every token with the grant keeps this trivially.
 pub async fn a_token_issued_on_demand_is_the_holders_alone(store: &Clients) {
     let key = unique_key("contract");
     let short = short_ttl(store.caps());
@@ -240,9 +241,20 @@ pub async fn a_token_issued_on_demand_is_the_holders_alone(store: &Clients) {
         let issued = stale.fencing_token().await.unwrap();
         assert_eq!(issued, None, "a lease that lost its key was issued a token");
     }
+    let unread = store.b.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(
+        unread.fencing,
+        next_token.unwrap_or(0),
+        "inspected before the holder read its token (the previous holder's was {first_token})"
+    );
     // Read late, after a pause the grant did not see.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let next_token = token_of(&*next, next_token).await;
+    let read = store.a.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(
+        read.fencing, next_token,
+        "inspected after the holder read its token"
+    );
     if store.caps().fencing.increasing {
         assert!(next_token > first_token, "{first_token} then {next_token}");
     }

@@ -13,12 +13,12 @@
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) end
   if ARGV[3] == '0' then return {1, 0} end
-  return {1, fence(KEYS[2], ARGV[3])}
+  return {1, fence(KEYS[2], ARGV[3], ARGV[1])}
 end
 local held = redis.pcall('GET', KEYS[1])
 if holds(held, ARGV[1]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('GET', KEYS[2]) or 0}
+  return {1, last_token(KEYS[2])}
 end
 if type(held) == 'table' then
   local served = redis.call('GET', KEYS[4])

@@ -16,7 +16,7 @@ if type(holder) == 'table' then
 end
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('GET', KEYS[2]) or 0}
+  return {1, last_token(KEYS[2])}
 end
 if not holder then
   local first = head(KEYS[3], KEYS[4])
@@ -27,7 +27,7 @@ if not holder then
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     if ARGV[3] == '0' then return {1, 0} end
-    return {1, fence(KEYS[2], ARGV[3])}
+    return {1, fence(KEYS[2], ARGV[3], ARGV[1])}
   end
 end
 if ARGV[4] == '1' then enqueue(ARGV[1], ARGV[3], tonumber(ARGV[5])) end

@@ -11,4 +11,4 @@ if head(KEYS[3], KEYS[4]) then
 end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[2])
 if ARGV[3] == '0' then return 0 end
-return fence(KEYS[2], ARGV[3])
+return fence(KEYS[2], ARGV[3], ARGV[4])

@@ -32,7 +32,7 @@ if room and (not first or first == ARGV[1]) then
     redis.call('HDEL', KEYS[4], first)
   end
   local fencing = '0'
-  if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3]) end
+  if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3], ARGV[1]) end
   add_holder(KEYS[1], KEYS[6], ARGV[1], now + ttl, fencing)
   stretch(KEYS[1], KEYS[5], KEYS[6], now, ARGV[6])
   return {1, fencing}

@@ -9,4 +9,4 @@ local next = ARGV[4]
 if held ~= ARGV[1] then next = next .. '~' end
 redis.call('SET', KEYS[1], next, 'PX', ARGV[2])
 if ARGV[3] == '0' then return 0 end
-return fence(KEYS[2], ARGV[3])
+return fence(KEYS[2], ARGV[3], ARGV[4])

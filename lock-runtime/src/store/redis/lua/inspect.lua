@@ -1,13 +1,17 @@
 -- KEYS: lock, counter, kind, tokens. Returns {token, pttl, fencing token,
 -- kind, holders}: the lock's holder, or for a sorted set of shares or
 -- permits the one whose lease ends first; an empty token when the lock is
--- free. Reads only.
+-- free. The fencing token is the holder's: '0' while a holder whose token
+-- is issued on demand has not read one (the counter names an earlier
+-- holder, see `fence.lua`). Reads only.
 local held = redis.pcall('GET', KEYS[1])
 if not held then return {'', -2, '0', '', 0} end
 if type(held) ~= 'table' then
   -- A waiter's mark (see `waited.lua`) is not part of the token.
   if string.byte(held, -1) == 126 then held = string.sub(held, 1, -2) end -- '~'
-  return {held, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', '', 1}
+  local fencing, by = string.match(redis.call('GET', KEYS[2]) or '', '^(%d+) (.*)$')
+  if by ~= held then fencing = '0' end
+  return {held, redis.call('PTTL', KEYS[1]), fencing, '', 1}
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)

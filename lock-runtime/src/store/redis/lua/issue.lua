@@ -7,4 +7,4 @@
 -- token.
 local held = redis.pcall('GET', KEYS[1])
 if not holds(held, ARGV[1]) then return false end
-return fence(KEYS[2], ARGV[2])
+return fence(KEYS[2], ARGV[2], ARGV[1])

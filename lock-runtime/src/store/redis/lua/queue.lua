@@ -39,7 +39,7 @@ local function grant(first, life, timeout, channel)
   redis.call('LPOP', KEYS[3])
   redis.call('HDEL', KEYS[4], first)
   redis.call('SET', KEYS[1], first, 'PX', timeout)
-  if life ~= '0' then fence(KEYS[2], life) end
+  if life ~= '0' then fence(KEYS[2], life, first) end
   redis.call('PUBLISH', channel, first)
 end
 -- After a release: the free key to an exclusive waiter at the head, or
@@ -65,7 +65,7 @@ local function grant_heads(timeout, channel)
     redis.call('LPOP', KEYS[3])
     redis.call('HDEL', KEYS[4], first)
     local fencing = '0'
-    if life ~= '0' then fencing = fence(KEYS[2], life) end
+    if life ~= '0' then fencing = fence(KEYS[2], life, first) end
     add_holder(KEYS[1], KEYS[6], first, now + tonumber(timeout), fencing)
     redis.call('PUBLISH', channel, first)
     granted = true

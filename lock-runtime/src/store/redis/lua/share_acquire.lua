@@ -39,7 +39,7 @@ elseif redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   return {0, tonumber(first[2]) - now}
 end
 local fencing = '0'
-if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3]) end
+if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3], ARGV[1]) end
 add_holder(KEYS[1], KEYS[4], ARGV[1], now + ttl, fencing)
 stretch(KEYS[1], KEYS[3], KEYS[4], now, ARGV[4])
 return {1, fencing}

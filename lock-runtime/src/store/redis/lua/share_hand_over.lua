@@ -11,7 +11,7 @@ if type(ends) ~= 'string' or tonumber(ends) <= now then return -1 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 local fencing = '0'
-if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3]) end
+if ARGV[3] ~= '0' then fencing = fence(KEYS[2], ARGV[3], ARGV[4]) end
 add_holder(KEYS[1], KEYS[4], ARGV[4], now + tonumber(ARGV[2]), fencing)
 stretch(KEYS[1], KEYS[3], KEYS[4], now)
 return fencing
