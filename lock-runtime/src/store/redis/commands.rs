@@ -111,14 +111,13 @@ where
     /// and in fair mode its queue, the queue's deadlines, and the kind and
     /// fencing tokens of shares or permits (which a release may grant).
     pub(super) fn with_keys<'s>(&self, script: &'s Script, lock: &[u8]) -> Call<'s> {
-        let counter = suffixed(lock, b":fence");
         if self.fair.is_none() {
-            return Call::new(script, &[lock, &counter]);
+            return Call::on_lock(script, lock, &[b":fence"]);
         }
-        let keys = [":queue", ":waiters", ":kind", ":tokens"].map(|s| suffixed(lock, s.as_bytes()));
-        Call::new(
+        Call::on_lock(
             script,
-            &[lock, &counter, &keys[0], &keys[1], &keys[2], &keys[3]],
+            lock,
+            &[b":fence", b":queue", b":waiters", b":kind", b":tokens"],
         )
     }
 
@@ -160,22 +159,14 @@ where
             return Ok(answer.map(|()| granted(0)));
         }
         let call = match self.fair {
-            None => Call::new(
-                &scripts::ACQUIRE,
-                &[
-                    lock,
-                    &suffixed(lock, b":fence"),
-                    &suffixed(lock, b":writer"),
-                    &suffixed(lock, b":kind"),
-                ],
-            )
-            .arg(&token.hex()[..])
-            .arg(millis(ttl))
-            .arg(match tokens {
-                Tokens::WithGrant => self.fencing.counter_life(ttl),
-                Tokens::Unfenced | Tokens::OnDemand => 0,
-            })
-            .arg(u8::from(waits) + u8::from(waits && marked)),
+            None => Call::on_lock(&scripts::ACQUIRE, lock, &[b":fence", b":writer", b":kind"])
+                .arg(&token.hex()[..])
+                .arg(millis(ttl))
+                .arg(match tokens {
+                    Tokens::WithGrant => self.fencing.counter_life(ttl),
+                    Tokens::Unfenced | Tokens::OnDemand => 0,
+                })
+                .arg(u8::from(waits) + u8::from(waits && marked)),
             Some(grant_timeout) => self
                 .fenced(&scripts::FAIR_ACQUIRE, lock, token, ttl)
                 .arg(u8::from(waits))
@@ -213,7 +204,7 @@ where
         token: LockToken,
         ttl: Duration,
     ) -> Result<Option<u64>, StoreError> {
-        let call = Call::new(&scripts::ISSUE, &[lock, &suffixed(lock, b":fence")])
+        let call = Call::on_lock(&scripts::ISSUE, lock, &[b":fence"])
             .arg(&token.hex()[..])
             .arg(self.fencing.counter_life(ttl));
         let issued: ::redis::Value = invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
@@ -311,15 +302,10 @@ where
     ) -> Result<Result<u64, Option<Duration>>, StoreError> {
         let asked = claim_name(claim);
         let call = match self.fair {
-            None => Call::new(
+            None => Call::on_lock(
                 &scripts::SHARE_ACQUIRE,
-                &[
-                    lock,
-                    &suffixed(lock, b":fence"),
-                    &suffixed(lock, b":kind"),
-                    &suffixed(lock, b":tokens"),
-                    &suffixed(lock, b":writer"),
-                ],
+                lock,
+                &[b":fence", b":kind", b":tokens", b":writer"],
             )
             .arg(&token.hex()[..])
             .arg(millis(ttl))
@@ -384,12 +370,9 @@ where
                 return Ok(true);
             }
         }
-        let call = Call::new(
-            &scripts::RENEW,
-            &[lock, &suffixed(lock, b":kind"), &suffixed(lock, b":tokens")],
-        )
-        .arg(&token.hex()[..])
-        .arg(millis(ttl));
+        let call = Call::on_lock(&scripts::RENEW, lock, &[b":kind", b":tokens"])
+            .arg(&token.hex()[..])
+            .arg(millis(ttl));
         let renewed: i64 = invoke(&self.conn, call, Retry::IfConnectionFailed).await?;
         Ok(renewed == 1)
     }
@@ -422,17 +405,10 @@ where
                 .arg(&hex[..])
                 .arg(millis(linger))
                 .arg(channel),
-            None => Call::new(
-                &scripts::RELEASE,
-                &[
-                    lock,
-                    &suffixed(lock, b":tokens"),
-                    &suffixed(lock, b":writer"),
-                ],
-            )
-            .arg(&hex[..])
-            .arg(millis(linger))
-            .arg(channel),
+            None => Call::on_lock(&scripts::RELEASE, lock, &[b":tokens", b":writer"])
+                .arg(&hex[..])
+                .arg(millis(linger))
+                .arg(channel),
             Some(grant_timeout) => self
                 .with_keys(&scripts::FAIR_RELEASE, lock)
                 .arg(&hex[..])
@@ -465,14 +441,10 @@ where
                     false => HandOver::Lost,
                 });
             }
-            (false, None) => Call::new(
+            (false, None) => Call::on_lock(
                 &scripts::SHARE_HAND_OVER,
-                &[
-                    lock,
-                    &suffixed(lock, b":fence"),
-                    &suffixed(lock, b":kind"),
-                    &suffixed(lock, b":tokens"),
-                ],
+                lock,
+                &[b":fence", b":kind", b":tokens"],
             )
             .arg(&token.hex()[..])
             .arg(millis(ttl))
@@ -603,6 +575,20 @@ impl<'s> Call<'s> {
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for key in keys {
             cmd.arg(*key);
+        }
+        Call { script, cmd }
+    }
+
+    /// A call whose keys are `lock` and its keys named by `suffixes`
+    /// (`:fence`, `:kind`, ...), in that order.
+    pub(super) fn on_lock(script: &'s Script, lock: &[u8], suffixes: &[&[u8]]) -> Self {
+        let mut cmd = ::redis::Cmd::with_capacity(8, 160);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1 + suffixes.len())
+            .arg(lock);
+        for suffix in suffixes {
+            cmd.arg(suffixed(lock, suffix));
         }
         Call { script, cmd }
     }

@@ -518,11 +518,8 @@ where
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Reply::new(async move {
             let lock = lock_name(key);
-            let call = Call::new(
-                &scripts::FORCE_RELEASE,
-                &[&lock, &suffixed(&lock, b":writer")],
-            )
-            .arg(suffixed(&lock, b":released"));
+            let call = Call::on_lock(&scripts::FORCE_RELEASE, &lock, &[b":writer"])
+                .arg(suffixed(&lock, b":released"));
             let deleted: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
             Ok(deleted == 1)
         })
@@ -531,15 +528,7 @@ where
     fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
         Reply::new(async move {
             let lock = lock_name(key);
-            let call = Call::new(
-                &scripts::INSPECT,
-                &[
-                    &lock,
-                    &suffixed(&lock, b":fence"),
-                    &suffixed(&lock, b":kind"),
-                    &suffixed(&lock, b":tokens"),
-                ],
-            );
+            let call = Call::on_lock(&scripts::INSPECT, &lock, &[b":fence", b":kind", b":tokens"]);
             let (token, pttl, fencing, kind, holders): (String, i64, String, String, usize) =
                 invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
             if token.is_empty() {
