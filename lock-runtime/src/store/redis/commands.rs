@@ -399,21 +399,23 @@ where
                 return Ok(true);
             }
         }
-        let channel = suffixed(lock, b":released");
         let call = match self.fair {
-            None if exclusive => Call::new(&scripts::RELEASE_EXCLUSIVE, &[lock])
-                .arg(&hex[..])
-                .arg(millis(linger))
-                .arg(channel),
+            None if exclusive => {
+                let call = Call::new(&scripts::RELEASE_EXCLUSIVE, &[lock]).arg(&hex[..]);
+                match linger.is_zero() {
+                    true => call,
+                    false => call.arg(millis(linger)),
+                }
+            }
             None => Call::on_lock(&scripts::RELEASE, lock, &[b":tokens", b":writer"])
                 .arg(&hex[..])
                 .arg(millis(linger))
-                .arg(channel),
+                .arg(suffixed(lock, b":released")),
             Some(grant_timeout) => self
                 .with_keys(&scripts::FAIR_RELEASE, lock)
                 .arg(&hex[..])
                 .arg(millis(linger))
-                .arg(channel)
+                .arg(suffixed(lock, b":released"))
                 .arg(millis(grant_timeout)),
         };
         let released: i64 = invoke(&self.conn, call, Retry::IfNeverSent).await?;
