@@ -99,10 +99,7 @@ fn expand(config: &Config, func: LockFn) -> syn::Result<TokenStream> {
     let renders: Vec<TokenStream> = config
         .keys
         .iter()
-        .map(|template| {
-            let format_args = template.format_args();
-            quote!(#krate::__private::render_key(#format_args))
-        })
+        .map(|template| template.render(krate))
         .collect();
     let options = options(config);
     let registry = Ident::new("__lock_registry", Span::mixed_site());

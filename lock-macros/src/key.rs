@@ -4,7 +4,7 @@
 //! `{self.field}` a field of the receiver. `{{` and `}}` are literal braces.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, quote};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::{Ident, LitStr};
 
 /// One piece of a key template.
@@ -39,6 +39,27 @@ impl KeyTemplate {
             Part::Param { root, .. } => Some(root.as_str()),
             Part::Lit(_) => None,
         })
+    }
+
+    /// The expression that renders this key for one call: the value of a
+    /// template that is one placeholder through `KeyArg` (borrowed when it
+    /// is text), else `render_key(format_args!(..))`.
+    pub(crate) fn render(&self, krate: &TokenStream) -> TokenStream {
+        match self.parts.as_slice() {
+            [Part::Param { root, fields }] => {
+                let span = self.lit.span();
+                let value = placeholder_expr(root, fields, span);
+                quote_spanned!(span=> {
+                    #[allow(unused_imports)]
+                    use #krate::__private::{KeyDisplay as _, KeyText as _};
+                    (&#krate::__private::KeyArg(&#value)).rendered()
+                })
+            }
+            _ => {
+                let format_args = self.format_args();
+                quote!(#krate::__private::render_key(#format_args))
+            }
+        }
     }
 
     /// Builds `::core::format_args!("order:{}", id)`.

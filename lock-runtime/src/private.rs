@@ -20,15 +20,17 @@ use crate::telemetry;
 const INLINE_KEY: usize = 120;
 
 /// A key rendered from its template for one call, kept in the call's own
-/// future: in place when it is short (no allocation), on the heap when
+/// future: borrowed when the template is one `&str` placeholder (or a
+/// literal), in place when it is short (no allocation), on the heap when
 /// not. The lock shares the key its local queue keeps, so a key locked
 /// before is not copied again.
 #[doc(hidden)]
-pub struct RenderedKey(Rendered);
+pub struct RenderedKey<'a>(Rendered<'a>);
 
-enum Rendered {
-    /// A template without placeholders.
-    Static(&'static str),
+enum Rendered<'a> {
+    /// A template without placeholders, or one whose only placeholder is
+    /// a `&str` (or `&String`): the text as it is.
+    Borrowed(&'a str),
     Inline(InlineKey),
     Heap(String),
 }
@@ -49,17 +51,17 @@ impl fmt::Write for InlineKey {
     }
 }
 
-impl fmt::Debug for RenderedKey {
+impl fmt::Debug for RenderedKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
-impl RenderedKey {
+impl RenderedKey<'_> {
     /// The key.
     pub fn as_str(&self) -> &str {
         match &self.0 {
-            Rendered::Static(key) => key,
+            Rendered::Borrowed(key) => key,
             // Written by `write_str` only, whole `str`s: always UTF-8.
             Rendered::Inline(inline) => {
                 std::str::from_utf8(&inline.bytes[..inline.len]).unwrap_or_default()
@@ -73,9 +75,9 @@ impl RenderedKey {
 /// A `Display` that fails leaves what it wrote so far, as `format!` would
 /// not (it panics).
 #[doc(hidden)]
-pub fn render_key(args: fmt::Arguments<'_>) -> RenderedKey {
+pub fn render_key(args: fmt::Arguments<'_>) -> RenderedKey<'static> {
     if let Some(key) = args.as_str() {
-        return RenderedKey(Rendered::Static(key));
+        return RenderedKey(Rendered::Borrowed(key));
     }
     let mut inline = InlineKey {
         len: 0,
@@ -87,6 +89,52 @@ pub fn render_key(args: fmt::Arguments<'_>) -> RenderedKey {
     let mut heap = String::with_capacity(2 * INLINE_KEY);
     let _ = fmt::Write::write_fmt(&mut heap, args);
     RenderedKey(Rendered::Heap(heap))
+}
+
+/// The value of a template that is one placeholder (`"{name}"`), for
+/// [`KeyText::rendered`] or [`KeyDisplay::rendered`]. The attribute calls
+/// `(&KeyArg(&value)).rendered()`: method lookup takes `KeyText` when the
+/// value is a `&str` or `&String` (its text is borrowed, not copied), and
+/// `KeyDisplay`, one auto-reference further, for any other `Display`.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct KeyArg<'r, T: ?Sized>(pub &'r T);
+
+/// A one-placeholder key whose value is text: borrowed.
+#[doc(hidden)]
+pub trait KeyText<'a> {
+    fn rendered(&self) -> RenderedKey<'a>;
+}
+
+impl<'a> KeyText<'a> for KeyArg<'_, &'a str> {
+    fn rendered(&self) -> RenderedKey<'a> {
+        RenderedKey(Rendered::Borrowed(self.0))
+    }
+}
+
+impl<'a> KeyText<'a> for KeyArg<'_, &'a String> {
+    fn rendered(&self) -> RenderedKey<'a> {
+        RenderedKey(Rendered::Borrowed(self.0.as_str()))
+    }
+}
+
+/// A one-placeholder key whose value is any other `Display`: rendered as
+/// `format!("{}", value)` would write it. (The bound is the method's, so a
+/// value that is not `Display` is reported as that.)
+#[doc(hidden)]
+pub trait KeyDisplay<T: ?Sized> {
+    fn rendered(&self) -> RenderedKey<'static>
+    where
+        T: fmt::Display;
+}
+
+impl<T: ?Sized> KeyDisplay<T> for &KeyArg<'_, T> {
+    fn rendered(&self) -> RenderedKey<'static>
+    where
+        T: fmt::Display,
+    {
+        render_key(format_args!("{}", self.0))
+    }
 }
 
 /// The attribute's arguments, by name: a literal duration made
@@ -201,7 +249,7 @@ pub fn registry_of(registry: &LockRegistry) -> LockRegistry {
 /// once more.)
 #[doc(hidden)]
 pub fn run_wait<F: Future>(
-    key: &RenderedKey,
+    key: &RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -213,7 +261,7 @@ pub fn run_wait<F: Future>(
 #[doc(hidden)]
 pub fn run_wait_in<'a, F: Future>(
     registry: &'a LockRegistry,
-    key: &'a RenderedKey,
+    key: &'a RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -224,7 +272,7 @@ pub fn run_wait_in<'a, F: Future>(
 /// Skip mode: one attempt; `Ok(None)` without running `body` when held.
 #[doc(hidden)]
 pub fn run_skip<F: Future>(
-    key: &RenderedKey,
+    key: &RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -236,7 +284,7 @@ pub fn run_skip<F: Future>(
 #[doc(hidden)]
 pub fn run_skip_in<'a, F: Future>(
     registry: &'a LockRegistry,
-    key: &'a RenderedKey,
+    key: &'a RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -247,7 +295,7 @@ pub fn run_skip_in<'a, F: Future>(
 /// Wait mode on `registry`, or on the global one.
 async fn wait_in<F: Future>(
     registry: Option<&LockRegistry>,
-    key: &RenderedKey,
+    key: &RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -263,7 +311,7 @@ async fn wait_in<F: Future>(
 /// Skip mode on `registry`, or on the global one.
 async fn skip_in<F: Future>(
     registry: Option<&LockRegistry>,
-    key: &RenderedKey,
+    key: &RenderedKey<'_>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -281,7 +329,7 @@ async fn skip_in<F: Future>(
 #[inline]
 fn prepare<'a>(
     registry: Option<&'a LockRegistry>,
-    key: &'a RenderedKey,
+    key: &'a RenderedKey<'_>,
     spec: Spec,
     mode: Mode,
 ) -> Result<(&'a LockRegistry, &'a str, LockOptions), LockError> {
@@ -304,7 +352,7 @@ fn registry_or_global(registry: Option<&LockRegistry>) -> Result<&LockRegistry, 
 #[doc(hidden)]
 pub async fn run_wait_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<RenderedKey>,
+    keys: Vec<RenderedKey<'_>>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -325,7 +373,7 @@ pub async fn run_wait_all<F: Future>(
 #[doc(hidden)]
 pub async fn run_skip_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<RenderedKey>,
+    keys: Vec<RenderedKey<'_>>,
     spec: Spec,
     failed: fn(&F::Output) -> bool,
     body: F,
@@ -337,7 +385,7 @@ pub async fn run_skip_all<F: Future>(
 /// lease (cancelled when any is lost), releases what it took.
 async fn run_all<F: Future>(
     registry: Option<&LockRegistry>,
-    keys: Vec<RenderedKey>,
+    keys: Vec<RenderedKey<'_>>,
     spec: Spec,
     mode: Mode,
     failed: fn(&F::Output) -> bool,
@@ -416,7 +464,7 @@ async fn run_guarded<F: Future>(
 mod tests {
     use std::fmt;
 
-    use super::{INLINE_KEY, Rendered, render_key};
+    use super::{INLINE_KEY, KeyArg, KeyDisplay, KeyText, Rendered, render_key};
 
     /// A `Display` that writes `ok` and then fails.
     struct Failing;
@@ -428,10 +476,37 @@ mod tests {
         }
     }
 
+    /// What the attribute emits for a one-placeholder template.
+    fn one_placeholder<T: fmt::Display>(value: &T) -> String {
+        (&KeyArg(value)).rendered().as_str().to_owned()
+    }
+
+    #[test]
+    #[allow(clippy::needless_borrow, reason = "the form the attribute emits")]
+    fn a_one_placeholder_key_borrows_text_and_renders_anything_else() {
+        let text = "stock:7";
+        let owned = String::from("stock:8");
+        let owned_ref = &owned;
+        let id = 42u64;
+        let by_str = (&KeyArg(&text)).rendered();
+        assert!(matches!(by_str.0, Rendered::Borrowed("stock:7")));
+        let by_string = (&KeyArg(&owned_ref)).rendered();
+        assert!(matches!(by_string.0, Rendered::Borrowed("stock:8")));
+        let by_number = (&KeyArg(&id)).rendered();
+        assert!(matches!(by_number.0, Rendered::Inline(_)));
+        assert_eq!(by_number.as_str(), "42");
+        // Through a generic `Display`, text is rendered like anything else.
+        assert_eq!(one_placeholder(&text), "stock:7");
+        assert_eq!(
+            one_placeholder(&"x".repeat(INLINE_KEY + 1)).len(),
+            INLINE_KEY + 1
+        );
+    }
+
     #[test]
     fn a_key_is_rendered_in_place_when_short_and_on_the_heap_when_not() {
         let fixed = render_key(format_args!("stock:all"));
-        assert!(matches!(fixed.0, Rendered::Static("stock:all")));
+        assert!(matches!(fixed.0, Rendered::Borrowed("stock:all")));
         let id = 42;
         let short = render_key(format_args!("stock:{id}:ü"));
         assert!(matches!(short.0, Rendered::Inline(_)));
