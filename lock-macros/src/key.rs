@@ -52,7 +52,7 @@ impl KeyTemplate {
                 quote_spanned!(span=> {
                     #[allow(unused_imports)]
                     use #krate::__private::{KeyDisplay as _, KeyText as _};
-                    (&#krate::__private::KeyArg(&#value)).rendered()
+                    (&#krate::__private::KeyArg(&#value)).rendered_lock_key()
                 })
             }
             _ => {

@@ -91,11 +91,12 @@ pub fn render_key(args: fmt::Arguments<'_>) -> RenderedKey<'static> {
     RenderedKey(Rendered::Heap(heap))
 }
 
-/// The value of a template that is one placeholder (`"{name}"`), for
-/// [`KeyText::rendered`] or [`KeyDisplay::rendered`]. The attribute calls
-/// `(&KeyArg(&value)).rendered()`: method lookup takes `KeyText` when the
-/// value is a `&str` or `&String` (its text is borrowed, not copied), and
-/// `KeyDisplay`, one auto-reference further, for any other `Display`.
+/// The value of a template that is one placeholder (`"{name}"`). The
+/// attribute calls `(&KeyArg(&value)).rendered_lock_key()`: method lookup
+/// takes [`KeyText`] when the value is a `&str` or `&String` (its text is
+/// borrowed, not copied), and [`KeyDisplay`], one auto-reference further,
+/// for any other `Display`. (The method's name is one no user trait in
+/// scope is likely to share.)
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct KeyArg<'r, T: ?Sized>(pub &'r T);
@@ -103,17 +104,17 @@ pub struct KeyArg<'r, T: ?Sized>(pub &'r T);
 /// A one-placeholder key whose value is text: borrowed.
 #[doc(hidden)]
 pub trait KeyText<'a> {
-    fn rendered(&self) -> RenderedKey<'a>;
+    fn rendered_lock_key(&self) -> RenderedKey<'a>;
 }
 
 impl<'a> KeyText<'a> for KeyArg<'_, &'a str> {
-    fn rendered(&self) -> RenderedKey<'a> {
+    fn rendered_lock_key(&self) -> RenderedKey<'a> {
         RenderedKey(Rendered::Borrowed(self.0))
     }
 }
 
 impl<'a> KeyText<'a> for KeyArg<'_, &'a String> {
-    fn rendered(&self) -> RenderedKey<'a> {
+    fn rendered_lock_key(&self) -> RenderedKey<'a> {
         RenderedKey(Rendered::Borrowed(self.0.as_str()))
     }
 }
@@ -123,13 +124,13 @@ impl<'a> KeyText<'a> for KeyArg<'_, &'a String> {
 /// value that is not `Display` is reported as that.)
 #[doc(hidden)]
 pub trait KeyDisplay<T: ?Sized> {
-    fn rendered(&self) -> RenderedKey<'static>
+    fn rendered_lock_key(&self) -> RenderedKey<'static>
     where
         T: fmt::Display;
 }
 
 impl<T: ?Sized> KeyDisplay<T> for &KeyArg<'_, T> {
-    fn rendered(&self) -> RenderedKey<'static>
+    fn rendered_lock_key(&self) -> RenderedKey<'static>
     where
         T: fmt::Display,
     {
@@ -478,7 +479,7 @@ mod tests {
 
     /// What the attribute emits for a one-placeholder template.
     fn one_placeholder<T: fmt::Display>(value: &T) -> String {
-        (&KeyArg(value)).rendered().as_str().to_owned()
+        (&KeyArg(value)).rendered_lock_key().as_str().to_owned()
     }
 
     #[test]
@@ -488,11 +489,11 @@ mod tests {
         let owned = String::from("stock:8");
         let owned_ref = &owned;
         let id = 42u64;
-        let by_str = (&KeyArg(&text)).rendered();
+        let by_str = (&KeyArg(&text)).rendered_lock_key();
         assert!(matches!(by_str.0, Rendered::Borrowed("stock:7")));
-        let by_string = (&KeyArg(&owned_ref)).rendered();
+        let by_string = (&KeyArg(&owned_ref)).rendered_lock_key();
         assert!(matches!(by_string.0, Rendered::Borrowed("stock:8")));
-        let by_number = (&KeyArg(&id)).rendered();
+        let by_number = (&KeyArg(&id)).rendered_lock_key();
         assert!(matches!(by_number.0, Rendered::Inline(_)));
         assert_eq!(by_number.as_str(), "42");
         // Through a generic `Display`, text is rendered like anything else.
