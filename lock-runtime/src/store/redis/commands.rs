@@ -8,7 +8,7 @@ use std::time::Duration;
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
-use super::keys::suffixed;
+use super::keys::{released_channel, suffixed};
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
 use crate::error::StoreError;
@@ -410,12 +410,12 @@ where
             None => Call::on_lock(&scripts::RELEASE, lock, &[b":tokens", b":writer"])
                 .arg(&hex[..])
                 .arg(millis(linger))
-                .arg(suffixed(lock, b":released")),
+                .arg(released_channel(lock)),
             Some(grant_timeout) => self
                 .with_keys(&scripts::FAIR_RELEASE, lock)
                 .arg(&hex[..])
                 .arg(millis(linger))
-                .arg(suffixed(lock, b":released"))
+                .arg(released_channel(lock))
                 .arg(millis(grant_timeout)),
         };
         let released: i64 = invoke(&self.conn, call, Retry::IfNeverSent).await?;
@@ -466,7 +466,7 @@ where
             (true, Some(grant_timeout)) => self
                 .fenced(&scripts::FAIR_HAND_OVER, lock, token, ttl)
                 .arg(&next.hex()[..])
-                .arg(suffixed(lock, b":released"))
+                .arg(released_channel(lock))
                 .arg(millis(grant_timeout)),
         };
         // Not idempotent (it issues a new token): resent only if never sent.

@@ -21,13 +21,19 @@ pub(super) fn lock_name(key: &str) -> Vec<u8> {
     name
 }
 
-/// Another name of the same lock: its counter (`:fence`) or its release
-/// channel (`:released`).
+/// Another name of the same lock: its counter (`:fence`), its kind
+/// (`:kind`), ... or its release channel ([`released_channel`]).
 pub(super) fn suffixed(lock: &[u8], suffix: &[u8]) -> Vec<u8> {
     let mut name = Vec::with_capacity(lock.len() + suffix.len());
     name.extend_from_slice(lock);
     name.extend_from_slice(suffix);
     name
+}
+
+/// The channel a lock's releases are published on: `<lock>:released`.
+/// `release_exclusive.lua` builds the same name from its key.
+pub(super) fn released_channel(lock: &[u8]) -> Vec<u8> {
+    suffixed(lock, b":released")
 }
 
 #[cfg(test)]

@@ -233,7 +233,7 @@ use commands::{Call, Commands, Retry, Tokens, invoke, millis};
 pub use connection::RedisConnection;
 use connection::Source;
 pub(crate) use connection::TlsSettings;
-use keys::{lock_name, suffixed};
+use keys::{lock_name, released_channel, suffixed};
 use lease::RedisLease;
 use marks::WriterMarks;
 use owner_checks::Checks;
@@ -509,17 +509,14 @@ where
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        Reply::new(
-            self.subscriber
-                .watch(suffixed(&lock_name(key), b":released")),
-        )
+        Reply::new(self.subscriber.watch(released_channel(&lock_name(key))))
     }
 
     fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
         Reply::new(async move {
             let lock = lock_name(key);
             let call = Call::on_lock(&scripts::FORCE_RELEASE, &lock, &[b":writer"])
-                .arg(suffixed(&lock, b":released"));
+                .arg(released_channel(&lock));
             let deleted: i64 = invoke(&self.commands.conn, call, Retry::IfConnectionFailed).await?;
             Ok(deleted == 1)
         })
