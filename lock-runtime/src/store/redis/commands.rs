@@ -1,6 +1,7 @@
 //! The scripts' calls: acquire, renew, release and hand-over of one lock,
 //! by its Redis name, on the command connection.
 
+use std::any::Any;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
+use super::connection::RedisConnection;
 use super::keys::{released_channel, suffixed};
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
@@ -553,14 +555,29 @@ impl Retry {
         conn: &mut C,
     ) -> ::redis::RedisResult<T>
     where
-        C: ConnectionLike,
+        C: ConnectionLike + 'static,
         T: ::redis::FromRedisValue,
     {
-        match cmd.query_async(conn).await {
-            Err(err) if self.allows(&err) => cmd.query_async(conn).await,
+        match query(cmd, conn).await {
+            Err(err) if self.allows(&err) => query(cmd, conn).await,
             answer => answer,
         }
     }
+}
+
+/// Sends `cmd` and reads its reply as `T`, as `Cmd::query_async` does; on
+/// this crate's own connection through [`RedisConnection::send`], which
+/// spares the boxed future of a `ConnectionLike` call.
+pub(super) async fn query<C, T>(cmd: &::redis::Cmd, conn: &mut C) -> ::redis::RedisResult<T>
+where
+    C: ConnectionLike + 'static,
+    T: ::redis::FromRedisValue,
+{
+    let reply = match (conn as &mut dyn Any).downcast_mut::<RedisConnection>() {
+        Some(conn) => conn.send(cmd).await,
+        None => conn.req_packed_command(cmd).await,
+    }?;
+    Ok(::redis::from_redis_value(reply.extract_error()?)?)
 }
 
 /// A script call written straight into one `EVALSHA` command, with no
@@ -604,14 +621,14 @@ impl<'s> Call<'s> {
     /// restart, `SCRIPT FLUSH`), then sends it again.
     pub(super) async fn send<C, T>(&self, conn: &mut C) -> Result<T, ::redis::RedisError>
     where
-        C: ConnectionLike,
+        C: ConnectionLike + 'static,
         T: ::redis::FromRedisValue,
     {
         use ::redis::{ErrorKind, ServerErrorKind};
-        match self.cmd.query_async(conn).await {
+        match query(&self.cmd, conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script.load_async(conn).await?;
-                self.cmd.query_async(conn).await
+                query(&self.cmd, conn).await
             }
             other => other,
         }
@@ -627,7 +644,7 @@ pub(super) async fn invoke<C, T>(
     retry: Retry,
 ) -> Result<T, ::redis::RedisError>
 where
-    C: ConnectionLike + Clone,
+    C: ConnectionLike + Clone + 'static,
     T: ::redis::FromRedisValue,
 {
     let mut conn = conn.clone();

@@ -32,7 +32,8 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture,
+    RedisResult, Value,
 };
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
@@ -502,6 +503,19 @@ fn suggests_failover(error: &RedisError) -> bool {
         || error.is_io_error()
         || error.is_timeout()
         || matches!(error.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+impl RedisConnection {
+    /// Sends `cmd` and returns its reply. On one server's connection the
+    /// connection manager's own future is awaited in place, not boxed as
+    /// every [`ConnectionLike`] call's is: a command costs one allocation
+    /// the size of that future less.
+    pub(super) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match &mut self.direct {
+            Some(Direct::Server(conn)) => conn.send_packed_command(cmd).await,
+            _ => self.req_packed_command(cmd).await,
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
