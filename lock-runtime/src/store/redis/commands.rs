@@ -262,11 +262,9 @@ where
             Some(held) if held.strip_suffix(b"~").unwrap_or(held) == hex.as_slice() => {
                 // A retry of an attempt whose reply was lost: ours, for a
                 // full ttl from now.
-                let _: i64 = ::redis::cmd("PEXPIRE")
-                    .arg(lock)
-                    .arg(millis(ttl))
-                    .query_async(&mut conn)
-                    .await?;
+                let mut pexpire = ::redis::cmd("PEXPIRE");
+                pexpire.arg(lock).arg(millis(ttl));
+                let _: i64 = query(&pexpire, &mut conn).await?;
             }
             Some(_) => {
                 let pttl: i64 = if waits {
@@ -277,10 +275,9 @@ where
                     )
                     .await?
                 } else {
-                    ::redis::cmd("PTTL")
-                        .arg(lock)
-                        .query_async(&mut conn)
-                        .await?
+                    let mut pttl = ::redis::cmd("PTTL");
+                    pttl.arg(lock);
+                    query(&pttl, &mut conn).await?
                 };
                 let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
                 return Ok(Some(Err((remaining, false))));
@@ -341,11 +338,9 @@ where
             return Ok(());
         };
         let mut conn = self.conn.clone();
-        let acked: u32 = ::redis::cmd("WAIT")
-            .arg(acks.replicas)
-            .arg(millis(acks.timeout).max(1))
-            .query_async(&mut conn)
-            .await?;
+        let mut wait = ::redis::cmd("WAIT");
+        wait.arg(acks.replicas).arg(millis(acks.timeout).max(1));
+        let acked: u32 = query(&wait, &mut conn).await?;
         if acked < acks.replicas {
             return Err(format!(
                 "the grant reached {acked} of the {} replicas required within {:?}",
