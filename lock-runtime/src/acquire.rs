@@ -20,7 +20,7 @@ use crate::local_queue::{Grant, LocalQueues, LocalTurn, QueueMember};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, Lease, LockToken, LossSignal, ReleaseWatch,
-    Store, StoreErrorKind,
+    Reply, Store, StoreErrorKind,
 };
 use crate::telemetry::Labels;
 
@@ -164,15 +164,43 @@ pub(crate) async fn contend(
     }
     let store = &**parts.store;
     let token = LockToken::random();
-    let queue_poll = parts.capabilities.waiter_queue;
     let loss = LossSignal::new();
-    let mut watch: Option<ReleaseWatch> = None;
     // Not queued behind anyone: the first request goes out now, as good as
-    // when the call began (a clock read saved on the common path).
-    let mut first_sent_at = (!*contended).then_some(started);
+    // when the call began (a clock read saved on the common path), and a
+    // grant answered at once is taken without the loop below.
+    let mut first = None;
+    if !*contended
+        && let Some((lease, fencing)) = first_attempt(
+            parts, &turn, token, &loss, opts, claim, mode, started, &mut first,
+        )
+    {
+        // Nothing borrowed is left (no answer to hand on).
+        drop(first);
+        tracing::debug!(
+            parent: wait,
+            key,
+            fencing,
+            waited_ms = started.elapsed().as_millis() as u64,
+            "lock acquired"
+        );
+        let grant = Grant {
+            lease,
+            loss,
+            fencing,
+            ttl: opts.ttl,
+            started_at: started,
+            chain: 0,
+        };
+        return Ok(Some((grant, turn)));
+    }
+    let queue_poll = parts.capabilities.waiter_queue;
+    let mut watch: Option<ReleaseWatch> = None;
     // The stakes borrow `turn`: they end in this block, before it is
     // returned.
     let outcome = {
+        // Moved in: the first answer borrows the turn and the loss signal
+        // no longer than this block.
+        let mut first = first;
         // A waiter's place in a store's queue: given up if the wait ends
         // without the lock.
         let mut place = (queue_poll.is_some() && mode == Mode::Wait)
@@ -183,21 +211,21 @@ pub(crate) async fn contend(
         // Grants answered too late in a row (see `LATE_GRANTS_SKIPPING`).
         let mut late = 0;
         let outcome = 'attempts: loop {
-            let sent_at = first_sent_at.take().unwrap_or_else(Instant::now);
-            let attempt = Stake::new(parts.store, &turn, token);
-            let request = AcquireRequest::with_shared_key(turn.key(), token, opts.ttl, &loss)
-                .claiming(claim)
-                .waiting(mode == Mode::Wait)
-                .fencing(opts.fencing)
-                .contended(*contended)
-                .sent_at(sent_at);
             // An attempt given up (the deadline) or failed may still be
             // granted in the store: undone, before the call returns while
             // the store answers, in the background while it does not (the
             // undo would wait as long again; what it left ends with its
             // lease).
+            let attempt = Stake::new(parts.store, &turn, token);
+            let (reply, sent_at) = match first.take() {
+                Some(first) => (first, started),
+                None => {
+                    let sent_at = Instant::now();
+                    let request = request(&turn, token, &loss, opts, claim, mode, *contended);
+                    (store.acquire(request.sent_at(sent_at)), sent_at)
+                }
+            };
             // Not `within`: one future fewer around the common attempt.
-            let reply = store.acquire(request);
             let answered_at_once = reply.is_ready();
             let answer = match deadline {
                 None => Some(reply.await),
@@ -269,15 +297,7 @@ pub(crate) async fn contend(
                         waited_ms = started.elapsed().as_millis() as u64,
                         "lock acquired"
                     );
-                    let grant = Grant {
-                        lease,
-                        loss,
-                        fencing,
-                        ttl: opts.ttl,
-                        started_at,
-                        chain: 0,
-                    };
-                    break 'attempts Ok(Some(grant));
+                    break 'attempts Ok(Some((lease, fencing, started_at)));
                 }
                 Acquire::Held { remaining } => remaining,
             };
@@ -336,7 +356,80 @@ pub(crate) async fn contend(
         }
         outcome
     };
-    Ok(outcome?.map(|grant| (grant, turn)))
+    let granted = outcome?.map(|(lease, fencing, started_at)| {
+        let grant = Grant {
+            lease,
+            loss,
+            fencing,
+            ttl: opts.ttl,
+            started_at,
+            chain: 0,
+        };
+        (grant, turn)
+    });
+    Ok(granted)
+}
+
+/// The request of `token`'s attempt at `turn`'s key, but for when it is
+/// sent.
+#[allow(clippy::too_many_arguments)]
+fn request<'a>(
+    turn: &'a LocalTurn,
+    token: LockToken,
+    loss: &'a LossSignal,
+    opts: &LockOptions,
+    claim: Claim,
+    mode: Mode,
+    contended: bool,
+) -> AcquireRequest<'a> {
+    AcquireRequest::with_shared_key(turn.key(), token, opts.ttl, loss)
+        .claiming(claim)
+        .waiting(mode == Mode::Wait)
+        .fencing(opts.fencing)
+        .contended(contended)
+}
+
+/// The first attempt of a call not queued behind anyone, sent as the call
+/// began (`started`): the lease and its fencing token when the store
+/// grants it at once (a store in this process), the lease then counting
+/// from when the call began, with nothing waited for in which it could run
+/// out, so good without a clock read. Any other answer (refused, failed,
+/// answered later, a lease counted from an earlier start) goes to `first`,
+/// for the attempt loop, which treats every answer alike.
+#[allow(clippy::too_many_arguments)]
+fn first_attempt<'a>(
+    parts: &'a Parts<'_>,
+    turn: &'a LocalTurn,
+    token: LockToken,
+    loss: &'a LossSignal,
+    opts: &LockOptions,
+    claim: Claim,
+    mode: Mode,
+    started: Instant,
+    first: &mut Option<Reply<'a, Acquire>>,
+) -> Option<(Box<dyn Lease>, Option<u64>)> {
+    let request = request(turn, token, loss, opts, claim, mode, false).sent_at(started);
+    let store: &'a dyn Store = &**parts.store;
+    let mut reply = store.acquire(request);
+    let Some(answer) = reply.take_ready() else {
+        *first = Some(reply);
+        return None;
+    };
+    match answer {
+        // A lease the store prepared ahead counts from then, and one with
+        // no time to count on is given back: the loop's cases.
+        Ok(Acquire::Acquired { fencing, lease })
+            if lease.started_at().is_none_or(|at| at >= started)
+                && !parts.capabilities.valid_for(opts.ttl).is_zero() =>
+        {
+            // Asked for none: whatever the store made is not promised.
+            Some((lease, if opts.fencing { fencing } else { Some(0) }))
+        }
+        answer => {
+            *first = Some(Reply::ready(answer));
+            None
+        }
+    }
 }
 
 /// Whether the registry's store serves `claim` with `opts`' ttl and
@@ -363,10 +456,7 @@ fn check_served(
     if known {
         return Ok(());
     }
-    parts
-        .capabilities
-        .check(claim, opts.ttl, opts.hold_at_least)
-        .map_err(|reason| LockError::invalid_options(key, reason))?;
+    check_new_served(parts, key, claim, opts)?;
     SERVED.set(Some((
         parts.registry.clone(),
         claim,
@@ -374,6 +464,23 @@ fn check_served(
         opts.hold_at_least,
     )));
     Ok(())
+}
+
+/// [`Capabilities::check`] for options not seen on this thread just
+/// before. Out of line: a call site locking with the same options again
+/// does not run it.
+#[cold]
+#[inline(never)]
+fn check_new_served(
+    parts: &Parts<'_>,
+    key: &str,
+    claim: Claim,
+    opts: &LockOptions,
+) -> Result<(), LockError> {
+    parts
+        .capabilities
+        .check(claim, opts.ttl, opts.hold_at_least)
+        .map_err(|reason| LockError::invalid_options(key, reason))
 }
 
 /// `token`'s stake in the store, given up there (abandoned) if dropped

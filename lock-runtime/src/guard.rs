@@ -19,7 +19,7 @@ use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Fill, Renewable, Renewal, Schedule, Spare};
-use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply};
+use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply, StoreError};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -111,6 +111,7 @@ impl State {
 
     /// As [`ended`](Self::ended), from the release, which has the state to
     /// itself: nothing can race it.
+    #[inline]
     fn ended_alone(&mut self, lost: Option<&str>) {
         if std::mem::replace(self.ended.get_mut(), true) {
             return;
@@ -491,80 +492,82 @@ impl LockGuard {
 }
 
 impl Holding {
+    #[inline]
     fn state(&self) -> &State {
         self.renewal.held()
     }
 
     async fn release(mut self) -> Result<(), LockError> {
-        let released = self.release_lease().await;
-        // Kept for this thread's next lock; the lease and the turn are gone
-        // already, a span ends now.
-        let leave = (!self.state().span.is_none())
-            .then_some((|state| state.span = Span::none()) as fn(&mut State));
-        if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
-            let _ = SPARE.try_with(|kept| kept.set(Some(spare)));
+        let linger = self.linger();
+        let was_held = self.stop();
+        // Waits for a renewal in flight, so it cannot outlive the release
+        // (in the common case none shares the state: nothing to wait for).
+        if self.renewal.held_mut().is_none() {
+            self.renewal.take_held().await;
         }
+        let released = match self.take_lease(linger, was_held) {
+            Release::Gone => Ok(()),
+            Release::Plain(mut lease, turn) => {
+                let released = lease.release(linger).await;
+                // The next local waiter goes ahead once the store has the
+                // release.
+                drop(turn);
+                self.released(released, was_held, linger)
+            }
+            Release::HandOver(turn, lease) => self.hand_over(turn, lease).await,
+        };
+        self.keep_spare();
         released
     }
 
-    async fn release_lease(&mut self) -> Result<(), LockError> {
-        let linger = self.linger();
-        let (ttl, started_at, chain) = (self.ttl, self.started_at, self.chain);
+    /// Stops the renewal and the loss listener (the release tells of a
+    /// loss from here on); whether the lease was still held then.
+    fn stop(&self) -> bool {
         self.renewal.stop();
-        // The release tells of a loss from here on.
-        self.state().loss.unlisten();
-        let was_held = !self.state().loss.is_raised();
-        // Waits for a renewal in flight, so it cannot outlive the release.
-        let state = self.renewal.take_held().await;
-        let Some(mut lease) = state.lease.take() else {
-            return Ok(());
+        let loss = &self.state().loss;
+        loss.unlisten();
+        !loss.is_raised()
+    }
+
+    /// The lease out of the holder's state, which is the release's alone
+    /// (no renewal in flight, no listener), with how it is to be released.
+    fn take_lease(&mut self, linger: Duration, was_held: bool) -> Release {
+        let chain = self.chain;
+        let state = self.state_alone();
+        let Some(lease) = state.lease.take() else {
+            return Release::Gone;
         };
-        // The loss listener is gone: the turn is the release's alone.
-        let mut turn = state
+        let turn = state
             .turn
             .get_mut()
             .unwrap_or_else(|poison| poison.into_inner())
             .take();
-        if was_held
-            && linger.is_zero()
-            && chain < MAX_HAND_OVERS
-            && turn.as_ref().is_some_and(LocalTurn::has_waiters)
-            && let Some(turn) = turn.take()
-        {
-            let grant = Grant {
-                lease,
-                loss: state.loss.clone(),
-                fencing: None,
-                ttl,
-                started_at,
-                chain,
-            };
-            let handed = turn.hand_over(grant).await;
-            return match handed {
-                Ok(HandOver::Moved { .. }) => {
-                    telemetry::handed_over(state.labels);
-                    state.ended_alone(None);
-                    Ok(())
-                }
-                Ok(HandOver::Released) => {
-                    tracing::debug!(
-                        parent: &state.span,
-                        key = state.key(),
-                        "lock released rather than handed over (the store cannot move it, or a waiter it queued had its turn)"
-                    );
-                    state.ended_alone(None);
-                    Ok(())
-                }
-                Ok(HandOver::Lost) => {
-                    state.ended_alone(Some(telemetry::reason::RELEASE));
-                    Err(LockError::lost(state.key()))
-                }
-                Err(source) => Err(LockError::store(state.key(), "release", source)),
-            };
+        match turn {
+            Some(turn)
+                if was_held && linger.is_zero() && chain < MAX_HAND_OVERS && turn.has_waiters() =>
+            {
+                Release::HandOver(turn, lease)
+            }
+            turn => Release::Plain(lease, turn),
         }
-        let released = lease.release(linger).await;
-        // The next local waiter goes ahead once the store has the release.
-        drop(turn);
+    }
+
+    /// The holder's state, once the release has it alone.
+    fn state_alone(&mut self) -> &mut State {
+        self.renewal
+            .held_mut()
+            .expect("the release has the holder's state alone")
+    }
+
+    /// What the store's answer to the release (`linger` kept) means for
+    /// the caller, logged and recorded.
+    fn released(
+        &mut self,
+        released: Result<bool, StoreError>,
+        was_held: bool,
+        linger: Duration,
+    ) -> Result<(), LockError> {
+        let state = self.state_alone();
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;
@@ -598,8 +601,55 @@ impl Holding {
         }
     }
 
+    /// Hands `lease` to the next task queued behind `turn` in this process.
+    async fn hand_over(&mut self, turn: LocalTurn, lease: Box<dyn Lease>) -> Result<(), LockError> {
+        let (ttl, started_at, chain) = (self.ttl, self.started_at, self.chain);
+        let state = self.state_alone();
+        let grant = Grant {
+            lease,
+            loss: state.loss.clone(),
+            fencing: None,
+            ttl,
+            started_at,
+            chain,
+        };
+        match turn.hand_over(grant).await {
+            Ok(HandOver::Moved { .. }) => {
+                telemetry::handed_over(state.labels);
+                state.ended_alone(None);
+                Ok(())
+            }
+            Ok(HandOver::Released) => {
+                tracing::debug!(
+                    parent: &state.span,
+                    key = state.key(),
+                    "lock released rather than handed over (the store cannot move it, or a waiter it queued had its turn)"
+                );
+                state.ended_alone(None);
+                Ok(())
+            }
+            Ok(HandOver::Lost) => {
+                state.ended_alone(Some(telemetry::reason::RELEASE));
+                Err(LockError::lost(state.key()))
+            }
+            Err(source) => Err(LockError::store(state.key(), "release", source)),
+        }
+    }
+
+    /// Keeps the released lease's renewal, with its holder's state, for
+    /// this thread's next lock: the lease and the turn are gone already,
+    /// a span ends now.
+    fn keep_spare(self) {
+        let leave = (!self.state().span.is_none())
+            .then_some((|state| state.span = Span::none()) as fn(&mut State));
+        if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
+            let _ = SPARE.try_with(|kept| kept.set(Some(spare)));
+        }
+    }
+
     /// What is left of `hold_at_least`, rounded up to the millisecond
     /// (the finest unit a store counts in).
+    #[inline]
     fn linger(&self) -> Duration {
         let Some(until) = self.hold_until else {
             return Duration::ZERO;
@@ -610,18 +660,38 @@ impl Holding {
     }
 }
 
+/// How a release goes, once the lease is out of the holder's state.
+enum Release {
+    /// Released before (nothing left to do).
+    Gone,
+    /// Released in the store; the turn (if still here) given up after.
+    Plain(Box<dyn Lease>, Option<LocalTurn>),
+    /// Handed over to the next task queued behind the turn.
+    HandOver(LocalTurn, Box<dyn Lease>),
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        held.renewal.stop();
+        // Released already: the common case, with nothing to do.
+        if let Some(held) = self.held.take() {
+            held.release_on_drop();
+        }
+    }
+}
+
+impl Holding {
+    /// The release of a guard dropped while held: spawned on the current
+    /// runtime. Out of line: a released guard's drop stays short.
+    #[cold]
+    #[inline(never)]
+    fn release_on_drop(self) {
+        self.renewal.stop();
         match Handle::try_current() {
             Ok(runtime) => {
-                let span = held.state().span.clone();
+                let span = self.state().span.clone();
                 runtime.spawn(
                     async move {
-                        if let Err(error) = held.release().await {
+                        if let Err(error) = self.release().await {
                             tracing::debug!(%error, "release on drop failed");
                         }
                     }
@@ -630,7 +700,7 @@ impl Drop for LockGuard {
             }
             Err(_) => {
                 tracing::debug!(
-                    key = held.state().key(),
+                    key = self.state().key(),
                     "guard dropped outside a runtime; the lease ends at its ttl"
                 );
             }

@@ -354,6 +354,7 @@ impl KeyQueue {
 
     /// A grant an earlier turn left, if any; the common case (none) takes
     /// no lock.
+    #[inline]
     fn take_handed(&self) -> Option<Grant> {
         if !self.has_handed.load(Ordering::Acquire) {
             return None;
@@ -401,6 +402,7 @@ impl QueueMember {
     }
 
     /// The front of the queue if nobody is ahead; else the member back.
+    #[inline]
     pub(crate) fn try_lock(self) -> Result<LocalTurn, QueueMember> {
         let Ok(turn) = self.queue().turn.try_acquire() else {
             return Err(self);
@@ -469,6 +471,7 @@ impl LocalTurn {
     }
 
     /// The full key, shared.
+    #[inline]
     pub(crate) fn key(&self) -> &Arc<str> {
         match self {
             LocalTurn::Queued(member) => member.queue().key.key(),
@@ -479,6 +482,7 @@ impl LocalTurn {
     /// Whether other tasks of this process wait behind this turn (more
     /// are in the queue than it has turns), one of whom a hand-over can
     /// go to.
+    #[inline]
     pub(crate) fn has_waiters(&self) -> bool {
         self.member().is_some_and(|member| {
             let queue = member.queue();
@@ -487,6 +491,7 @@ impl LocalTurn {
     }
 
     /// Takes up the lease the previous holder handed over, if any.
+    #[inline]
     pub(crate) fn take_handed(&self) -> Option<Grant> {
         self.member()?.queue().take_handed()
     }

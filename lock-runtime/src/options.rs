@@ -249,8 +249,7 @@ impl LockOptions {
         if PASSED.with(Cell::get) == Some(values) {
             return Ok(());
         }
-        lock_limits::check(&values)
-            .map_err(|problem| LockError::invalid_options(key, problem.to_string()))?;
+        check_new(key, values)?;
         PASSED.with(|passed| passed.set(Some(values)));
         Ok(())
     }
@@ -268,6 +267,15 @@ impl LockOptions {
             single_attempt: matches!(mode, Mode::Skip),
         }
     }
+}
+
+/// Checks option values not seen on this thread just before. Out of line:
+/// a call site locking with the same options again does not run it.
+#[cold]
+#[inline(never)]
+fn check_new(key: &str, values: lock_limits::Options) -> Result<(), LockError> {
+    lock_limits::check(&values)
+        .map_err(|problem| LockError::invalid_options(key, problem.to_string()))
 }
 
 /// `name` as a `'static` string: the same one for every equal name, kept

@@ -193,6 +193,7 @@ fn spans_listened() -> bool {
 }
 
 /// The `distributed_lock` span of one lock on `key`.
+#[inline]
 pub(crate) fn lock_span(key: &str, mode: Mode, store: &'static str) -> Span {
     if !spans_listened() {
         return Span::none();
@@ -208,6 +209,7 @@ pub(crate) fn lock_span(key: &str, mode: Mode, store: &'static str) -> Span {
 }
 
 /// The `lock_wait` span, a child of `parent`.
+#[inline]
 pub(crate) fn wait_span(parent: &Span) -> Span {
     if parent.is_none() {
         return Span::none();
@@ -299,6 +301,7 @@ pub(crate) fn lost(span: &Span, labels: Labels, reason: &str) {
 
 /// Records the end of a hold that began at `started_at` (the clock is read
 /// only when the hold time is recorded).
+#[inline]
 pub(crate) fn hold_ended(labels: Labels, started_at: tokio::time::Instant) {
     #[cfg(feature = "metrics")]
     labels
@@ -332,6 +335,7 @@ pub(crate) fn renewal_failed(labels: Labels) {
 }
 
 /// Records a lease handed to the next task of this process.
+#[inline]
 pub(crate) fn handed_over(labels: Labels) {
     #[cfg(feature = "metrics")]
     labels.handles.hand_overs.increment(1);

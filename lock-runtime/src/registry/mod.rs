@@ -425,28 +425,18 @@ impl LockRegistry {
 
     /// Validates `key` and puts the namespace in front of it.
     pub(crate) fn full_key<'a>(&self, key: &'a str) -> Result<FullKey<'a>, LockError> {
-        let reason = if key.is_empty() {
-            "a key must not be empty".to_owned()
-        } else if key.len() > MAX_KEY_LEN {
-            format!(
-                "a key may be at most {MAX_KEY_LEN} bytes, this one has {}",
-                key.len()
-            )
-        } else {
-            if self.inner.prefix.is_empty() {
-                return Ok(FullKey::Given(key));
-            }
-            // Not `format!`: its machinery cost more than the rest of
-            // building the key.
-            let mut full = String::with_capacity(self.inner.prefix.len() + key.len());
-            full.push_str(&self.inner.prefix);
-            full.push_str(key);
-            return Ok(FullKey::Shared(full.into()));
-        };
-        Err(LockError::InvalidKey {
-            key: LockError::shown_key(key),
-            reason,
-        })
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(invalid_key(key));
+        }
+        if self.inner.prefix.is_empty() {
+            return Ok(FullKey::Given(key));
+        }
+        // Not `format!`: its machinery cost more than the rest of building
+        // the key.
+        let mut full = String::with_capacity(self.inner.prefix.len() + key.len());
+        full.push_str(&self.inner.prefix);
+        full.push_str(key);
+        Ok(FullKey::Shared(full.into()))
     }
 
     /// How many keys have a local queue: keys held or waited for by this
@@ -460,6 +450,25 @@ impl LockRegistry {
     pub fn local_queue_len(&self, key: &str) -> usize {
         self.full_key(key)
             .map_or(0, |full_key| self.inner.local.queued(&full_key))
+    }
+}
+
+/// The error of a key that is empty or too long. Out of line: the lock
+/// path stays short.
+#[cold]
+#[inline(never)]
+fn invalid_key(key: &str) -> LockError {
+    let reason = if key.is_empty() {
+        "a key must not be empty".to_owned()
+    } else {
+        format!(
+            "a key may be at most {MAX_KEY_LEN} bytes, this one has {}",
+            key.len()
+        )
+    };
+    LockError::InvalidKey {
+        key: LockError::shown_key(key),
+        reason,
     }
 }
 

@@ -413,14 +413,18 @@ impl<R: Renewable + 'static> Renewal<R> {
             }
             returned.await;
         }
-        match self
-            .looked_after
-            .as_mut()
-            .and_then(|(_, entry)| Arc::get_mut(entry))
-        {
-            Some(entry) => &mut entry.lease,
+        match self.held_mut() {
+            Some(held) => held,
             None => unreachable!("the entry was found unshared, and nothing can share it since"),
         }
+    }
+
+    /// The holder's state, the caller's alone; `None` while something else
+    /// shares it (a renewal in flight, a listener: see
+    /// [`take_held`](Self::take_held)).
+    pub(crate) fn held_mut(&mut self) -> Option<&mut R> {
+        let (_, entry) = self.looked_after.as_mut()?;
+        Arc::get_mut(entry).map(|entry| &mut entry.lease)
     }
 
     /// Stops renewing; no verdict is given after this.

@@ -168,6 +168,7 @@ impl Capabilities {
 
     /// How long a lease of `ttl` can be counted on after its request was
     /// sent: the ttl less the safety margin.
+    #[inline]
     pub fn valid_for(&self, ttl: Duration) -> Duration {
         ttl.saturating_sub(self.margin.of(ttl))
     }

@@ -123,6 +123,7 @@ impl LossSignal {
         }
     }
 
+    #[inline]
     fn shared(&self) -> &LossShared {
         self.shared
             .as_deref()
@@ -141,6 +142,7 @@ impl LossSignal {
     }
 
     /// Whether the signal was raised.
+    #[inline]
     pub fn is_raised(&self) -> bool {
         self.shared().raised.load(Ordering::SeqCst)
     }

@@ -117,6 +117,15 @@ impl<'a, T> Reply<'a, T> {
         matches!(self.0, Answer::Ready(_))
     }
 
+    /// The answer, if it is known already (it is then taken: the reply is
+    /// spent); `None`, and the reply left to be awaited, if not.
+    pub(crate) fn take_ready(&mut self) -> Option<Result<T, StoreError>> {
+        match &mut self.0 {
+            Answer::Ready(answer) => answer.take(),
+            Answer::Later(_) => None,
+        }
+    }
+
     /// An answer `future` will give.
     pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> Self {
         Reply(Answer::Later(Box::pin(future)))

@@ -155,8 +155,10 @@ impl MemoryStore {
         };
         let (key, fencing) = (slot.key.clone(), table.fencing);
         drop(guard);
-        for previous in expired {
-            previous.raise("the lease expired and another holder took the key");
+        if let Some(expired) = expired {
+            for previous in expired {
+                previous.raise("the lease expired and another holder took the key");
+            }
         }
         Ok(Acquire::Acquired {
             fencing: Some(fencing),

@@ -138,16 +138,19 @@ impl Slot {
     }
 
     /// Adds a holder, dropping expired ones: their loss signals, to raise
-    /// once the table is unlocked.
-    pub(super) fn grant(&mut self, holder: Holder, now: Instant) -> Vec<LossSignal> {
-        let mut expired = Vec::new();
-        self.holders.retain(|held| {
-            let live = held.live(now);
-            if !live {
-                expired.push(held.loss.clone());
-            }
-            live
-        });
+    /// once the table is unlocked (none for a key nobody held: the common
+    /// case, with nothing to look through).
+    pub(super) fn grant(&mut self, holder: Holder, now: Instant) -> Option<Vec<LossSignal>> {
+        let mut expired = None;
+        if !self.holders.is_empty() {
+            self.holders.retain(|held| {
+                let live = held.live(now);
+                if !live {
+                    expired.get_or_insert_with(Vec::new).push(held.loss.clone());
+                }
+                live
+            });
+        }
         if holder.claim == Claim::Exclusive
             && self
                 .exclusive_waits
