@@ -427,17 +427,6 @@ impl LockGuard {
         self.held().state().loss.lost_now()
     }
 
-    /// Whether the store granted this lease to this call, which found it
-    /// valid as the answer arrived (`acquire`'s check of a grant against
-    /// `ttl` less the margin, on the clock unless the store answered as
-    /// the call returned), with no wait since: not handed
-    /// over by the previous holder in this process, whose grant may have
-    /// waited for its taker. The body's first poll, in that same poll of
-    /// the task, need not read the clock again.
-    pub(crate) fn checked_at_grant(&self) -> bool {
-        self.held().chain == 0
-    }
-
     /// The lease's loss signal, for the re-entrancy record.
     pub(crate) fn loss(&self) -> &LossSignal {
         &self.held().state().loss

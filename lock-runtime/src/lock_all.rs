@@ -210,10 +210,6 @@ impl LockRegistry {
 }
 
 impl crate::section::Leases for LockGuards {
-    fn is_lost(&self) -> bool {
-        !self.is_held()
-    }
-
     /// Whether any lease is known lost or past its deadline (see
     /// [`LockGuard::lost_now`]).
     fn lost_now(&self) -> bool {

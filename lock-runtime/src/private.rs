@@ -445,7 +445,7 @@ async fn run_guarded<F: Future>(
     body: F,
 ) -> Result<F::Output, LockError> {
     let frames: Vec<Frame> = guards.guards().iter().map(section::frame_of).collect();
-    let output = section::until_lost(frames, &guards, false, on_lost, body).await;
+    let output = section::until_lost(frames, &guards, on_lost, body).await;
     match output {
         Some(output) if guards.is_held() => section::settle(output, guards.release().await),
         output => {

@@ -56,18 +56,16 @@ pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(),
 
 /// Runs `body` with `frames` held: to its end (`Some`), or, under
 /// [`OnLost::Cancel`], until the lease is lost (`None`: the body is
-/// cancelled). Before each poll of the body, `lost_now` says whether the
-/// lease is known lost or past its deadline (an atomic load and a clock
-/// read): a task that wakes late runs none of the body once its lease has
-/// ended. The first poll, when `fresh`, runs in the same poll of the
-/// caller's task that found the lease valid (`LockGuard::checked_at_grant`),
-/// with no wake-up in between: it only looks whether a loss was raised
-/// ([`Leases::is_lost`], an atomic load). Only while the body waits is `lost`, which
-/// completes on a loss, polled too, so that a loss wakes it.
+/// cancelled). Before each poll of the body, the first included,
+/// `lost_now` says whether the lease is known lost or past its deadline
+/// (an atomic load and a clock read): a body whose process paused between
+/// the grant and its first step (a SIGSTOP, a host pausing the machine),
+/// or whose task wakes late, runs none of its steps once its lease has
+/// ended. Only while the body waits is `lost`, which completes on a loss,
+/// polled too, so that a loss wakes it.
 pub(crate) fn until_lost<F: Future>(
     frames: impl IntoIterator<Item = Frame>,
     leases: &impl Leases,
-    fresh: bool,
     on_lost: OnLost,
     body: F,
 ) -> impl Future<Output = Option<F::Output>> {
@@ -81,15 +79,8 @@ pub(crate) fn until_lost<F: Future>(
                 let mut body = pin!(body);
                 let lost = leases.lost();
                 let mut lost = pin!(lost);
-                let mut woken = !fresh;
                 poll_fn(|cx| {
-                    let lost_now = if woken {
-                        leases.lost_now()
-                    } else {
-                        woken = true;
-                        leases.is_lost()
-                    };
-                    if lost_now {
+                    if leases.lost_now() {
                         return Poll::Ready(None);
                     }
                     let entered = scope.enter();
@@ -109,8 +100,6 @@ pub(crate) fn until_lost<F: Future>(
 /// The leases a body runs under, as [`until_lost`] watches them: one
 /// guard's, or several.
 pub(crate) trait Leases {
-    /// Whether a loss was raised (an atomic load per lease).
-    fn is_lost(&self) -> bool;
     /// Whether a loss was raised or a deadline has passed (which raises
     /// it): a clock read too.
     fn lost_now(&self) -> bool;
@@ -119,10 +108,6 @@ pub(crate) trait Leases {
 }
 
 impl Leases for LockGuard {
-    fn is_lost(&self) -> bool {
-        !self.is_held()
-    }
-
     fn lost_now(&self) -> bool {
         LockGuard::lost_now(self)
     }

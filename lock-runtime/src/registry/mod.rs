@@ -259,13 +259,11 @@ impl LockRegistry {
         let Some(guard) = self.acquire(key, full_key, opts, mode).await? else {
             return Ok(None);
         };
-        let fresh = guard.checked_at_grant();
         let outcome = telemetry::in_span!(
             guard.span(),
             section::until_lost(
                 std::iter::once(section::frame_of(&guard)),
                 &guard,
-                fresh,
                 opts.on_lost,
                 body
             )

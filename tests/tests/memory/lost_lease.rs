@@ -329,3 +329,84 @@ fn a_lease_handed_over_to_a_task_that_runs_after_it_ended_is_not_run_under() {
     assert!(matches!(second, Err(LockError::Lost { .. })), "{second:?}");
     assert_eq!(steps.taken(), Vec::<&str>::new());
 }
+
+/// A store that answers at once, but whose process pauses (here: its
+/// thread blocks) for `pause` as it hands back each grant: the grant is
+/// past its lease before the caller's code runs on.
+#[derive(Debug)]
+struct PausingAtGrant {
+    inner: lock_runtime::MemoryStore,
+    pause: Duration,
+}
+
+impl lock_runtime::store::Store for PausingAtGrant {
+    fn capabilities(&self) -> &lock_runtime::store::Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        request: lock_runtime::store::AcquireRequest<'a>,
+    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::Acquire> {
+        let reply = self.inner.acquire(request);
+        // The process stops right as the answer comes back (a SIGSTOP, a
+        // host pausing the machine): nothing of it runs meanwhile.
+        std::thread::sleep(self.pause);
+        reply
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a str,
+        token: lock_runtime::store::LockToken,
+    ) -> lock_runtime::store::Reply<'a, bool> {
+        self.inner.abandon(key, token)
+    }
+
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::ReleaseWatch> {
+        self.inner.watch(key)
+    }
+
+    fn force_release<'a>(&'a self, key: &'a str) -> lock_runtime::store::Reply<'a, bool> {
+        self.inner.force_release(key)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> lock_runtime::store::Reply<'a, Option<lock_runtime::store::LeaseInfo>> {
+        self.inner.inspect(key)
+    }
+}
+
+/// A body whose process paused between the grant and the body's first
+/// step, past the lease, does not begin: the call is `Lost`. (The pause
+/// falls where no `.await` is: the store answered at once, and the
+/// runtime goes from its answer to the body's first poll in one poll of
+/// the task.)
+#[tokio::test]
+async fn a_body_does_not_begin_after_a_pause_past_its_lease() {
+    let ttl = Duration::from_millis(50);
+    let registry = LockRegistry::new(PausingAtGrant {
+        inner: lock_runtime::MemoryStore::new(),
+        pause: ttl * 3,
+    });
+    let key = unique_key("paused-at-grant");
+    let began = std::sync::atomic::AtomicBool::new(false);
+    let outcome = registry
+        .with_lock(&key, LockOptions::default().ttl(ttl), async {
+            began.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await;
+    assert!(
+        !began.load(std::sync::atomic::Ordering::SeqCst),
+        "the body began on a lease that had ended"
+    );
+    assert!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "{outcome:?}"
+    );
+}
