@@ -176,22 +176,11 @@ pub(crate) async fn contend(
     {
         // Nothing borrowed is left (no answer to hand on).
         drop(first);
-        tracing::debug!(
-            parent: wait,
-            key,
-            fencing,
-            waited_ms = started.elapsed().as_millis() as u64,
-            "lock acquired"
-        );
-        let grant = Grant {
-            lease,
-            loss,
-            fencing,
-            ttl: opts.ttl,
-            started_at: started,
-            chain: 0,
-        };
-        return Ok(Some((grant, turn)));
+        acquired(wait, key, fencing, started);
+        return Ok(Some((
+            Grant::new(lease, loss, fencing, opts.ttl, started),
+            turn,
+        )));
     }
     let queue_poll = parts.capabilities.waiter_queue;
     let mut watch: Option<ReleaseWatch> = None;
@@ -290,13 +279,7 @@ pub(crate) async fn contend(
                     place.take().into_iter().for_each(Stake::settle);
                     // Asked for none: whatever the store made is not promised.
                     let fencing = if opts.fencing { fencing } else { Some(0) };
-                    tracing::debug!(
-                        parent: wait,
-                        key,
-                        fencing,
-                        waited_ms = started.elapsed().as_millis() as u64,
-                        "lock acquired"
-                    );
+                    acquired(wait, key, fencing, started);
                     break 'attempts Ok(Some((lease, fencing, started_at)));
                 }
                 Acquire::Held { remaining } => remaining,
@@ -357,17 +340,21 @@ pub(crate) async fn contend(
         outcome
     };
     let granted = outcome?.map(|(lease, fencing, started_at)| {
-        let grant = Grant {
-            lease,
-            loss,
-            fencing,
-            ttl: opts.ttl,
-            started_at,
-            chain: 0,
-        };
-        (grant, turn)
+        (Grant::new(lease, loss, fencing, opts.ttl, started_at), turn)
     });
     Ok(granted)
+}
+
+/// Logs a lease the store granted to this call (not handed over), in the
+/// call's `wait` span.
+fn acquired(wait: &Span, key: &str, fencing: Option<u64>, started: Instant) {
+    tracing::debug!(
+        parent: wait,
+        key,
+        fencing,
+        waited_ms = started.elapsed().as_millis() as u64,
+        "lock acquired"
+    );
 }
 
 /// The request of `token`'s attempt at `turn`'s key, but for when it is

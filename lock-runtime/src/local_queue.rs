@@ -228,6 +228,26 @@ pub(crate) struct Grant {
     pub(crate) chain: u32,
 }
 
+impl Grant {
+    /// A lease the store granted to an acquire (no hand-over before it).
+    pub(crate) fn new(
+        lease: Box<dyn Lease>,
+        loss: LossSignal,
+        fencing: Option<u64>,
+        ttl: Duration,
+        started_at: Instant,
+    ) -> Grant {
+        Grant {
+            lease,
+            loss,
+            fencing,
+            ttl,
+            started_at,
+            chain: 0,
+        }
+    }
+}
+
 /// A queue joined through a map, and the map (weakly, so its address
 /// names it while this is kept).
 type Joined = (Weak<Mutex<Queues>>, Arc<KeyQueue>);
