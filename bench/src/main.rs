@@ -536,7 +536,7 @@ async fn main() -> Result<(), Error> {
     writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|")?;
     for m in &results {
         let (rate, ratio) = match &m.note {
-            Some(note) if m.scenario.contains("hand-off") => {
+            Some(note) if m.scenario.contains("hand-off") && !m.waits.is_empty() => {
                 let round_trip = m.round_trip.unwrap_or(rtt);
                 (
                     note.clone(),

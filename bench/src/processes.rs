@@ -79,7 +79,30 @@ pub(crate) fn worker_args(
         .collect()
 }
 
-/// Starts `processes` worker processes; returns their stdout lines.
+/// How long one row's worker processes may run, all of them together:
+/// a worker still running then (a peer library's waiter that never wakes)
+/// is killed, and its row says so rather than holding up the whole run.
+const WORKERS_LIMIT: Duration = Duration::from_secs(180);
+
+/// The workers of a row did not all end within [`WORKERS_LIMIT`]; they
+/// were killed.
+#[derive(Debug)]
+pub(crate) struct WorkersTimedOut;
+
+impl std::fmt::Display for WorkersTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a worker process did not end within {} s and was killed",
+            WORKERS_LIMIT.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for WorkersTimedOut {}
+
+/// Starts `processes` worker processes; returns their stdout lines, or
+/// [`WorkersTimedOut`] once they have been killed for running too long.
 pub(crate) fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec<String>>, Error> {
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
@@ -92,16 +115,74 @@ pub(crate) fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec
                 .spawn()?,
         );
     }
-    let mut outputs = Vec::new();
-    for mut child in children {
+    // Each worker's stdout is read on a thread of its own, which says when
+    // it reaches its end (the worker exited, or closed it).
+    let (ended, ends) = std::sync::mpsc::channel();
+    let mut readers = Vec::new();
+    for child in &mut children {
         let stdout = child.stdout.take().ok_or("no stdout")?;
-        let lines: Vec<String> = BufReader::new(stdout).lines().collect::<Result<_, _>>()?;
-        if !child.wait()?.success() {
-            return Err("a worker process failed".into());
+        let ended = ended.clone();
+        readers.push(std::thread::spawn(move || {
+            let lines = BufReader::new(stdout)
+                .lines()
+                .collect::<Result<Vec<String>, _>>();
+            let _ = ended.send(());
+            lines
+        }));
+    }
+    let deadline = Instant::now() + WORKERS_LIMIT;
+    let mut timed_out = false;
+    for _ in 0..children.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if ends.recv_timeout(left).is_err() {
+            timed_out = true;
+            break;
         }
-        outputs.push(lines);
+    }
+    if timed_out {
+        for child in &mut children {
+            let _ = child.kill();
+        }
+    }
+    let mut statuses = Vec::new();
+    for child in &mut children {
+        statuses.push(child.wait()?);
+    }
+    let mut outputs = Vec::new();
+    for reader in readers {
+        outputs.push(reader.join().map_err(|_| "a worker's reader panicked")??);
+    }
+    if timed_out {
+        return Err(Box::new(WorkersTimedOut));
+    }
+    if !statuses.iter().all(std::process::ExitStatus::success) {
+        return Err("a worker process failed".into());
     }
     Ok(outputs)
+}
+
+/// `workers`' outputs, or, when they were killed for running too long,
+/// the row of `scenario` for `name` that says so.
+fn or_timed_out(
+    workers: Result<Vec<Vec<String>>, Error>,
+    scenario: &str,
+    name: &str,
+) -> Result<Result<Vec<Vec<String>>, Measured>, Error> {
+    match workers {
+        Ok(outputs) => Ok(Ok(outputs)),
+        Err(error) if error.is::<WorkersTimedOut>() => {
+            eprintln!("{scenario} / {name}: {error}");
+            Ok(Err(Measured::new(
+                scenario,
+                name,
+                0,
+                Duration::ZERO,
+                Vec::new(),
+            )
+            .noted(error.to_string())))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Runs `processes` workers of `kind` on a fresh key, starting together
@@ -125,7 +206,10 @@ pub(crate) fn run_processes(
     url: &str,
     ops: u64,
 ) -> Result<Measured, Error> {
-    let outputs = run_workers(4, "hot", name, url, ops)?;
+    let outputs = match or_timed_out(run_workers(4, "hot", name, url, ops), scenario, name)? {
+        Ok(outputs) => outputs,
+        Err(row) => return Ok(row),
+    };
     let (mut first, mut last) = (u128::MAX, 0u128);
     let mut waits = Vec::new();
     for lines in &outputs {
@@ -161,7 +245,11 @@ pub(crate) fn run_handoff(
     url: &str,
     rounds: u64,
 ) -> Result<Measured, Error> {
-    let outputs = run_workers(2, "handoff", name, url, rounds)?;
+    let outputs = match or_timed_out(run_workers(2, "handoff", name, url, rounds), scenario, name)?
+    {
+        Ok(outputs) => outputs,
+        Err(row) => return Ok(row),
+    };
     let mut holds: Vec<(u128, u128, usize)> = Vec::new();
     let mut cpu = 0u128;
     for (process, lines) in outputs.iter().enumerate() {

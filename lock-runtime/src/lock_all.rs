@@ -216,7 +216,8 @@ impl crate::section::Leases for LockGuards {
         self.guards.iter().any(LockGuard::lost_now)
     }
 
-    fn lost(&self) -> impl std::future::Future<Output = ()> {
-        LockGuards::lost(self)
+    /// None of their own: the call's span is around the whole run.
+    fn span(&self) -> Option<&tracing::Span> {
+        None
     }
 }

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::pin;
 use std::time::Duration;
 
 use crate::error::LockError;
@@ -12,7 +13,7 @@ use crate::lock_all::LockGuards;
 use crate::options::{Access, LockOptions, Mode, OnLost};
 use crate::registry::LockRegistry;
 use crate::section;
-use crate::task_locks::{self, Frame};
+use crate::task_locks;
 use crate::telemetry;
 
 /// How long a rendered key may be and still be kept in the call's own
@@ -444,8 +445,12 @@ async fn run_guarded<F: Future>(
     failed: fn(&F::Output) -> bool,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let frames: Vec<Frame> = guards.guards().iter().map(section::frame_of).collect();
-    let output = section::until_lost(frames, &guards, on_lost, body).await;
+    let output = {
+        let mut scope = task_locks::Scope::new(guards.guards().iter().map(section::frame_of));
+        let body = pin!(body);
+        let lost = pin!(guards.lost());
+        section::until_lost(&mut scope, &guards, on_lost, body, lost).await
+    };
     match output {
         Some(output) if guards.is_held() => section::settle(output, guards.release().await),
         output => {

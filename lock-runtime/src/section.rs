@@ -2,14 +2,16 @@
 //! notice on a lost lease, and the call's result after the release.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::Pin;
 use std::task::Poll;
+
+use tracing::Span;
 
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::OnLost;
 use crate::store::Claim;
-use crate::task_locks::{self, Frame};
+use crate::task_locks::{self, Frame, Scope};
 
 /// A nested call on a key the task already holds: runs at once, under the
 /// outer lease (whose loss cancels this body with the outer one).
@@ -54,47 +56,47 @@ pub(crate) fn check_reentry(key: &str, held: Claim, wanted: Claim) -> Result<(),
     Ok(())
 }
 
-/// Runs `body` with `frames` held: to its end (`Some`), or, under
-/// [`OnLost::Cancel`], until the lease is lost (`None`: the body is
+/// Runs `body` with `scope`'s frames held: to its end (`Some`), or,
+/// under [`OnLost::Cancel`], until the lease is lost (`None`: the body is
 /// cancelled). Before each poll of the body, the first included,
 /// `lost_now` says whether the lease is known lost or past its deadline
 /// (an atomic load and a clock read): a body whose process paused between
 /// the grant and its first step (a SIGSTOP, a host pausing the machine),
 /// or whose task wakes late, runs none of its steps once its lease has
-/// ended. Only while the body waits is `lost`, which completes on a loss,
-/// polled too, so that a loss wakes it.
-pub(crate) fn until_lost<F: Future>(
-    frames: impl IntoIterator<Item = Frame>,
-    leases: &impl Leases,
+/// ended. Only while the body waits is `lost` (the leases' own, which
+/// completes on a loss) polled too, so that a loss wakes it. Each poll
+/// is inside the leases' span, if they have one.
+///
+/// The caller pins the body and `lost` where they are and keeps the
+/// scope: the future returned holds only references, so awaiting it moves
+/// nothing large.
+pub(crate) fn until_lost<'a, F: Future>(
+    scope: &'a mut Scope,
+    leases: &'a impl Leases,
     on_lost: OnLost,
-    body: F,
-) -> impl Future<Output = Option<F::Output>> {
-    // A plain function returning the future, not an `async fn`: a layer
-    // would move the body's future once more. The frames are put in
-    // place around each poll of the body.
-    let mut scope = task_locks::Scope::new(frames);
-    async move {
+    mut body: Pin<&'a mut F>,
+    mut lost: Pin<&'a mut impl Future<Output = ()>>,
+) -> impl Future<Output = Option<F::Output>> + 'a {
+    poll_fn(move |cx| {
+        let _in_span = leases.span().map(Span::enter);
         match on_lost {
             OnLost::Cancel => {
-                let mut body = pin!(body);
-                let lost = leases.lost();
-                let mut lost = pin!(lost);
-                poll_fn(|cx| {
-                    if leases.lost_now() {
-                        return Poll::Ready(None);
-                    }
-                    let entered = scope.enter();
-                    if let Poll::Ready(output) = body.as_mut().poll(cx) {
-                        return Poll::Ready(Some(output));
-                    }
-                    drop(entered);
-                    lost.as_mut().poll(cx).map(|()| None)
-                })
-                .await
+                if leases.lost_now() {
+                    return Poll::Ready(None);
+                }
+                let entered = scope.enter();
+                if let Poll::Ready(output) = body.as_mut().poll(cx) {
+                    return Poll::Ready(Some(output));
+                }
+                drop(entered);
+                lost.as_mut().poll(cx).map(|()| None)
             }
-            OnLost::Notify => Some(scope.run(body).await),
+            OnLost::Notify => {
+                let _entered = scope.enter();
+                body.as_mut().poll(cx).map(Some)
+            }
         }
-    }
+    })
 }
 
 /// The leases a body runs under, as [`until_lost`] watches them: one
@@ -103,8 +105,8 @@ pub(crate) trait Leases {
     /// Whether a loss was raised or a deadline has passed (which raises
     /// it): a clock read too.
     fn lost_now(&self) -> bool;
-    /// Completes when a lease is lost.
-    fn lost(&self) -> impl Future<Output = ()>;
+    /// The span the body runs in, if the leases have one that listens.
+    fn span(&self) -> Option<&Span>;
 }
 
 impl Leases for LockGuard {
@@ -112,8 +114,10 @@ impl Leases for LockGuard {
         LockGuard::lost_now(self)
     }
 
-    fn lost(&self) -> impl Future<Output = ()> {
-        LockGuard::lost(self)
+    #[inline]
+    fn span(&self) -> Option<&Span> {
+        let span = LockGuard::span(self);
+        (!span.is_disabled()).then_some(span)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The locks the current task holds through the attribute: re-entrancy,
 //! [`fencing_token`] and [`lost`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
@@ -21,11 +21,18 @@ thread_local! {
             more: Vec::new(),
         })
     };
+
+    /// Whether `HELD` holds any frame: read first, so that a thread
+    /// outside every locked body (the common case) does not borrow it.
+    static ANY_HELD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Reads the frames of the task being polled (none outside a locked
 /// body, or while the thread ends).
 fn read_held<R>(read: impl FnOnce(&Frames) -> R) -> Option<R> {
+    if !ANY_HELD.with(Cell::get) {
+        return None;
+    }
     HELD.try_with(|held| held.try_borrow().ok().map(|held| read(&held)))
         .ok()
         .flatten()
@@ -307,6 +314,7 @@ fn swap_held(frames: &mut Frames) -> bool {
     HELD.try_with(|held| match held.try_borrow_mut() {
         Ok(mut held) => {
             std::mem::swap(&mut *held, frames);
+            ANY_HELD.with(|any| any.set(!held.is_empty()));
             true
         }
         Err(_) => false,

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -259,15 +260,12 @@ impl LockRegistry {
         let Some(guard) = self.acquire(key, full_key, opts, mode).await? else {
             return Ok(None);
         };
-        let outcome = telemetry::in_span!(
-            guard.span(),
-            section::until_lost(
-                std::iter::once(section::frame_of(&guard)),
-                &guard,
-                opts.on_lost,
-                body
-            )
-        );
+        let outcome = {
+            let mut scope = task_locks::Scope::new(std::iter::once(section::frame_of(&guard)));
+            let body = pin!(body);
+            let lost = pin!(guard.lost());
+            section::until_lost(&mut scope, &guard, opts.on_lost, body, lost).await
+        };
         match outcome {
             Some(output) if guard.is_held() => {
                 section::settle(output, guard.release().await).map(Some)

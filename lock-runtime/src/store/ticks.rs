@@ -17,18 +17,30 @@ fn origin() -> std::time::Instant {
 
 /// The largest magnitude a tick count takes; `i64::MAX` is left for
 /// "never" (see [`NEVER`]).
-const LIMIT: u128 = i64::MAX as u128 - 1;
+const LIMIT: i64 = i64::MAX - 1;
 
 /// A tick count no instant reaches.
 pub(crate) const NEVER: i64 = i64::MAX;
 
 /// `at` in ticks. Saturates some 292 years either side of the origin.
+#[inline]
 pub(crate) fn of(at: Instant) -> i64 {
     let (at, origin) = (at.into_std(), origin());
     match at.checked_duration_since(origin) {
-        Some(after) => after.as_nanos().min(LIMIT) as i64,
-        None => -(origin.duration_since(at).as_nanos().min(LIMIT) as i64),
+        Some(after) => nanos(after),
+        None => -nanos(origin.duration_since(at)),
     }
+}
+
+/// `span` in nanoseconds, at most [`LIMIT`]: in `i64` arithmetic, which
+/// is cheaper than `Duration::as_nanos`'s `u128`.
+#[inline]
+fn nanos(span: Duration) -> i64 {
+    i64::try_from(span.as_secs())
+        .ok()
+        .and_then(|secs| secs.checked_mul(1_000_000_000))
+        .and_then(|whole| whole.checked_add(i64::from(span.subsec_nanos())))
+        .map_or(LIMIT, |nanos| nanos.min(LIMIT))
 }
 
 /// The instant `ticks` stands for ([`NEVER`] is far in the future, as
@@ -59,5 +71,11 @@ mod tests {
         }
         assert!(of(now) < of(now + Duration::from_nanos(1)));
         assert!(of(now + Duration::from_secs(3600)) < NEVER);
+        assert_eq!(nanos(Duration::new(2, 5)), 2_000_000_005);
+        assert_eq!(nanos(Duration::MAX), LIMIT);
+        assert_eq!(
+            nanos(Duration::from_secs(i64::MAX as u64 / 1_000_000_000 + 1)),
+            LIMIT
+        );
     }
 }
