@@ -330,6 +330,10 @@ async fn handoff_only(args: &[String]) -> Result<(), Error> {
                 move || run_handoff("5. hand-off", &name, &url, rounds)
             })
             .await??;
+            if m.waits.is_empty() {
+                println!("{}", row_line(&m));
+                continue;
+            }
             let in_rtt = m.pct(50.0).as_secs_f64() / rtt.as_secs_f64();
             println!("{}  ({in_rtt:.1} RTT)", row_line(&m));
         }
