@@ -87,7 +87,7 @@ const WORKERS_LIMIT: Duration = Duration::from_secs(180);
 /// The workers of a row did not all end within [`WORKERS_LIMIT`]; they
 /// were killed.
 #[derive(Debug)]
-pub(crate) struct WorkersTimedOut;
+struct WorkersTimedOut;
 
 impl std::fmt::Display for WorkersTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -161,28 +161,14 @@ pub(crate) fn spawn_workers(processes: usize, args: &[String]) -> Result<Vec<Vec
     Ok(outputs)
 }
 
-/// `workers`' outputs, or, when they were killed for running too long,
-/// the row of `scenario` for `name` that says so.
-fn or_timed_out(
-    workers: Result<Vec<Vec<String>>, Error>,
-    scenario: &str,
-    name: &str,
-) -> Result<Result<Vec<Vec<String>>, Measured>, Error> {
-    match workers {
-        Ok(outputs) => Ok(Ok(outputs)),
-        Err(error) if error.is::<WorkersTimedOut>() => {
-            eprintln!("{scenario} / {name}: {error}");
-            Ok(Err(Measured::new(
-                scenario,
-                name,
-                0,
-                Duration::ZERO,
-                Vec::new(),
-            )
-            .noted(error.to_string())))
-        }
-        Err(error) => Err(error),
+/// The row of `scenario` for `name` that says its workers were killed for
+/// running too long, if that is what `error` is.
+fn timed_out_row(error: &Error, scenario: &str, name: &str) -> Option<Measured> {
+    if !error.is::<WorkersTimedOut>() {
+        return None;
     }
+    eprintln!("{scenario} / {name}: {error}");
+    Some(Measured::new(scenario, name, 0, Duration::ZERO, Vec::new()).noted(error.to_string()))
 }
 
 /// Runs `processes` workers of `kind` on a fresh key, starting together
@@ -206,9 +192,9 @@ pub(crate) fn run_processes(
     url: &str,
     ops: u64,
 ) -> Result<Measured, Error> {
-    let outputs = match or_timed_out(run_workers(4, "hot", name, url, ops), scenario, name)? {
+    let outputs = match run_workers(4, "hot", name, url, ops) {
         Ok(outputs) => outputs,
-        Err(row) => return Ok(row),
+        Err(error) => return timed_out_row(&error, scenario, name).ok_or(error),
     };
     let (mut first, mut last) = (u128::MAX, 0u128);
     let mut waits = Vec::new();
@@ -245,10 +231,9 @@ pub(crate) fn run_handoff(
     url: &str,
     rounds: u64,
 ) -> Result<Measured, Error> {
-    let outputs = match or_timed_out(run_workers(2, "handoff", name, url, rounds), scenario, name)?
-    {
+    let outputs = match run_workers(2, "handoff", name, url, rounds) {
         Ok(outputs) => outputs,
-        Err(row) => return Ok(row),
+        Err(error) => return timed_out_row(&error, scenario, name).ok_or(error),
     };
     let mut holds: Vec<(u128, u128, usize)> = Vec::new();
     let mut cpu = 0u128;

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::store::{
-    Acquire, AcquireRequest, Capabilities, Lease, LeaseInfo, LockToken, ReleaseWatch, Reply, Store,
-};
+use lock_runtime::store::{Acquire, AcquireRequest, Lease, Reply, Store};
 
 /// Wraps a store; every lease it grants releases by force.
 #[derive(Debug)]
@@ -40,9 +38,7 @@ impl Lease for CarelessLease {
 }
 
 impl Store for Careless {
-    fn capabilities(&self) -> &Capabilities {
-        self.0.capabilities()
-    }
+    crate::forward_store_to!(0);
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         Reply::new(async move {
@@ -59,21 +55,5 @@ impl Store for Careless {
                 other => other,
             })
         })
-    }
-
-    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        self.0.abandon(key, token)
-    }
-
-    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        self.0.watch(key)
-    }
-
-    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        self.0.force_release(key)
-    }
-
-    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        self.0.inspect(key)
     }
 }

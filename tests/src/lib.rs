@@ -23,6 +23,7 @@ mod server_process;
 pub mod soak;
 mod warnings;
 mod worker;
+mod wrapped;
 mod zookeeper_server;
 
 pub use certs::TestCerts;
@@ -38,6 +39,7 @@ pub use sentinel_watch::SentinelWatch;
 pub use server_process::{StoreServer, servers_data_root};
 pub use warnings::Warnings;
 pub use worker::{Worker, field, sum_of_done};
+pub use wrapped::Inner;
 pub use zookeeper_server::ZooKeeperEnsemble;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -8,10 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lock_runtime::store::{
-    Acquire, AcquireRequest, Capabilities, HandOver, Lease, LeaseInfo, LockToken, ReleaseWatch,
-    Reply, Store,
-};
+use lock_runtime::store::{Acquire, AcquireRequest, HandOver, Lease, Reply, Store};
 use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock};
 use lock_tests::unique_key;
 use tokio::sync::{Barrier, Notify};
@@ -316,9 +313,7 @@ impl Lease for CountingLease {
 }
 
 impl Store for CountingStore {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
+    lock_tests::forward_store_to!(inner);
 
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
@@ -335,22 +330,6 @@ impl Store for CountingStore {
                 other => other,
             })
         })
-    }
-
-    fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-        self.inner.abandon(key, token)
-    }
-
-    fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-        self.inner.watch(key)
-    }
-
-    fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-        self.inner.force_release(key)
-    }
-
-    fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-        self.inner.inspect(key)
     }
 }
 

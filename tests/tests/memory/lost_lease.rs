@@ -340,9 +340,7 @@ struct PausingAtGrant {
 }
 
 impl lock_runtime::store::Store for PausingAtGrant {
-    fn capabilities(&self) -> &lock_runtime::store::Capabilities {
-        self.inner.capabilities()
-    }
+    lock_tests::forward_store_to!(inner);
 
     fn acquire<'a>(
         &'a self,
@@ -353,32 +351,6 @@ impl lock_runtime::store::Store for PausingAtGrant {
         // host pausing the machine): nothing of it runs meanwhile.
         std::thread::sleep(self.pause);
         reply
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        key: &'a str,
-        token: lock_runtime::store::LockToken,
-    ) -> lock_runtime::store::Reply<'a, bool> {
-        self.inner.abandon(key, token)
-    }
-
-    fn watch<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> lock_runtime::store::Reply<'a, lock_runtime::store::ReleaseWatch> {
-        self.inner.watch(key)
-    }
-
-    fn force_release<'a>(&'a self, key: &'a str) -> lock_runtime::store::Reply<'a, bool> {
-        self.inner.force_release(key)
-    }
-
-    fn inspect<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> lock_runtime::store::Reply<'a, Option<lock_runtime::store::LeaseInfo>> {
-        self.inner.inspect(key)
     }
 }
 

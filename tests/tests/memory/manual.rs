@@ -393,10 +393,7 @@ mod gated {
     use std::time::Duration;
 
     use lock_runtime::MemoryStore;
-    use lock_runtime::store::{
-        Acquire, AcquireRequest, Capabilities, Lease, LeaseInfo, LockToken, ReleaseWatch, Reply,
-        Store,
-    };
+    use lock_runtime::store::{Acquire, AcquireRequest, Lease, Reply, Store};
     use tokio::sync::Notify;
 
     #[derive(Debug, Default)]
@@ -463,9 +460,7 @@ mod gated {
     }
 
     impl Store for GatedStore {
-        fn capabilities(&self) -> &Capabilities {
-            self.inner.capabilities()
-        }
+        lock_tests::forward_store_to!(inner);
 
         fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> Reply<'a, Acquire> {
             Reply::new(async move {
@@ -491,22 +486,6 @@ mod gated {
                     other => other,
                 })
             })
-        }
-
-        fn abandon<'a>(&'a self, key: &'a str, token: LockToken) -> Reply<'a, bool> {
-            self.inner.abandon(key, token)
-        }
-
-        fn watch<'a>(&'a self, key: &'a str) -> Reply<'a, ReleaseWatch> {
-            self.inner.watch(key)
-        }
-
-        fn force_release<'a>(&'a self, key: &'a str) -> Reply<'a, bool> {
-            self.inner.force_release(key)
-        }
-
-        fn inspect<'a>(&'a self, key: &'a str) -> Reply<'a, Option<LeaseInfo>> {
-            self.inner.inspect(key)
         }
     }
 }
