@@ -11,6 +11,7 @@ use lock_runtime::{LockError, LockOptions, LockRegistry, distributed_lock};
 use lock_tests::{RedisServer, unique_key, wait_until};
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tokio::sync::Notify;
 
 struct Shop {
     locks: LockRegistry,
@@ -33,8 +34,9 @@ impl Shop {
     }
 
     #[distributed_lock(key = "stock:{item}", name = "scripted", ttl = "1s", registry = self.locks)]
-    async fn hang(&self, item: &str) {
+    async fn hang(&self, item: &str, begun: &Notify) {
         let _ = item;
+        begun.notify_one();
         std::future::pending::<()>().await;
     }
 
@@ -128,15 +130,13 @@ async fn a_scripted_scenario_is_counted_exactly() {
 
     // A forced release under a running body: lost, reason `store`.
     let item = unique_key("sku");
+    let begun = Arc::new(Notify::new());
     let hang = tokio::spawn({
-        let (shop, item) = (shop.clone(), item.clone());
-        async move { shop.hang(&item).await }
+        let (shop, item, begun) = (shop.clone(), item.clone(), begun.clone());
+        async move { shop.hang(&item, &begun).await }
     });
     let stuck = format!("stock:{item}");
-    wait_until("the body holds the lock", || {
-        shop.locks.local_queue_len(&stuck) == 1
-    })
-    .await;
+    begun.notified().await;
     assert!(shop.locks.force_release(&stuck).await.unwrap());
     assert!(matches!(hang.await.unwrap(), Err(LockError::Lost { .. })));
 
