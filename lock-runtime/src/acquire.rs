@@ -135,9 +135,13 @@ pub(crate) async fn contend(
                 tracing::debug!(parent: wait, key, "lock held by other tasks of this process; skipping");
                 return Ok(None);
             }
-            within(deadline, member.lock())
-                .await
-                .ok_or_else(timed_out)?
+            // Not `within`: one future fewer around every local wait.
+            match deadline {
+                None => member.lock().await,
+                Some(deadline) => timeout_at(deadline, member.lock())
+                    .await
+                    .map_err(|_| timed_out())?,
+            }
         }
     };
     if let Some(mut handed) = turn.take_handed() {

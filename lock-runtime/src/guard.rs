@@ -70,9 +70,8 @@ struct State {
     /// out by the release or the hand-over once nothing else shares the
     /// state ([`Renewal::take_held`]).
     lease: Option<Box<dyn Lease>>,
-    /// The fencing token: set at the grant, or by the first read of a
-    /// lease whose store issues it on demand ([`Lease::fencing_token`]).
-    fencing: OnceCell<u64>,
+    /// The fencing token.
+    fencing: Fencing,
     loss: LossSignal,
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
@@ -152,7 +151,36 @@ impl State {
                 )),
             }
         };
-        self.fencing.get_or_try_init(issue).await.copied()
+        match &self.fencing {
+            Fencing::Known(token) => Ok(*token),
+            Fencing::OnDemand(cell) => cell.get_or_try_init(issue).await.copied(),
+        }
+    }
+}
+
+/// A lease's fencing token: known from the grant, or issued by the lease
+/// at the first read of a store that issues it on demand
+/// ([`Lease::fencing_token`]), the other readers waiting for that one.
+enum Fencing {
+    Known(u64),
+    OnDemand(OnceCell<u64>),
+}
+
+impl Fencing {
+    /// The grant's token, or a cell for the first read to fill.
+    fn new(granted: Option<u64>) -> Fencing {
+        match granted {
+            Some(token) => Fencing::Known(token),
+            None => Fencing::OnDemand(OnceCell::new()),
+        }
+    }
+
+    /// The token, if known yet.
+    fn get(&self) -> Option<u64> {
+        match self {
+            Fencing::Known(token) => Some(*token),
+            Fencing::OnDemand(cell) => cell.get().copied(),
+        }
     }
 }
 
@@ -211,7 +239,7 @@ impl Fill<State> for Fresh<'_> {
             full_key: self.turn.key().clone(),
             prefix_len: self.parts.prefix_len,
             lease: Some(self.lease),
-            fencing: OnceCell::new_with(self.fencing),
+            fencing: Fencing::new(self.fencing),
             loss: self.loss,
             turn: Mutex::new(Some(self.turn)),
             span: self.parts.span.clone(),
@@ -241,7 +269,7 @@ impl Fill<State> for Fresh<'_> {
         }
         *prefix_len = self.parts.prefix_len;
         *lease = Some(self.lease);
-        *fencing = OnceCell::new_with(self.fencing);
+        *fencing = Fencing::new(self.fencing);
         *loss = self.loss;
         *turn.get_mut().unwrap_or_else(|poison| poison.into_inner()) = Some(self.turn);
         // No span while no subscriber listens: nothing to replace.
@@ -367,7 +395,7 @@ impl LockGuard {
     pub(crate) fn fencing_source(&self) -> FencingSource {
         let held = self.held();
         FencingSource(match held.state().fencing.get() {
-            Some(token) => Source::Known(*token),
+            Some(token) => Source::Known(token),
             None => Source::Holder(Arc::downgrade(held.renewal.entry())),
         })
     }
