@@ -185,6 +185,12 @@ pub async fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// The last `n` lines of `text` (a server's log, for a failure message).
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// Polls `ready` every 10 ms on this thread until it holds; panics after
 /// `within`, naming `what`. For tests that drive real processes.
 pub fn wait_until_blocking(

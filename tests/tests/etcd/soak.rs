@@ -43,7 +43,11 @@ fn workers_killed_frozen_and_cut_off_and_the_leader_frozen_or_restarted_never_ov
             // docs): leases lost, up to a lease after.
             Some(Fault::lossy_lingering("leader-frozen", ttl))
         } else {
-            assert!(cluster.restart(leader), "the cluster did not recover");
+            assert!(
+                cluster.restart(leader),
+                "the cluster did not recover; the restarted server's log ends:\n{}",
+                lock_tests::last_lines(&cluster.log(leader), 40)
+            );
             Some(Fault::kept("leader-restarted"))
         }
     });

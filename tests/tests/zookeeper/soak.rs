@@ -38,7 +38,11 @@ fn workers_killed_frozen_and_cut_off_and_the_leader_frozen_or_restarted_never_ov
                 ensemble.resume(leader);
                 Some(Fault::kept("leader-frozen"))
             } else {
-                assert!(ensemble.restart(leader), "the ensemble did not recover");
+                assert!(
+                    ensemble.restart(leader),
+                    "the ensemble did not recover; the restarted server's log ends:\n{}",
+                    lock_tests::last_lines(&ensemble.log(leader), 40)
+                );
                 Some(Fault::kept("leader-restarted"))
             }
         });
