@@ -8,6 +8,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --quick # under a minute, written to bench/target/
 //! cargo run --release --manifest-path bench/Cargo.toml -- --store etcd   # one store's rows, printed
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
+//! cargo run --release --manifest-path bench/Cargo.toml -- --profile-hand-over tokio-mutex,memory 50000 5
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
 //! cargo run --release --manifest-path bench/Cargo.toml -- --handoff lock-runtime,distributed-lock 200 3
@@ -147,6 +148,64 @@ pub(crate) async fn memory_rows(
     let scenario = "7. attribute vs manual (memory)";
     rows.extend(interleaved(&pair, scenario, 1, 200_000 / scale, false, rounds).await?);
     Ok(rows)
+}
+
+/// `--profile-hand-over LIBS OPS [ROUNDS]`: the in-process hand-over
+/// alone, without the multi-thread scheduler. On a current-thread
+/// runtime, two tasks per contender lock one key `OPS` times each; the
+/// section does the fixed work and yields once while it holds the lock,
+/// so the other task is always queued and every lock is a hand-over.
+/// Memory contenders only (memory, tokio-mutex); after one unmeasured
+/// round, each round prints the time per section of each contender in
+/// turn.
+fn profile_hand_over(args: &[String]) -> Result<(), Error> {
+    let [names, ops, rest @ ..] = args else {
+        return Err("--profile-hand-over LIBS OPS [ROUNDS]".into());
+    };
+    let ops: u32 = ops.parse()?;
+    let rounds: usize = rest.first().map_or(Ok(3), |r| r.parse())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut libs = Vec::new();
+        for name in names.split(',') {
+            if !matches!(name, "memory" | "tokio-mutex") {
+                return Err(
+                    format!("--profile-hand-over: {name} is not a memory contender").into(),
+                );
+            }
+            libs.push((name, make_lib(name, "").await?));
+        }
+        for round in 0..=rounds {
+            for (name, lib) in &libs {
+                let started = Instant::now();
+                let tasks: Vec<_> = (0..2)
+                    .map(|_| {
+                        let lib = lib.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..ops {
+                                let body = async {
+                                    work();
+                                    tokio::task::yield_now().await;
+                                };
+                                lib.with_lock("bench:hand-over", body).await?;
+                            }
+                            Ok::<(), Error>(())
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await??;
+                }
+                if round > 0 {
+                    let per_section = started.elapsed() / (2 * ops);
+                    println!("{name}: {} ns per section", per_section.as_nanos());
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// `--profile LIBS OPS [TASKS [ROUNDS [hot]]]`: scenario 1 (or 2 with
@@ -349,6 +408,10 @@ async fn main() -> Result<(), Error> {
     }
     if args.first().map(String::as_str) == Some("--profile") {
         return profile(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("--profile-hand-over") {
+        let args = args[1..].to_vec();
+        return tokio::task::spawn_blocking(move || profile_hand_over(&args)).await?;
     }
     if args.first().map(String::as_str) == Some("--probe-wake") {
         return probe_wake(&args[1..]).await;
