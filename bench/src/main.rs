@@ -163,6 +163,11 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
         return Err("--profile-hand-over LIBS OPS [ROUNDS]".into());
     };
     let ops: u32 = ops.parse()?;
+    // Two tasks' sections, each round: at least one, and countable.
+    let sections = ops
+        .checked_mul(2)
+        .filter(|&sections| sections > 0)
+        .ok_or("--profile-hand-over: OPS must be between 1 and 2^31 - 1")?;
     let rounds: usize = rest.first().map_or(Ok(3), |r| r.parse())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -199,7 +204,7 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
                     task.await??;
                 }
                 if round > 0 {
-                    let per_section = started.elapsed() / (2 * ops);
+                    let per_section = started.elapsed() / sections;
                     println!("{name}: {} ns per section", per_section.as_nanos());
                 }
             }
