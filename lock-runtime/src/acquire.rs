@@ -98,10 +98,22 @@ impl Parts<'_> {
     }
 }
 
+/// When a lock call began, if anything needs it: a `wait_timeout` (its
+/// deadline), the wait's metrics or the wait's debug events. Otherwise
+/// `None`, and the clock is read only as each request is sent: a lock
+/// taken up from a hand-over reads it not at all.
+pub(crate) fn call_start(opts: &LockOptions) -> Option<Instant> {
+    let timed = opts.wait_timeout.is_some()
+        || cfg!(feature = "metrics")
+        || tracing::enabled!(tracing::Level::DEBUG);
+    timed.then(Instant::now)
+}
+
 /// Queues locally, then contends in the store: the lease and the turn,
 /// for the caller to hold; `None` only in skip mode. `key` is the user's
-/// key (for messages), `full_key` the namespaced one; the wait's events go
-/// to `wait`, and `contended` is set when the key was found held.
+/// key (for messages), `full_key` the namespaced one; `started` is when
+/// the call began ([`call_start`]); the wait's events go to `wait`, and
+/// `contended` is set when the key was found held.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn contend(
     parts: &Parts<'_>,
@@ -109,16 +121,20 @@ pub(crate) async fn contend(
     full_key: &FullKey<'_>,
     opts: &LockOptions,
     mode: Mode,
-    started: Instant,
+    started: Option<Instant>,
     contended: &mut bool,
     wait: &Span,
 ) -> Result<Option<Granted>, LockError> {
     let claim = opts.claim();
     check_served(parts, key, claim, opts)?;
-    let deadline = opts.wait_timeout.map(|timeout| started + timeout);
+    // `started` is known whenever there is a deadline.
+    let deadline = opts
+        .wait_timeout
+        .zip(started)
+        .map(|(timeout, started)| started + timeout);
     let timed_out = || LockError::Timeout {
         key: LockError::shown_key(key),
-        waited: started.elapsed(),
+        waited: started.map_or(Duration::ZERO, |started| started.elapsed()),
     };
     // Tasks of this process queue for an exclusive claim, so one of them
     // contends in the store, and for a semaphore's permits, so as many as
@@ -153,7 +169,7 @@ pub(crate) async fn contend(
                 parent: wait,
                 key,
                 fencing = handed.fencing,
-                waited_ms = started.elapsed().as_millis() as u64,
+                waited_ms = waited_ms(started),
                 "lock handed over by the previous holder in this process"
             );
             return Ok(Some((handed, turn)));
@@ -170,19 +186,20 @@ pub(crate) async fn contend(
     let token = LockToken::random();
     let loss = LossSignal::new();
     // Not queued behind anyone: the first request goes out now, as good as
-    // when the call began (a clock read saved on the common path), and a
-    // grant answered at once is taken without the loop below.
+    // when the call began (one clock read on the common path), and a grant
+    // answered at once is taken without the loop below.
     let mut first = None;
-    if !*contended
+    let first_sent = (!*contended).then(|| started.unwrap_or_else(Instant::now));
+    if let Some(sent_at) = first_sent
         && let Some((lease, fencing)) = first_attempt(
-            parts, &turn, token, &loss, opts, claim, mode, started, &mut first,
+            parts, &turn, token, &loss, opts, claim, mode, sent_at, &mut first,
         )
     {
         // Nothing borrowed is left (no answer to hand on).
         drop(first);
         acquired(wait, key, fencing, started);
         return Ok(Some((
-            Grant::new(lease, loss, fencing, opts.ttl, started),
+            Grant::new(lease, loss, fencing, opts.ttl, sent_at),
             turn,
         )));
     }
@@ -192,8 +209,9 @@ pub(crate) async fn contend(
     // returned.
     let outcome = {
         // Moved in: the first answer borrows the turn and the loss signal
-        // no longer than this block.
-        let mut first = first;
+        // no longer than this block. With when it was sent (known whenever
+        // there is one).
+        let mut first = first.zip(first_sent);
         // A waiter's place in a store's queue: given up if the wait ends
         // without the lock.
         let mut place = (queue_poll.is_some() && mode == Mode::Wait)
@@ -211,7 +229,7 @@ pub(crate) async fn contend(
             // lease).
             let attempt = Stake::new(parts.store, &turn, token);
             let (reply, sent_at) = match first.take() {
-                Some(first) => (first, started),
+                Some(first) => first,
                 None => {
                     let sent_at = Instant::now();
                     let request = request(&turn, token, &loss, opts, claim, mode, *contended);
@@ -351,14 +369,20 @@ pub(crate) async fn contend(
 
 /// Logs a lease the store granted to this call (not handed over), in the
 /// call's `wait` span.
-fn acquired(wait: &Span, key: &str, fencing: Option<u64>, started: Instant) {
+fn acquired(wait: &Span, key: &str, fencing: Option<u64>, started: Option<Instant>) {
     tracing::debug!(
         parent: wait,
         key,
         fencing,
-        waited_ms = started.elapsed().as_millis() as u64,
+        waited_ms = waited_ms(started),
         "lock acquired"
     );
+}
+
+/// How long the call has waited, in whole milliseconds, for its events:
+/// `started` is known whenever they are listened to ([`call_start`]).
+fn waited_ms(started: Option<Instant>) -> Option<u64> {
+    started.map(|started| started.elapsed().as_millis() as u64)
 }
 
 /// The request of `token`'s attempt at `turn`'s key, but for when it is
@@ -380,11 +404,11 @@ fn request<'a>(
         .contended(contended)
 }
 
-/// The first attempt of a call not queued behind anyone, sent as the call
-/// began (`started`): the lease and its fencing token when the store
-/// grants it at once (a store in this process), the lease then counting
-/// from when the call began, with nothing waited for in which it could run
-/// out, so good without a clock read. Any other answer (refused, failed,
+/// The first attempt of a call not queued behind anyone, sent at
+/// `sent_at` (when the call began, if that was read): the lease and its
+/// fencing token when the store grants it at once (a store in this
+/// process), the lease then counting from `sent_at`, with nothing waited
+/// for in which it could run out, so good without another clock read. Any other answer (refused, failed,
 /// answered later, a lease counted from an earlier start) goes to `first`,
 /// for the attempt loop, which treats every answer alike.
 #[allow(clippy::too_many_arguments)]
@@ -396,10 +420,10 @@ fn first_attempt<'a>(
     opts: &LockOptions,
     claim: Claim,
     mode: Mode,
-    started: Instant,
+    sent_at: Instant,
     first: &mut Option<Reply<'a, Acquire>>,
 ) -> Option<(Box<dyn Lease>, Option<u64>)> {
-    let request = request(turn, token, loss, opts, claim, mode, false).sent_at(started);
+    let request = request(turn, token, loss, opts, claim, mode, false).sent_at(sent_at);
     let store: &'a dyn Store = &**parts.store;
     let mut reply = store.acquire(request);
     let Some(answer) = reply.take_ready() else {
@@ -410,7 +434,7 @@ fn first_attempt<'a>(
         // A lease the store prepared ahead counts from then, and one with
         // no time to count on is given back: the loop's cases.
         Ok(Acquire::Acquired { fencing, lease })
-            if lease.started_at().is_none_or(|at| at >= started)
+            if lease.started_at().is_none_or(|at| at >= sent_at)
                 && !parts.capabilities.valid_for(opts.ttl).is_zero() =>
         {
             // Asked for none: whatever the store made is not promised.

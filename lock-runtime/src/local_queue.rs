@@ -535,7 +535,7 @@ impl LocalTurn {
         }: Grant,
     ) -> Result<HandOver, StoreError> {
         let sent_at = Instant::now();
-        let handed = lease.hand_over().await?;
+        let handed = lease.hand_over(sent_at).await?;
         let HandOver::Moved { fencing } = handed else {
             return Ok(handed);
         };

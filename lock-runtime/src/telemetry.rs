@@ -257,7 +257,7 @@ pub(crate) fn acquire_ended(
     outcome: Outcome,
     fencing: Option<u64>,
     contended: bool,
-    started: tokio::time::Instant,
+    started: Option<tokio::time::Instant>,
 ) {
     // A disabled span keeps no fields; recording into one still costs a
     // call per field (and a `log` record when `tracing`'s `log` feature is
@@ -277,7 +277,9 @@ pub(crate) fn acquire_ended(
         match outcome {
             Outcome::Acquired => {
                 handles.acquired.increment(1);
-                handles.wait.record(started.elapsed().as_secs_f64());
+                if let Some(started) = started {
+                    handles.wait.record(started.elapsed().as_secs_f64());
+                }
             }
             Outcome::Skipped => handles.skipped.increment(1),
             Outcome::Timeout => handles.timeouts.increment(1),

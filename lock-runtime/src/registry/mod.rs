@@ -11,7 +11,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use once_cell::sync::OnceCell;
-use tokio::time::Instant;
 
 mod stores;
 
@@ -384,7 +383,7 @@ impl LockRegistry {
         // lock's span and in the metrics. Not `instrument`ed: moving the
         // large wait future into a wrapper cost more than everything else
         // the spans add; its events name the span as their parent instead.
-        let started = Instant::now();
+        let started = acquire::call_start(opts);
         let mut contended = false;
         let wait = telemetry::wait_span(&span);
         let result = acquire::contend(

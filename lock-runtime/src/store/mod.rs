@@ -201,6 +201,12 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// (the old one is refused from then on), extends it to its ttl, and
     /// returns a new fencing token larger than every earlier one
     /// ([`HandOver::Moved`]). The handle then stands for the new holder.
+    ///
+    /// `sent_at` is when the caller sent the hand-over, on this process's
+    /// clock, as [`Hints::sent_at`] is for an acquire: the new holder
+    /// counts the moved lease from then, and a store that shares the
+    /// holder's clock may count it from then too, rather than read the
+    /// clock (its lease then ends no later than it would have).
     /// [`HandOver::Lost`] when the lease is no longer ours;
     /// [`HandOver::Released`] when the store released it instead (a store
     /// that queues waiters, whose turn it is).
@@ -212,7 +218,8 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// The default, for a store that cannot move a lease, releases it
     /// ([`HandOver::Released`], or [`HandOver::Lost`] when it was no longer
     /// ours): the next holder then acquires as usual, in more round trips.
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+    fn hand_over(&mut self, sent_at: tokio::time::Instant) -> Reply<'_, HandOver> {
+        let _ = sent_at;
         Reply::new(async {
             let released = self.release(Duration::ZERO).await?;
             Ok(if released {

@@ -296,14 +296,14 @@ impl Lease for CountingLease {
         self.inner.release(linger)
     }
 
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+    fn hand_over(&mut self, sent_at: tokio::time::Instant) -> Reply<'_, HandOver> {
         Reply::new(async move {
             if let Some(gate) = &self.gate {
                 gate.reached.notify_one();
                 gate.open.notified().await;
             }
             self.hand_overs.fetch_add(1, Ordering::SeqCst);
-            self.inner.hand_over().await
+            self.inner.hand_over(sent_at).await
         })
     }
 

@@ -223,7 +223,7 @@ impl Lease for EtcdLease {
         })
     }
 
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+    fn hand_over(&mut self, _sent_at: tokio::time::Instant) -> Reply<'_, HandOver> {
         Reply::new(async move {
             if !self.one_of_many {
                 return self.move_or_release().await;

@@ -283,8 +283,10 @@ impl Lease for MemoryLease {
         Reply::ready(Ok(released))
     }
 
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
-        let now = Instant::now();
+    fn hand_over(&mut self, sent_at: Instant) -> Reply<'_, HandOver> {
+        // The holder's clock: the lease counts from when the hand-over was
+        // sent, as the holder counts it.
+        let now = sent_at;
         let next = LockToken::random();
         let mut table = lock_table(&self.shared);
         let fencing = table.next_fencing();

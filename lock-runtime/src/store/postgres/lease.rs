@@ -45,7 +45,7 @@ impl Lease for PostgresLease {
         Reply::new(self.shared.release(&self.id, self.token, linger))
     }
 
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+    fn hand_over(&mut self, _sent_at: tokio::time::Instant) -> Reply<'_, HandOver> {
         Reply::new(async move {
             if self.one_of_many {
                 // A share is not moved: released, the next holder claims anew.

@@ -53,7 +53,7 @@ where
         ))
     }
 
-    fn hand_over(&mut self) -> Reply<'_, HandOver> {
+    fn hand_over(&mut self, _sent_at: tokio::time::Instant) -> Reply<'_, HandOver> {
         Reply::new(async move {
             let next = LockToken::random();
             let handed = self

@@ -291,7 +291,7 @@ pub async fn a_hand_over_moves_the_lease_to_a_new_token(store: &Clients) {
     let old = LockToken::random();
     let (mut lease, first) = granted(attempt(&store.a, &key, old, TTL).await);
     let first = token_of(&*lease, first).await;
-    let second = moved(lease.hand_over().await.unwrap());
+    let second = moved(lease.hand_over(tokio::time::Instant::now()).await.unwrap());
     let second = token_of(&*lease, second).await;
     if store.caps().fencing.increasing {
         assert!(second > first, "{first} then {second}");
@@ -421,7 +421,7 @@ pub async fn inspect_reports_the_holder(store: &Clients) {
             assert!(left <= TTL && left >= TTL / 2, "{info:?}");
         }
     }
-    match lease.hand_over().await.unwrap() {
+    match lease.hand_over(tokio::time::Instant::now()).await.unwrap() {
         HandOver::Moved { fencing: next } => {
             let next = token_of(&*lease, next).await;
             let info = store.b.inspect(&key).await.unwrap().expect("held");
@@ -512,7 +512,7 @@ pub async fn a_handed_over_permit_keeps_its_place(store: &Clients) {
     let (mut other, second) = granted(claim(&store.b, &key, two).await);
     let second = token_of(&*other, second).await;
     refused(claim(&store.b, &key, two).await);
-    match handed.hand_over().await.unwrap() {
+    match handed.hand_over(tokio::time::Instant::now()).await.unwrap() {
         HandOver::Moved { fencing } => {
             let moved = token_of(&*handed, fencing).await;
             if store.caps().fencing.increasing {

@@ -143,7 +143,7 @@ pub async fn applies(case: &str, store: &Clients) -> bool {
         "a_hand_over_moves_the_lease_to_a_new_token" => {
             let key = unique_key("contract");
             let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
-            match lease.hand_over().await.unwrap() {
+            match lease.hand_over(tokio::time::Instant::now()).await.unwrap() {
                 HandOver::Moved { .. } => {
                     assert!(lease.release(Duration::ZERO).await.unwrap());
                     true
