@@ -185,9 +185,9 @@ pub(crate) async fn contend(
     let store = &**parts.store;
     let token = LockToken::random();
     let loss = LossSignal::new();
-    // Not queued behind anyone: the first request goes out now, as good as
-    // when the call began (one clock read on the common path), and a grant
-    // answered at once is taken without the loop below.
+    // Not queued behind anyone: the first request goes out now, sent at
+    // the call's start if that was read (else the clock is read now), and
+    // a grant answered at once is taken without the loop below.
     let mut first = None;
     let first_sent = (!*contended).then(|| started.unwrap_or_else(Instant::now));
     if let Some(sent_at) = first_sent
@@ -209,8 +209,8 @@ pub(crate) async fn contend(
     // returned.
     let outcome = {
         // Moved in: the first answer borrows the turn and the loss signal
-        // no longer than this block. With when it was sent (known whenever
-        // there is one).
+        // no longer than this block. Paired with its send time (there is
+        // one whenever there is a first answer).
         let mut first = first.zip(first_sent);
         // A waiter's place in a store's queue: given up if the wait ends
         // without the lock.
@@ -408,9 +408,10 @@ fn request<'a>(
 /// `sent_at` (when the call began, if that was read): the lease and its
 /// fencing token when the store grants it at once (a store in this
 /// process), the lease then counting from `sent_at`, with nothing waited
-/// for in which it could run out, so good without another clock read. Any other answer (refused, failed,
-/// answered later, a lease counted from an earlier start) goes to `first`,
-/// for the attempt loop, which treats every answer alike.
+/// for in which it could run out, so good without another clock read.
+/// Any other answer (refused, failed, answered later, a lease counted
+/// from an earlier start) goes to `first`, for the attempt loop, which
+/// treats every answer alike.
 #[allow(clippy::too_many_arguments)]
 fn first_attempt<'a>(
     parts: &'a Parts<'_>,
