@@ -201,15 +201,15 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// (the old one is refused from then on), extends it to its ttl, and
     /// returns a new fencing token larger than every earlier one
     /// ([`HandOver::Moved`]). The handle then stands for the new holder.
+    /// [`HandOver::Lost`] when the lease is no longer ours;
+    /// [`HandOver::Released`] when the store released it instead (a store
+    /// that queues waiters, whose turn it is).
     ///
     /// `sent_at` is when the caller sent the hand-over, on this process's
     /// clock, as [`Hints::sent_at`] is for an acquire: the new holder
     /// counts the moved lease from then, and a store that shares the
     /// holder's clock may count it from then too, rather than read the
     /// clock (its lease then ends no later than it would have).
-    /// [`HandOver::Lost`] when the lease is no longer ours;
-    /// [`HandOver::Released`] when the store released it instead (a store
-    /// that queues waiters, whose turn it is).
     ///
     /// Asked of exclusive leases and of semaphore permits, never of
     /// shares. A permit moves within the key's holders: the key stays as
