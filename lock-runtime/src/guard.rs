@@ -43,7 +43,6 @@ struct Holding {
     registry: usize,
     /// How the lease holds its key.
     claim: Claim,
-    started_at: Instant,
     ttl: Duration,
     /// `hold_at_least` counted from when the grant reached this process:
     /// never earlier than the key was taken.
@@ -351,7 +350,6 @@ impl LockGuard {
             held: Some(Holding {
                 registry: parts.registry_id(),
                 claim: opts.claim(),
-                started_at: grant.started_at,
                 ttl: opts.ttl,
                 hold_until: opts.hold_at_least.map(|hold| Instant::now() + hold),
                 chain: grant.chain,
@@ -531,7 +529,11 @@ impl Holding {
                 drop(turn);
                 self.released(released, was_held, linger)
             }
-            Release::HandOver(turn, lease) => self.hand_over(turn, lease).await,
+            Release::HandOver(turn, mut lease) => {
+                let sent_at = Instant::now();
+                let handed = lease.hand_over(sent_at).await;
+                self.handed_over(turn, lease, sent_at, handed)
+            }
         };
         self.keep_spare();
         released
@@ -618,19 +620,37 @@ impl Holding {
         }
     }
 
-    /// Hands `lease` to the next task queued behind `turn` in this process.
-    async fn hand_over(&mut self, turn: LocalTurn, lease: Box<dyn Lease>) -> Result<(), LockError> {
-        let (ttl, started_at, chain) = (self.ttl, self.started_at, self.chain);
+    /// What the store answered (`handed`) to the hand-over of `lease`
+    /// sent at `sent_at`: a lease it moved goes to the next task queued
+    /// behind `turn` in this process; the answer, logged and recorded,
+    /// for the caller. Whatever it was, the turn is given up, and the
+    /// lease dropped unless it was moved.
+    fn handed_over(
+        &mut self,
+        turn: LocalTurn,
+        lease: Box<dyn Lease>,
+        sent_at: Instant,
+        handed: Result<HandOver, StoreError>,
+    ) -> Result<(), LockError> {
+        let (ttl, chain) = (self.ttl, self.chain);
         let state = self.state_alone();
-        let grant = Grant {
-            lease,
-            loss: state.loss.clone(),
-            fencing: None,
-            ttl,
-            started_at,
-            chain,
-        };
-        match turn.hand_over(grant).await {
+        let handed = handed.map(|handed| match handed {
+            HandOver::Moved { fencing } => {
+                // A lease the store could not renew with the move counts
+                // from its last renewal.
+                let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
+                turn.pass_on(Grant {
+                    lease,
+                    loss: state.loss.clone(),
+                    fencing,
+                    ttl,
+                    started_at,
+                    chain: chain + 1,
+                })
+            }
+            other => other,
+        });
+        match handed {
             Ok(HandOver::Moved { .. }) => {
                 telemetry::handed_over(state.labels);
                 state.ended_alone(None);

@@ -23,7 +23,6 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::error::StoreError;
 use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::store::{HandOver, Lease, LossSignal};
 
@@ -516,51 +515,25 @@ impl LocalTurn {
         self.member()?.queue().take_handed()
     }
 
-    /// Hands `lease` to the next task in the queue: the store moves it to a
-    /// new token with a new fencing token, and this turn is given up. `chain` counts the hand-overs that led to this lease.
-    ///
-    /// # Errors
-    ///
-    /// The store's error when it failed. Whatever the outcome (moved, lost,
-    /// released by the store instead), the turn is given up, and the lease
-    /// dropped unless it was moved.
-    pub(crate) async fn hand_over(
-        mut self,
-        Grant {
-            mut lease,
-            loss,
-            ttl,
-            chain,
-            ..
-        }: Grant,
-    ) -> Result<HandOver, StoreError> {
-        let sent_at = Instant::now();
-        let handed = lease.hand_over(sent_at).await?;
-        let HandOver::Moved { fencing } = handed else {
-            return Ok(handed);
-        };
+    /// Leaves `grant`, a lease the store has just moved to a new token
+    /// for the next holder ([`Lease::hand_over`]), for the next task in
+    /// the queue, and gives this turn up: [`HandOver::Moved`] with the
+    /// grant's fencing token. A turn outside every queue has nobody to
+    /// pass it to (it is never asked: it has no waiters): the grant is
+    /// dropped, and the answer is [`HandOver::Released`].
+    pub(crate) fn pass_on(mut self, grant: Grant) -> HandOver {
+        let fencing = grant.fencing;
         tracing::debug!(key = %self.key(), fencing, "lock handed over within this process");
-        // A lease the store could not renew with the move counts from its
-        // last renewal.
-        let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
         let Some(member) = self.member() else {
-            // Never asked of an unqueued turn, which has no waiters.
-            return Ok(HandOver::Released);
+            return HandOver::Released;
         };
-        member.queue().put_handed(Grant {
-            lease,
-            loss,
-            fencing,
-            ttl,
-            started_at,
-            chain: chain + 1,
-        });
+        member.queue().put_handed(grant);
         // The turn goes to the next waiter, unless the one this was for
         // gave up while the store moved the lease and none is left.
         if let Some(queue) = self.give_up() {
             queue.release_stranded();
         }
-        Ok(handed)
+        HandOver::Moved { fencing }
     }
 }
 
