@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Span;
 
 use crate::error::LockError;
-use crate::local_queue::{Grant, LocalQueues, LocalTurn, QueueMember};
+use crate::local_queue::{Grant, Leased, LocalQueues, LocalTurn, QueueMember};
 use crate::options::{LockOptions, Mode};
 use crate::store::{
     Acquire, AcquireRequest, Capabilities, Claim, Lease, LockToken, LossSignal, ReleaseWatch,
@@ -98,6 +98,17 @@ impl Parts<'_> {
     }
 }
 
+/// Whether this call can take `handed` up: a lease the store answered
+/// always; a hold passed on as it is only when the call's own hold would
+/// be renewed the same way (no end but its release) and records nothing
+/// in a span, which the carried hold's renewal and listener do not name.
+fn takes_over(handed: &Grant, opts: &LockOptions, parts: &Parts<'_>) -> bool {
+    match handed.lease {
+        Leased::Store(_) => true,
+        Leased::Carried(_) => opts.renews_without_end() && parts.span.is_none(),
+    }
+}
+
 /// When a lock call began, if anything needs it: a `wait_timeout` (its
 /// deadline), the wait's metrics or the wait's debug events. Otherwise
 /// `None`, and the clock is read only as each request is sent: a lock
@@ -161,7 +172,7 @@ pub(crate) async fn contend(
         }
     };
     if let Some(mut handed) = turn.take_handed() {
-        if handed.ttl == opts.ttl && !handed.loss.is_raised() {
+        if handed.ttl == opts.ttl && !handed.loss.is_raised() && takes_over(&handed, opts, parts) {
             if !opts.fencing {
                 handed.fencing = Some(0);
             }
@@ -174,13 +185,23 @@ pub(crate) async fn contend(
             );
             return Ok(Some((handed, turn)));
         }
-        // Handed over with another ttl (or lost meanwhile): give it back
-        // and take our own.
-        let mut lease = handed.lease;
-        lease
-            .release(Duration::ZERO)
-            .await
-            .map_err(|source| LockError::store(key, "release", source))?;
+        // Handed over with another ttl (or lost meanwhile), or a hold
+        // this call cannot take over as it is: give it back and take our
+        // own.
+        match handed.lease {
+            Leased::Store(mut lease) => {
+                lease
+                    .release(Duration::ZERO)
+                    .await
+                    .map_err(|source| LockError::store(key, "release", source))?;
+            }
+            // Lost already, or released: nothing held is left either way.
+            Leased::Carried(carried) => {
+                if let Err(error @ LockError::Store { .. }) = carried.release().await {
+                    return Err(error);
+                }
+            }
+        }
     }
     let store = &**parts.store;
     let token = LockToken::random();

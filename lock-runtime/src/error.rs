@@ -48,6 +48,18 @@ pub struct StoreError {
     source: Source,
 }
 
+/// Why a lease whose token came with its grant issues none on demand.
+#[derive(Debug)]
+struct TokensWithGrant;
+
+impl fmt::Display for TokensWithGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("this lease's fencing token came with its grant; it issues none on demand")
+    }
+}
+
+impl std::error::Error for TokensWithGrant {}
+
 impl StoreError {
     /// The store could not serve the call now (see
     /// [`StoreErrorKind::Unavailable`]).
@@ -65,6 +77,15 @@ impl StoreError {
             kind: StoreErrorKind::Misuse,
             source: source.into(),
         }
+    }
+
+    /// What a lease whose fencing token came with its grant answers when
+    /// asked for one on demand (the default of
+    /// [`Lease::fencing_token`](crate::store::Lease::fencing_token)): a
+    /// misuse, made without an allocation, since the runtime may ask at
+    /// every hand-over within a process.
+    pub(crate) fn tokens_with_grant() -> Self {
+        StoreError::misuse(TokensWithGrant)
     }
 
     /// The lease is no longer the caller's (see [`StoreErrorKind::Lost`]).

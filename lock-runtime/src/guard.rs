@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use tracing::{Instrument, Span};
 
 use crate::acquire::Parts;
 use crate::error::LockError;
-use crate::local_queue::{Grant, LocalTurn, MAX_HAND_OVERS};
+use crate::local_queue::{Grant, Leased, LocalTurn, MAX_HAND_OVERS, PassedOn};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Fill, Renewable, Renewal, Schedule, Spare};
@@ -49,6 +49,12 @@ struct Holding {
     hold_until: Option<Instant>,
     /// Hand-overs in a row that led to this lease.
     chain: u32,
+    /// Whether the whole hold may be passed on as it is to the next task
+    /// queued in this process ([`Holding::pass_on_held`]): the lease is
+    /// renewed with no end but its release (the watchdog on, no
+    /// `max_hold`), and the lock was contended (a lock taken at once does
+    /// not look for waiters before its release, which costs a lock).
+    passes: bool,
     /// The lease's renewal, and the state the guard shares with it and
     /// the loss signal: one allocation.
     renewal: Renewal<State>,
@@ -72,18 +78,26 @@ struct State {
     /// The fencing token.
     fencing: Fencing,
     loss: LossSignal,
+    /// The current holder: its turn and what its hold is recorded under.
+    /// Written by a task taking a passed-on hold over (see
+    /// [`Holding::pass_on_held`]), read by the loss listener.
+    holder: Mutex<Holder>,
+    /// The lock's span, until the release (a passed-on hold has none).
+    span: Span,
+    /// Whether the current hold's end (a release, a hand-over, a loss)
+    /// was recorded: once, whichever comes first.
+    ended: AtomicBool,
+}
+
+/// The task holding a lease, of those that may hold it in turn.
+struct Holder {
     /// This process's turn at the key. Given back as soon as the lease is
     /// known lost, so the process's other tasks are not held up by a guard
     /// that no longer holds anything; otherwise at release.
-    turn: Mutex<Option<LocalTurn>>,
-    /// The lock's span, until the release.
-    span: Span,
+    turn: Option<LocalTurn>,
     labels: Labels,
-    /// When the lease was granted, for the hold time.
+    /// When the hold began, for the hold time.
     started_at: Instant,
-    /// Whether the hold's end (a release, a hand-over, a loss) was
-    /// recorded: once, whichever comes first.
-    ended: AtomicBool,
 }
 
 impl State {
@@ -91,10 +105,17 @@ impl State {
         &self.full_key[self.prefix_len..]
     }
 
-    fn turn(&self) -> MutexGuard<'_, Option<LocalTurn>> {
-        // `take` is the only operation: the turn is consistent after a panic.
-        self.turn
+    fn holder(&self) -> MutexGuard<'_, Holder> {
+        // Every update is one assignment: consistent after a panic.
+        self.holder
             .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The current holder, once the caller has the state alone.
+    fn holder_alone(&mut self) -> &mut Holder {
+        self.holder
+            .get_mut()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
@@ -104,7 +125,11 @@ impl State {
         if self.ended.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.record_end(lost);
+        let (labels, started_at) = {
+            let holder = self.holder();
+            (holder.labels, holder.started_at)
+        };
+        self.record_end(labels, started_at, lost);
     }
 
     /// As [`ended`](Self::ended), from the release, which has the state to
@@ -114,19 +139,22 @@ impl State {
         if std::mem::replace(self.ended.get_mut(), true) {
             return;
         }
-        self.record_end(lost);
+        let &mut Holder {
+            labels, started_at, ..
+        } = self.holder_alone();
+        self.record_end(labels, started_at, lost);
     }
 
-    fn record_end(&self, lost: Option<&str>) {
+    fn record_end(&self, labels: Labels, started_at: Instant, lost: Option<&str>) {
         if let Some(reason) = lost {
-            telemetry::lost(&self.span, self.labels, reason);
+            telemetry::lost(&self.span, labels, reason);
         }
-        telemetry::hold_ended(self.labels, self.started_at);
+        telemetry::hold_ended(labels, started_at);
     }
 
     /// Takes the turn out, if it is still here.
     fn take_turn(&self) -> Option<LocalTurn> {
-        self.turn().take()
+        self.holder().turn.take()
     }
 
     /// The fencing token: the grant's, or issued by the lease at the first
@@ -151,7 +179,7 @@ impl State {
             }
         };
         match &self.fencing {
-            Fencing::Known(token) => Ok(*token),
+            Fencing::Known(token) => Ok(token.load(Ordering::Relaxed)),
             Fencing::OnDemand(cell) => cell.get_or_try_init(issue).await.copied(),
         }
     }
@@ -161,7 +189,9 @@ impl State {
 /// at the first read of a store that issues it on demand
 /// ([`Lease::fencing_token`]), the other readers waiting for that one.
 enum Fencing {
-    Known(u64),
+    /// Issued with the grant; a task taking a passed-on hold over writes
+    /// its own token here before its guard exists.
+    Known(AtomicU64),
     OnDemand(OnceCell<u64>),
 }
 
@@ -169,7 +199,7 @@ impl Fencing {
     /// The grant's token, or a cell for the first read to fill.
     fn new(granted: Option<u64>) -> Fencing {
         match granted {
-            Some(token) => Fencing::Known(token),
+            Some(token) => Fencing::Known(AtomicU64::new(token)),
             None => Fencing::OnDemand(OnceCell::new()),
         }
     }
@@ -177,7 +207,7 @@ impl Fencing {
     /// The token, if known yet.
     fn get(&self) -> Option<u64> {
         match self {
-            Fencing::Known(token) => Some(*token),
+            Fencing::Known(token) => Some(token.load(Ordering::Relaxed)),
             Fencing::OnDemand(cell) => cell.get().copied(),
         }
     }
@@ -209,7 +239,7 @@ impl Renewable for State {
     }
 
     fn renewal_failed(&self) {
-        telemetry::renewal_failed(self.labels);
+        telemetry::renewal_failed(self.holder().labels);
     }
 }
 
@@ -240,10 +270,12 @@ impl Fill<State> for Fresh<'_> {
             lease: Some(self.lease),
             fencing: Fencing::new(self.fencing),
             loss: self.loss,
-            turn: Mutex::new(Some(self.turn)),
+            holder: Mutex::new(Holder {
+                turn: Some(self.turn),
+                labels: self.parts.labels,
+                started_at: self.started_at,
+            }),
             span: self.parts.span.clone(),
-            labels: self.parts.labels,
-            started_at: self.started_at,
             ended: AtomicBool::new(false),
         }
     }
@@ -256,10 +288,8 @@ impl Fill<State> for Fresh<'_> {
             lease,
             fencing,
             loss,
-            turn,
+            holder,
             span,
-            labels,
-            started_at,
             ended,
         } = old;
         // The same key as the last lock (the common case): its copy stays.
@@ -270,13 +300,17 @@ impl Fill<State> for Fresh<'_> {
         *lease = Some(self.lease);
         *fencing = Fencing::new(self.fencing);
         *loss = self.loss;
-        *turn.get_mut().unwrap_or_else(|poison| poison.into_inner()) = Some(self.turn);
+        *holder
+            .get_mut()
+            .unwrap_or_else(|poison| poison.into_inner()) = Holder {
+            turn: Some(self.turn),
+            labels: self.parts.labels,
+            started_at: self.started_at,
+        };
         // No span while no subscriber listens: nothing to replace.
         if !(span.is_none() && self.parts.span.is_none()) {
             *span = self.parts.span.clone();
         }
-        *labels = self.parts.labels;
-        *started_at = self.started_at;
         *ended.get_mut() = false;
     }
 }
@@ -322,14 +356,35 @@ impl LockGuard {
         grant: Grant,
         opts: &LockOptions,
         turn: LocalTurn,
+        waited: bool,
     ) -> LockGuard {
+        let Grant {
+            lease,
+            loss,
+            fencing,
+            started_at,
+            chain,
+            ..
+        } = grant;
+        let lease = match lease {
+            Leased::Store(lease) => lease,
+            Leased::Carried(carried) => {
+                drop(loss);
+                let taken = Taken {
+                    fencing,
+                    started_at,
+                    chain,
+                };
+                return LockGuard::taken_over(parts, carried, taken, opts, turn);
+            }
+        };
         let caps = parts.capabilities;
         let state = Fresh {
             parts,
-            loss: grant.loss,
-            lease: grant.lease,
-            fencing: grant.fencing,
-            started_at: grant.started_at,
+            loss,
+            lease,
+            fencing,
+            started_at,
             turn,
         };
         let renewal = Renewal::start(
@@ -339,7 +394,7 @@ impl LockGuard {
                 valid_for: caps.valid_for(opts.ttl),
                 renew: opts.watchdog,
                 max_hold: opts.max_hold,
-                started_at: grant.started_at,
+                started_at,
             },
             state,
             SPARE.try_with(Cell::take).ok().flatten(),
@@ -352,10 +407,51 @@ impl LockGuard {
                 claim: opts.claim(),
                 ttl: opts.ttl,
                 hold_until: opts.hold_at_least.map(|hold| Instant::now() + hold),
-                chain: grant.chain,
+                chain,
+                // Tasks that queue behind this one are likely where it
+                // had to wait itself.
+                passes: waited && opts.renews_without_end(),
                 renewal,
             }),
         }
+    }
+
+    /// The guard of a task taking over a hold passed on to it as it is
+    /// ([`Holding::pass_on_held`]): the lease, its renewal and its loss
+    /// listener carry on; the turn, the fencing token and the hold's
+    /// records are this task's.
+    fn taken_over(
+        parts: &Parts<'_>,
+        carried: Box<dyn PassedOn>,
+        taken: Taken,
+        opts: &LockOptions,
+        turn: LocalTurn,
+    ) -> LockGuard {
+        let carried = carried
+            .into_any()
+            .downcast::<Carried>()
+            .expect("a hold is passed on only by a guard");
+        let mut held = carried.into_holding();
+        let state = held.state();
+        if let Fencing::Known(token) = &state.fencing {
+            token.store(taken.fencing.unwrap_or(0), Ordering::Relaxed);
+        }
+        state.ended.store(false, Ordering::SeqCst);
+        *state.holder() = Holder {
+            turn: Some(turn),
+            labels: parts.labels,
+            started_at: taken.started_at,
+        };
+        // A loss raised since the hold was passed on found no turn to
+        // give back: this one goes now.
+        if state.loss.is_raised() {
+            state.lease_lost("lost before it was taken up");
+        }
+        held.claim = opts.claim();
+        held.hold_until = opts.hold_at_least.map(|hold| Instant::now() + hold);
+        held.chain = taken.chain;
+        held.passes = opts.renews_without_end();
+        LockGuard { held: Some(held) }
     }
 
     fn held(&self) -> &Holding {
@@ -514,6 +610,12 @@ impl Holding {
 
     async fn release(mut self) -> Result<(), LockError> {
         let linger = self.linger();
+        if self.passes && linger.is_zero() && self.chain < MAX_HAND_OVERS {
+            match self.pass_on_held().await {
+                None => return Ok(()),
+                Some(held) => self = held,
+            }
+        }
         let was_held = self.stop();
         // Waits for a renewal in flight, so it cannot outlive the release
         // (in the common case none shares the state: nothing to wait for).
@@ -538,6 +640,70 @@ impl Holding {
         self.keep_spare();
         released
     }
+    /// Passes this hold on as it is (lease, renewal and loss listener) to
+    /// the next task queued behind its turn, with a fencing token of its
+    /// own, which is all the store is asked: a store that issues tokens
+    /// on demand at once (the memory store) is not asked anything it must
+    /// wait for. Only a hold renewed with no end but its release, still
+    /// held, with no linger, no span (the renewal's and the listener's
+    /// events name the span of the hold's first task) and its token from
+    /// the grant. The caller checks the rest ([`Holding::passes`], no
+    /// linger, within [`MAX_HAND_OVERS`] in a row). This hold, untouched,
+    /// when it is not passed on.
+    async fn pass_on_held(self) -> Option<Holding> {
+        let taken = {
+            let state = self.state();
+            let passable = !state.loss.is_raised()
+                && state.span.is_none()
+                && matches!(state.fencing, Fencing::Known(_))
+                && state.lease.is_some();
+            let mut holder = passable.then(|| state.holder());
+            match holder.as_mut() {
+                Some(holder) if holder.turn.as_ref().is_some_and(LocalTurn::has_waiters) => holder
+                    .turn
+                    .take()
+                    .map(|turn| (turn, holder.labels, holder.started_at)),
+                _ => None,
+            }
+        };
+        let Some((turn, labels, started_at)) = taken else {
+            return Some(self);
+        };
+        let issued = match &self.state().lease {
+            Some(lease) => lease.fencing_token().await,
+            None => Ok(None),
+        };
+        let Ok(Some(fencing)) = issued else {
+            // No token on demand (it came with the grant), or the lease is
+            // lost: the turn goes back, and the lease is handed over or
+            // released as usual.
+            self.state().holder().turn = Some(turn);
+            return Some(self);
+        };
+        let state = self.state();
+        if !state.ended.swap(true, Ordering::SeqCst) {
+            state.record_end(labels, started_at, None);
+        }
+        telemetry::handed_over(labels);
+        let loss = state.loss.clone();
+        // The next hold's start, read only where hold times are recorded.
+        let next_start = if cfg!(feature = "metrics") {
+            Instant::now()
+        } else {
+            started_at
+        };
+        let (ttl, chain) = (self.ttl, self.chain + 1);
+        // A turn outside every queue has no waiters: it is never here.
+        let _ = turn.pass_on(Grant {
+            lease: Leased::Carried(Box::new(Carried(Some(self)))),
+            loss,
+            fencing: Some(fencing),
+            ttl,
+            started_at: next_start,
+            chain,
+        });
+        None
+    }
 
     /// Stops the renewal and the loss listener (the release tells of a
     /// loss from here on); whether the lease was still held then.
@@ -556,11 +722,7 @@ impl Holding {
         let Some(lease) = state.lease.take() else {
             return Release::Gone;
         };
-        let turn = state
-            .turn
-            .get_mut()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take();
+        let turn = state.holder_alone().turn.take();
         match turn {
             Some(turn)
                 if was_held && linger.is_zero() && chain < MAX_HAND_OVERS && turn.has_waiters() =>
@@ -640,7 +802,7 @@ impl Holding {
                 // from its last renewal.
                 let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                 turn.pass_on(Grant {
-                    lease,
+                    lease: Leased::Store(lease),
                     loss: state.loss.clone(),
                     fencing,
                     ttl,
@@ -652,7 +814,7 @@ impl Holding {
         });
         match handed {
             Ok(HandOver::Moved { .. }) => {
-                telemetry::handed_over(state.labels);
+                telemetry::handed_over(state.holder_alone().labels);
                 state.ended_alone(None);
                 Ok(())
             }
@@ -694,6 +856,56 @@ impl Holding {
         let left = until.saturating_duration_since(Instant::now());
         let millis = u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
         Duration::from_millis(millis)
+    }
+}
+
+/// What a task taking a passed-on hold over makes its own.
+struct Taken {
+    fencing: Option<u64>,
+    started_at: Instant,
+    chain: u32,
+}
+
+/// A hold passed on as it is, on its way through the key's queue to the
+/// next task ([`Holding::pass_on_held`]). Dropped before a task takes it
+/// over (the task gave up meanwhile), it releases the lease as a dropped
+/// guard does.
+struct Carried(Option<Holding>);
+
+impl Carried {
+    fn into_holding(mut self) -> Holding {
+        self.0.take().expect("a carried hold is taken over once")
+    }
+}
+
+impl PassedOn for Carried {
+    fn release(
+        self: Box<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send>> {
+        let held = self.into_holding();
+        Box::pin(held.release())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            held.release_on_drop();
+        }
+    }
+}
+
+impl fmt::Debug for Carried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut carried = f.debug_struct("Carried");
+        if let Some(held) = &self.0 {
+            carried.field("key", &held.state().key());
+        }
+        carried.finish_non_exhaustive()
     }
 }
 

@@ -10,12 +10,19 @@
 //! while other tasks of its process queue behind it asks the store to move
 //! the lease to a new token ([`Lease::hand_over`]), one round trip instead
 //! of a release and an acquire, and leaves the [`Grant`] for the next task,
-//! which takes it up at the front of the queue. At most [`MAX_HAND_OVERS`]
-//! in a row, so other processes get their turn. A grant left behind for a
-//! waiter that went away is released.
+//! which takes it up at the front of the queue. Where the lease issues the
+//! next task's fencing token at once ([`Lease::fencing_token`]: the memory
+//! store), the holder passes its whole hold on instead, lease, renewal and
+//! loss signal as they are ([`Leased::Carried`]), and the store is asked
+//! for nothing more. At most [`MAX_HAND_OVERS`] in a row, so other
+//! processes get their turn. A grant left behind for a waiter that went
+//! away is released.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -23,6 +30,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::error::LockError;
 use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::store::{HandOver, Lease, LossSignal};
 
@@ -213,7 +221,7 @@ impl LocalQueues {
 /// way to the guard that will hold it.
 #[derive(Debug)]
 pub(crate) struct Grant {
-    pub(crate) lease: Box<dyn Lease>,
+    pub(crate) lease: Leased,
     pub(crate) loss: LossSignal,
     /// The fencing token; `None` until the holder asks the lease for it
     /// ([`Lease::fencing_token`]).
@@ -227,6 +235,28 @@ pub(crate) struct Grant {
     pub(crate) chain: u32,
 }
 
+/// What a grant holds its key with.
+#[derive(Debug)]
+pub(crate) enum Leased {
+    /// A lease the store answered: to an acquire, or moved by a hand-over.
+    Store(Box<dyn Lease>),
+    /// The previous task's whole hold, passed on as it is: its lease still
+    /// renewed, its loss still listened to.
+    Carried(Box<dyn PassedOn>),
+}
+
+/// A whole hold passed on as it is from one task of this process to the
+/// next: made and taken over by the guard. Dropped before a task takes it
+/// over, it releases its lease, as a dropped guard does.
+pub(crate) trait PassedOn: Send + fmt::Debug {
+    /// Releases the lease, for a task that does not take the hold over
+    /// (its options differ, or the lease was lost on the way).
+    fn release(self: Box<Self>) -> Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
+
+    /// The hold, for the guard to take over.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
 impl Grant {
     /// A lease the store granted to an acquire (no hand-over before it).
     pub(crate) fn new(
@@ -237,7 +267,7 @@ impl Grant {
         started_at: Instant,
     ) -> Grant {
         Grant {
-            lease,
+            lease: Leased::Store(lease),
             loss,
             fencing,
             ttl,
@@ -387,11 +417,17 @@ impl KeyQueue {
 
 /// Releases a grant nobody takes up, rather than let it keep other
 /// processes out until its ttl.
-fn release_in_background(mut grant: Grant) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            let _ = grant.lease.release(Duration::ZERO).await;
-        });
+fn release_in_background(grant: Grant) {
+    match grant.lease {
+        Leased::Store(mut lease) => {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = lease.release(Duration::ZERO).await;
+                });
+            }
+        }
+        // Releases itself as it is dropped.
+        Leased::Carried(carried) => drop(carried),
     }
 }
 

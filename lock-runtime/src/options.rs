@@ -209,6 +209,13 @@ impl LockOptions {
         self
     }
 
+    /// Whether a lease taken with these options is renewed with no end
+    /// but its release (the watchdog on, no `max_hold`): such a hold may
+    /// pass from task to task of a process as it is.
+    pub(crate) fn renews_without_end(&self) -> bool {
+        self.watchdog && self.max_hold.is_none()
+    }
+
     /// What an acquire with these options claims on its key.
     pub(crate) fn claim(&self) -> Claim {
         match (self.access, NonZeroU32::new(self.permits)) {

@@ -408,7 +408,7 @@ impl LockRegistry {
         let Some((grant, turn)) = result? else {
             return Ok(None);
         };
-        Ok(Some(LockGuard::new(&parts, grant, opts, turn)))
+        Ok(Some(LockGuard::new(&parts, grant, opts, turn, contended)))
     }
 
     /// The address of the registry's identity (its shared state, which

@@ -245,13 +245,20 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// between the grant and the issue, and a holder that lost the key
     /// gets none.
     ///
-    /// The default, for a store that issues every token with its grant, is
-    /// never called: it answers a misuse error. A store that wraps another
-    /// store's leases forwards this, as it forwards [`renew`](Self::renew).
+    /// The runtime also asks a lease whose token came with its grant, as
+    /// it passes the lease to the next task of this process waiting for
+    /// the key: a new token then lets it pass the whole hold on as it is
+    /// (the lease, its renewal, its loss signal) instead of asking
+    /// [`hand_over`](Self::hand_over) to move it. A store that answers at
+    /// once (the memory store) saves the hand-over's request; any error
+    /// makes the runtime hand over as usual.
+    ///
+    /// The default, for a store that issues every token with its grant,
+    /// answers a misuse error, without an allocation. A store that wraps
+    /// another store's leases forwards this, as it forwards
+    /// [`renew`](Self::renew).
     fn fencing_token(&self) -> Reply<'_, Option<u64>> {
-        Reply::ready(Err(StoreError::misuse(
-            "this store issues fencing tokens with the grant, not on demand",
-        )))
+        Reply::ready(Err(StoreError::tokens_with_grant()))
     }
 
     /// When the store started counting this lease's ttl, if that was before

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lock_runtime::store::{Acquire, AcquireRequest, HandOver, Lease, Reply, Store};
-use lock_runtime::{Access, LockError, LockOptions, LockRegistry, distributed_lock};
+use lock_runtime::{Access, LockError, LockGuard, LockOptions, LockRegistry, distributed_lock};
 use lock_tests::unique_key;
 use tokio::sync::{Barrier, Notify};
 
@@ -269,6 +269,9 @@ struct CountingStore {
     acquires: Arc<AtomicUsize>,
     hand_overs: Arc<AtomicUsize>,
     gate: Option<Arc<HandOverGate>>,
+    /// Whether its leases issue fencing tokens on demand, as the memory
+    /// store's do (else only with the grant).
+    tokens_on_demand: bool,
 }
 
 /// Where a hand-over waits: `reached` is told when one arrives, `open`
@@ -279,12 +282,16 @@ struct HandOverGate {
     open: Notify,
 }
 
-/// A memory store lease whose hand-overs are counted (and gated).
+/// A memory store lease whose hand-overs are counted (and gated). Unless
+/// told to, it issues no fencing token on demand, as a store that issues
+/// every token with its grant: its holders then hand over through the
+/// store (`Lease::hand_over`), never pass a hold on as it is.
 #[derive(Debug)]
 struct CountingLease {
     inner: Box<dyn Lease>,
     hand_overs: Arc<AtomicUsize>,
     gate: Option<Arc<HandOverGate>>,
+    tokens_on_demand: bool,
 }
 
 impl Lease for CountingLease {
@@ -308,6 +315,11 @@ impl Lease for CountingLease {
     }
 
     fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        if !self.tokens_on_demand {
+            return Reply::ready(Err(lock_runtime::store::StoreError::misuse(
+                "tokens come with the grant",
+            )));
+        }
         self.inner.fencing_token()
     }
 }
@@ -325,6 +337,7 @@ impl Store for CountingStore {
                         inner: lease,
                         hand_overs: self.hand_overs.clone(),
                         gate: self.gate.clone(),
+                        tokens_on_demand: self.tokens_on_demand,
                     }),
                 },
                 other => other,
@@ -436,4 +449,189 @@ async fn a_permit_handed_over_to_a_waiter_that_gave_up_is_released() {
     other.release().await.unwrap();
     second.release().await.unwrap();
     assert_eq!(locks.inspect(&k).await.unwrap(), None, "all released");
+}
+
+/// A store whose leases issue fencing tokens at once, counting what
+/// reaches it, and two registries over it.
+fn passing_on() -> (CountingStore, LockRegistry, LockRegistry) {
+    let store = CountingStore {
+        tokens_on_demand: true,
+        ..CountingStore::default()
+    };
+    let (here, elsewhere) = (
+        LockRegistry::new(store.clone()),
+        LockRegistry::new(store.clone()),
+    );
+    (store, here, elsewhere)
+}
+
+/// The lock on `key` in `locks`, taken after waiting for `elsewhere` to
+/// release it: a contended lock, which passes its hold on to the tasks
+/// queued behind it.
+async fn after_waiting(locks: &LockRegistry, elsewhere: &LockRegistry, key: &str) -> LockGuard {
+    let blocker = elsewhere.lock(key, LockOptions::default()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.to_owned());
+        async move { locks.lock(&key, LockOptions::default()).await.unwrap() }
+    });
+    while locks.local_queue_len(key) < 1 {
+        tokio::task::yield_now().await;
+    }
+    blocker.release().await.unwrap();
+    waiter.await.unwrap()
+}
+
+/// Tasks of one process that wait for a key and take it in turn pass the
+/// hold on as it is, asking the store only for each holder's fencing
+/// token: the lease stays renewed across holders that together keep it
+/// for many ttls, and each holder's token is larger than the last.
+#[tokio::test(start_paused = true)]
+async fn a_hold_passed_on_in_a_process_stays_renewed_and_fenced_above_the_last() {
+    let (store, locks, elsewhere) = passing_on();
+    let key = unique_key("passed-on");
+    let opts = LockOptions::default().ttl(Duration::from_millis(300));
+    let blocker = elsewhere.lock(&key, opts.clone()).await.unwrap();
+    let tokens = Arc::new(std::sync::Mutex::new(vec![
+        blocker.fencing_token().await.unwrap(),
+    ]));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (locks, key, opts, tokens) =
+                (locks.clone(), key.clone(), opts.clone(), tokens.clone());
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let guard = locks.lock(&key, opts.clone()).await.unwrap();
+                    let token = guard.fencing_token().await.unwrap();
+                    tokens.lock().unwrap().push(token);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    assert!(guard.is_held(), "lost while passed on");
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    while locks.local_queue_len(&key) < 4 {
+        tokio::task::yield_now().await;
+    }
+    blocker.release().await.unwrap();
+    join_all(tasks).await.into_iter().for_each(Result::unwrap);
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 13);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert_eq!(
+        store.hand_overs.load(Ordering::SeqCst),
+        0,
+        "passed on, not handed over"
+    );
+    // Eight in a row at most: then released, and taken again from the store.
+    let acquires = store.acquires.load(Ordering::SeqCst);
+    assert!(
+        acquires < 13,
+        "{acquires} acquires for 12 holds in this process"
+    );
+    assert_eq!(
+        locks.inspect(&key).await.unwrap(),
+        None,
+        "released at the end"
+    );
+}
+
+/// A hold passed on to a task is lost there (the store forgets it): that
+/// task is told, and its turn goes to the next task of the process at
+/// once, while it still has its guard.
+#[tokio::test(start_paused = true)]
+async fn a_hold_passed_on_and_then_lost_tells_its_holder_and_frees_its_turn() {
+    let (store, locks, elsewhere) = passing_on();
+    let key = unique_key("passed-on-lost");
+    let first = after_waiting(&locks, &elsewhere, &key).await;
+    let (holds, held) = tokio::sync::oneshot::channel();
+    let (let_go, go) = tokio::sync::oneshot::channel::<()>();
+    let second = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move {
+            let guard = locks.lock(&key, LockOptions::default()).await.unwrap();
+            holds.send(()).unwrap();
+            go.await.unwrap();
+            (guard.is_held(), guard.release().await)
+        }
+    });
+    while locks.local_queue_len(&key) < 2 {
+        tokio::task::yield_now().await;
+    }
+    first.release().await.unwrap();
+    held.await.unwrap();
+    assert_eq!(
+        store.hand_overs.load(Ordering::SeqCst),
+        0,
+        "passed on, not handed over"
+    );
+    let third = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        let opts = LockOptions::default().wait_timeout(Duration::from_secs(1));
+        async move { locks.lock(&key, opts).await?.release().await }
+    });
+    while locks.local_queue_len(&key) < 2 {
+        tokio::task::yield_now().await;
+    }
+    assert!(elsewhere.force_release(&key).await.unwrap());
+    third
+        .await
+        .unwrap()
+        .expect("the lost holder's turn was given back");
+    let_go.send(()).unwrap();
+    let (was_held, released) = second.await.unwrap();
+    assert!(!was_held);
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "{released:?}"
+    );
+}
+
+/// A waiter whose own lock would end otherwise (here a `max_hold`) does
+/// not take over a hold passed on as it is: it gives it back and takes
+/// its own lease, at once and fenced above the last.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_with_other_ends_takes_its_own_lease_rather_than_a_hold_passed_on() {
+    let (store, locks, elsewhere) = passing_on();
+    let key = unique_key("passed-on-refused");
+    let first = after_waiting(&locks, &elsewhere, &key).await;
+    let before = first.fencing_token().await.unwrap();
+    let acquires = store.acquires.load(Ordering::SeqCst);
+    let waiter = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        let opts = LockOptions::default().max_hold(Duration::from_secs(60));
+        async move {
+            let guard = locks.lock(&key, opts).await.unwrap();
+            let token = guard.fencing_token().await.unwrap();
+            guard.release().await.unwrap();
+            token
+        }
+    });
+    while locks.local_queue_len(&key) < 2 {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    first.release().await.unwrap();
+    let token = waiter.await.unwrap();
+    assert!(token > before, "{token} after {before}");
+    assert!(
+        started.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        store.hand_overs.load(Ordering::SeqCst),
+        0,
+        "passed on, then given back"
+    );
+    assert_eq!(
+        store.acquires.load(Ordering::SeqCst),
+        acquires + 1,
+        "its own lease"
+    );
+    assert_eq!(
+        locks.inspect(&key).await.unwrap(),
+        None,
+        "nothing left held"
+    );
 }

@@ -306,6 +306,25 @@ impl Lease for MemoryLease {
         let answer = handed.map(|()| fencing).into();
         Reply::ready(Ok(answer))
     }
+
+    /// A new token, larger than every one issued before, while the lease
+    /// holds its key: the token of the next task of this process that
+    /// takes the lease over as it is. Answered at once.
+    fn fencing_token(&self) -> Reply<'_, Option<u64>> {
+        let now = Instant::now();
+        let mut table = lock_table(&self.shared);
+        let fencing = table.fencing + 1;
+        let issued = table
+            .slots
+            .get_mut(&self.key)
+            .and_then(|slot| slot.owned_by(self.token, now))
+            .map(|holder| holder.fencing = fencing)
+            .is_some();
+        if issued {
+            table.fencing = fencing;
+        }
+        Reply::ready(Ok(issued.then_some(fencing)))
+    }
 }
 
 impl fmt::Debug for MemoryLease {

@@ -74,9 +74,7 @@ where
 
     fn fencing_token(&self) -> Reply<'_, Option<u64>> {
         if !self.on_demand {
-            return Reply::ready(Err(StoreError::misuse(
-                "this lease's fencing token came with its grant",
-            )));
+            return Reply::ready(Err(StoreError::tokens_with_grant()));
         }
         Reply::new(self.commands.issue(&self.lock, self.token, self.ttl))
     }
