@@ -1,8 +1,9 @@
 //! ZooKeeper for tests: one server or an ensemble of several, on free
 //! loopback ports with temporary data directories (a generated `zoo.cfg` and
 //! `myid`, the admin server off, the four-letter words `ruok` and `srvr`
-//! allowed for readiness, `wchp` for the watches); servers are killed, frozen and restarted by pid
-//! on purpose, and all of them killed on drop.
+//! allowed for readiness, `wchp` for the watches, the server's own log
+//! written to a file in its directory); servers are killed, frozen and
+//! restarted by pid on purpose, and all of them killed on drop.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -20,10 +21,35 @@ const READY_DEADLINE: Duration = Duration::from_secs(30);
 /// configured maximum.
 const TICK_MS: u32 = 200;
 
+/// Debian's start script, run unless `LOCK_TEST_ZOOKEEPER_BIN` names another.
+const DEBIAN_SCRIPT: &str = "/usr/share/zookeeper/bin/zkServer.sh";
+
 /// The start script to run: `LOCK_TEST_ZOOKEEPER_BIN`, else Debian's.
 fn script() -> String {
-    std::env::var("LOCK_TEST_ZOOKEEPER_BIN")
-        .unwrap_or_else(|_| "/usr/share/zookeeper/bin/zkServer.sh".into())
+    std::env::var("LOCK_TEST_ZOOKEEPER_BIN").unwrap_or_else(|_| DEBIAN_SCRIPT.into())
+}
+
+/// Debian's class path, which binds no logger: the server would log
+/// nothing at all.
+const DEBIAN_CLASS_PATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar";
+
+/// SLF4J's simple logger, shipped with Debian's ZooKeeper (`libslf4j-java`).
+const SIMPLE_LOGGER: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// JVM flags that make Debian's server log to its standard error (which
+/// goes to the test's log file), with times: its class path again with the
+/// simple logger on it (the JVM takes the last `-cp`). Empty for another
+/// script, which binds a logger of its own.
+fn logging_flags() -> String {
+    let debian = std::env::var_os("LOCK_TEST_ZOOKEEPER_BIN").is_none();
+    if !debian || !std::path::Path::new(SIMPLE_LOGGER).exists() {
+        return String::new();
+    }
+    format!(
+        " -cp {DEBIAN_CLASS_PATH}:{SIMPLE_LOGGER} \
+         -Dorg.slf4j.simpleLogger.showDateTime=true \
+         -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"
+    )
 }
 
 /// One server: its ports, data directory and process (the JVM).
@@ -76,21 +102,18 @@ impl ZooKeeperEnsemble {
     }
 
     fn start_all(n: usize, jvm: &'static str) -> ZooKeeperEnsemble {
-        let mut last_log = String::new();
+        let mut last = String::new();
         for _ in 0..3 {
             let mut ensemble = ZooKeeperEnsemble::planned(n, jvm);
             for i in 0..n {
                 ensemble.start(i);
             }
-            if ensemble.wait_serving(READY_DEADLINE) {
-                return ensemble;
+            match ensemble.wait_serving(READY_DEADLINE) {
+                Ok(()) => return ensemble,
+                Err(why) => last = why,
             }
-            last_log = (0..n)
-                .map(|i| ensemble.log(i))
-                .collect::<Vec<_>>()
-                .join("\n---\n");
         }
-        panic!("ZooKeeper did not start in 3 attempts; last logs:\n{last_log}");
+        panic!("ZooKeeper did not start in 3 attempts; the last: {last}");
     }
 
     fn planned(n: usize, jvm: &'static str) -> ZooKeeperEnsemble {
@@ -148,7 +171,7 @@ impl ZooKeeperEnsemble {
         let child = Command::new(script())
             .arg("start-foreground")
             .arg(server.dir.join("zoo.cfg"))
-            .env("JVMFLAGS", self.jvm)
+            .env("JVMFLAGS", format!("{}{}", self.jvm, logging_flags()))
             .env("ZOO_LOG_DIR", &server.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
@@ -164,27 +187,57 @@ impl ZooKeeperEnsemble {
         self.servers[i].child = Some(child);
     }
 
-    /// True once every running server serves clients.
-    fn wait_serving(&mut self, within: Duration) -> bool {
+    /// Returns once every running server serves clients; else, when one
+    /// exits (a port was taken, say) or `within` passes, what went wrong
+    /// with every server's state and log (see [`ZooKeeperEnsemble::report`]).
+    fn wait_serving(&mut self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            let exited = self.servers.iter_mut().any(|s| {
+        loop {
+            let exited = self.servers.iter_mut().position(|s| {
                 s.child
                     .as_mut()
                     .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
             });
-            if exited {
-                return false; // a port was taken, say
+            if let Some(i) = exited {
+                return Err(format!("server {i} exited\n{}", self.report()));
             }
             let serving = (0..self.servers.len())
                 .filter(|&i| self.servers[i].child.is_some())
                 .all(|i| self.mode(i).is_some());
             if serving {
-                return true;
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "not every server served within {within:?}\n{}",
+                    self.report()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        false
+    }
+
+    /// Every server's state (its mode, or how it exited) and the last 60
+    /// lines of its log, for a failure message.
+    pub fn report(&mut self) -> String {
+        let mut report = String::new();
+        for i in 0..self.servers.len() {
+            let state = match self.servers[i].child.as_mut().map(Child::try_wait) {
+                None => "not running (killed by the test)".to_owned(),
+                Some(Ok(Some(status))) => format!("exited: {status}"),
+                Some(Ok(None)) => match self.mode(i) {
+                    Some(mode) => format!("serving as {mode}"),
+                    None => "running, not serving".to_owned(),
+                },
+                Some(Err(err)) => format!("cannot tell: {err}"),
+            };
+            report.push_str(&format!(
+                "--- server {i} (client port {}): {state}; its log ends:\n{}\n",
+                self.servers[i].client,
+                crate::last_lines(&self.log(i), 60)
+            ));
+        }
+        report
     }
 
     /// Server `i`'s mode (`standalone`, `leader`, `follower`) while it
@@ -280,8 +333,9 @@ impl ZooKeeperEnsemble {
     }
 
     /// Starts server `i` again on its data; waits until every running
-    /// server serves (without quorum they may not: then returns `false`).
-    pub fn restart(&mut self, i: usize) -> bool {
+    /// server serves (without quorum they may not). The error says what
+    /// went wrong, with every server's state and log.
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
         self.kill(i);
         self.start(i);
         self.wait_serving(READY_DEADLINE)
