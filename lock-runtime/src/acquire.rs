@@ -163,12 +163,18 @@ pub(crate) async fn contend(
                 return Ok(None);
             }
             // Not `within`: one future fewer around every local wait.
-            match deadline {
+            let turn = match deadline {
                 None => member.lock().await,
                 Some(deadline) => timeout_at(deadline, member.lock())
                     .await
                     .map_err(|_| timed_out())?,
+            };
+            // The last holder released the key for others waiting for it,
+            // whose tasks its release woke: they run first.
+            if turn.others_first() {
+                tokio::task::yield_now().await;
             }
+            turn
         }
     };
     if let Some(mut handed) = turn.take_handed() {

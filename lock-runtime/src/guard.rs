@@ -15,7 +15,7 @@ use tracing::{Instrument, Span};
 
 use crate::acquire::Parts;
 use crate::error::LockError;
-use crate::local_queue::{Grant, Leased, LocalTurn, MAX_HAND_OVERS, PassedOn};
+use crate::local_queue::{Grant, Leased, LocalTurn, PassedOn, next_in_chain};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Fill, Renewable, Renewal, Schedule, Spare};
@@ -47,7 +47,8 @@ struct Holding {
     /// `hold_at_least` counted from when the grant reached this process:
     /// never earlier than the key was taken.
     hold_until: Option<Instant>,
-    /// Hand-overs in a row that led to this lease.
+    /// Hand-overs in a row that led to this lease, as [`next_in_chain`]
+    /// counts them.
     chain: u32,
     /// Whether the whole hold may be passed on as it is to the next task
     /// queued in this process ([`Holding::pass_on_held`]): the lease is
@@ -610,8 +611,13 @@ impl Holding {
 
     async fn release(mut self) -> Result<(), LockError> {
         let linger = self.linger();
-        if self.passes && linger.is_zero() && self.chain < MAX_HAND_OVERS {
-            match self.pass_on_held().await {
+        let passing = if self.passes && linger.is_zero() {
+            self.next_in_chain()
+        } else {
+            None
+        };
+        if let Some(chain) = passing {
+            match self.pass_on_held(chain).await {
                 None => return Ok(()),
                 Some(held) => self = held,
             }
@@ -631,10 +637,15 @@ impl Holding {
                 drop(turn);
                 self.released(released, was_held, linger)
             }
-            Release::HandOver(turn, mut lease) => {
+            Release::ForOthers(mut lease, turn) => {
+                let released = lease.release(linger).await;
+                turn.give_up_for_others();
+                self.released(released, was_held, linger)
+            }
+            Release::HandOver(turn, mut lease, chain) => {
                 let sent_at = Instant::now();
                 let handed = lease.hand_over(sent_at).await;
-                self.handed_over(turn, lease, sent_at, handed)
+                self.handed_over(turn, lease, chain, sent_at, handed)
             }
         };
         self.keep_spare();
@@ -648,9 +659,9 @@ impl Holding {
     /// held, with no linger, no span (the renewal's and the listener's
     /// events name the span of the hold's first task) and its token from
     /// the grant. The caller checks the rest ([`Holding::passes`], no
-    /// linger, within [`MAX_HAND_OVERS`] in a row). This hold, untouched,
-    /// when it is not passed on.
-    async fn pass_on_held(self) -> Option<Holding> {
+    /// linger, [`next_in_chain`], whose count is `chain`). This hold,
+    /// untouched, when it is not passed on.
+    async fn pass_on_held(self, chain: u32) -> Option<Holding> {
         let taken = {
             let state = self.state();
             let passable = !state.loss.is_raised()
@@ -692,7 +703,7 @@ impl Holding {
         } else {
             started_at
         };
-        let (ttl, chain) = (self.ttl, self.chain + 1);
+        let ttl = self.ttl;
         // A turn outside every queue has no waiters: it is never here.
         let _ = turn.pass_on(Grant {
             lease: Leased::Carried(Box::new(Carried(Some(self)))),
@@ -703,6 +714,13 @@ impl Holding {
             chain,
         });
         None
+    }
+
+    /// The count of the next holder if the lease may be handed on once
+    /// more ([`next_in_chain`]).
+    fn next_in_chain(&self) -> Option<u32> {
+        let lease = self.state().lease.as_deref()?;
+        next_in_chain(self.chain, lease)
     }
 
     /// Stops the renewal and the loss listener (the release tells of a
@@ -724,10 +742,11 @@ impl Holding {
         };
         let turn = state.holder_alone().turn.take();
         match turn {
-            Some(turn)
-                if was_held && linger.is_zero() && chain < MAX_HAND_OVERS && turn.has_waiters() =>
-            {
-                Release::HandOver(turn, lease)
+            Some(turn) if was_held && linger.is_zero() && turn.has_waiters() => {
+                match next_in_chain(chain, &*lease) {
+                    Some(next) => Release::HandOver(turn, lease, next),
+                    None => Release::ForOthers(lease, turn),
+                }
             }
             turn => Release::Plain(lease, turn),
         }
@@ -784,17 +803,19 @@ impl Holding {
 
     /// What the store answered (`handed`) to the hand-over of `lease`
     /// sent at `sent_at`: a lease it moved goes to the next task queued
-    /// behind `turn` in this process; the answer, logged and recorded,
+    /// behind `turn` in this process, the `chain`th hand-over in a row
+    /// ([`next_in_chain`]); the answer, logged and recorded,
     /// for the caller. Whatever it was, the turn is given up, and the
     /// lease dropped unless it was moved.
     fn handed_over(
         &mut self,
         turn: LocalTurn,
         lease: Box<dyn Lease>,
+        chain: u32,
         sent_at: Instant,
         handed: Result<HandOver, StoreError>,
     ) -> Result<(), LockError> {
-        let (ttl, chain) = (self.ttl, self.chain);
+        let ttl = self.ttl;
         let state = self.state_alone();
         let handed = handed.map(|handed| match handed {
             HandOver::Moved { fencing } => {
@@ -807,7 +828,7 @@ impl Holding {
                     fencing,
                     ttl,
                     started_at,
-                    chain: chain + 1,
+                    chain,
                 })
             }
             other => other,
@@ -915,8 +936,13 @@ enum Release {
     Gone,
     /// Released in the store; the turn (if still here) given up after.
     Plain(Box<dyn Lease>, Option<LocalTurn>),
-    /// Handed over to the next task queued behind the turn.
-    HandOver(LocalTurn, Box<dyn Lease>),
+    /// Handed over to the next task queued behind the turn, the
+    /// hand-over counting as the given one in a row.
+    HandOver(LocalTurn, Box<dyn Lease>, u32),
+    /// Released in the store at the end of a chain of hand-overs, others
+    /// perhaps waiting for the key; the turn given up after, the next
+    /// task of this process letting them go first.
+    ForOthers(Box<dyn Lease>, LocalTurn),
 }
 
 impl Drop for LockGuard {

@@ -14,9 +14,10 @@
 //! next task's fencing token at once ([`Lease::fencing_token`]: the memory
 //! store), the holder passes its whole hold on instead, lease, renewal and
 //! loss signal as they are ([`Leased::Carried`]), and the store is asked
-//! for nothing more. At most [`MAX_HAND_OVERS`] in a row, so other
-//! processes get their turn. A grant left behind for a waiter that went
-//! away is released.
+//! for nothing more. At most [`MAX_HAND_OVERS`] in a row while anyone
+//! else may be waiting for the key, so they get their turn
+//! ([`next_in_chain`]). A grant left behind for a waiter that went away is
+//! released.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -35,9 +36,26 @@ use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
 use crate::store::{HandOver, Lease, LossSignal};
 
 /// How many times in a row a lease may be handed to the next task of this
-/// process before it is released in the store, so that other processes get
-/// their turn.
+/// process while others may be waiting for its key, before it is released
+/// in the store so that they get their turn.
 pub(crate) const MAX_HAND_OVERS: u32 = 8;
+
+/// Whether `lease`, handed on `chain` times in a row, may be handed on
+/// once more, and then the count its next holder carries: up to
+/// [`MAX_HAND_OVERS`] times in a row; past that, only if nobody outside
+/// this process's queue may be waiting for its key
+/// ([`Lease::others_may_wait`]), the count then starting again, so that
+/// one who comes later waits as long at most. `None`: the lease goes back
+/// to the store.
+pub(crate) fn next_in_chain(chain: u32, lease: &dyn Lease) -> Option<u32> {
+    if chain < MAX_HAND_OVERS {
+        Some(chain + 1)
+    } else if !lease.others_may_wait() {
+        Some(1)
+    } else {
+        None
+    }
+}
 
 /// The local queues of one registry, by full key.
 #[derive(Clone, Default)]
@@ -306,6 +324,10 @@ struct KeyQueue {
     handed: Mutex<Vec<Grant>>,
     /// Whether `handed` holds any: set under its lock, read without.
     has_handed: AtomicBool,
+    /// Set by a holder whose release ended a chain of hand-overs for
+    /// others waiting for the key: the next task to take the turn lets
+    /// them go first ([`LocalTurn::others_first`]).
+    others_first: AtomicBool,
     /// Set while the map takes the queue out (a sweep, or a claim of
     /// another width taking the key over), and for good once it has: a
     /// task joining without the map ([`KeyQueue::join_unlisted`]) counts
@@ -324,6 +346,7 @@ impl KeyQueue {
             turn: Semaphore::new(width as usize),
             handed: Mutex::new(Vec::new()),
             has_handed: AtomicBool::new(false),
+            others_first: AtomicBool::new(false),
             retired: AtomicBool::new(false),
         }
     }
@@ -545,6 +568,27 @@ impl LocalTurn {
         })
     }
 
+    /// Gives the turn up after a release in the store that ended a chain
+    /// of hand-overs because others may be waiting for the key
+    /// ([`next_in_chain`]): the next task of this process to take the turn
+    /// lets them go first.
+    pub(crate) fn give_up_for_others(self) {
+        if let Some(member) = self.member() {
+            member.queue().others_first.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the task taking this turn, which waited for it, is to let
+    /// others waiting for the key go first ([`LocalTurn::give_up_for_others`]):
+    /// once, for the first task after such a release.
+    #[inline]
+    pub(crate) fn others_first(&self) -> bool {
+        self.member().is_some_and(|member| {
+            let flag = &member.queue().others_first;
+            flag.load(Ordering::Acquire) && flag.swap(false, Ordering::AcqRel)
+        })
+    }
+
     /// Takes up the lease the previous holder handed over, if any.
     #[inline]
     pub(crate) fn take_handed(&self) -> Option<Grant> {
@@ -675,5 +719,47 @@ mod tests {
             .collect();
         assert_eq!(queues.queued(&key(0)), 3);
         drop(again);
+    }
+
+    /// A lease that says whether others may wait as told, and counts the
+    /// asks.
+    #[derive(Debug)]
+    struct Waited(bool, AtomicUsize);
+
+    impl Lease for Waited {
+        fn renew(&self) -> crate::store::Reply<'_, bool> {
+            crate::store::Reply::ready(Ok(true))
+        }
+
+        fn release(&mut self, _linger: Duration) -> crate::store::Reply<'_, bool> {
+            crate::store::Reply::ready(Ok(true))
+        }
+
+        fn others_may_wait(&self) -> bool {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_chain_goes_back_to_the_store_past_eight_only_while_others_may_wait() {
+        let (waited, alone) = (
+            Waited(true, Default::default()),
+            Waited(false, Default::default()),
+        );
+        for chain in 0..MAX_HAND_OVERS {
+            assert_eq!(next_in_chain(chain, &waited), Some(chain + 1));
+            assert_eq!(next_in_chain(chain, &alone), Some(chain + 1));
+        }
+        let asked = |lease: &Waited| lease.1.load(Ordering::Relaxed);
+        assert_eq!(
+            (asked(&waited), asked(&alone)),
+            (0, 0),
+            "not asked within eight"
+        );
+        assert_eq!(next_in_chain(MAX_HAND_OVERS, &waited), None);
+        // Nobody waits: the count starts again, so a waiter that comes
+        // later waits eight hand-overs at most.
+        assert_eq!(next_in_chain(MAX_HAND_OVERS, &alone), Some(1));
     }
 }

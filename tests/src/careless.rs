@@ -35,6 +35,10 @@ impl Lease for CarelessLease {
     fn fencing_token(&self) -> Reply<'_, Option<u64>> {
         self.inner.fencing_token()
     }
+
+    fn others_may_wait(&self) -> bool {
+        self.inner.others_may_wait()
+    }
 }
 
 impl Store for Careless {

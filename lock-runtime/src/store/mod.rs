@@ -261,6 +261,21 @@ pub trait Lease: Send + Sync + fmt::Debug {
         Reply::ready(Err(StoreError::tokens_with_grant()))
     }
 
+    /// Whether anyone outside this process's queue for the key may be
+    /// waiting for it now, as far as the store can tell at once, without
+    /// a request. The runtime hands a lease on along the tasks of this
+    /// process that wait for its key at most eight times in a row while
+    /// somebody else may be waiting, then releases it so that they get
+    /// their turn; while nobody is, it keeps handing it on. Asked only
+    /// when a hand-over would be the ninth or later in a row.
+    ///
+    /// The default, for a store that cannot tell at once: `true`. The
+    /// memory store answers whether anyone watches the key for its
+    /// release. A store that wraps another store's leases forwards this.
+    fn others_may_wait(&self) -> bool {
+        true
+    }
+
     /// When the store started counting this lease's ttl, if that was before
     /// the acquire request was sent: a store that prepares leases ahead
     /// (etcd) says when it last granted or extended the one it used. The

@@ -267,6 +267,8 @@ async fn the_claim_rule_and_a_timed_out_waiter_through_the_registry() {
 struct CountingStore {
     inner: lock_runtime::MemoryStore,
     acquires: Arc<AtomicUsize>,
+    /// The acquires it granted.
+    grants: Arc<AtomicUsize>,
     hand_overs: Arc<AtomicUsize>,
     gate: Option<Arc<HandOverGate>>,
     /// Whether its leases issue fencing tokens on demand, as the memory
@@ -322,6 +324,10 @@ impl Lease for CountingLease {
         }
         self.inner.fencing_token()
     }
+
+    fn others_may_wait(&self) -> bool {
+        self.inner.others_may_wait()
+    }
 }
 
 impl Store for CountingStore {
@@ -331,15 +337,18 @@ impl Store for CountingStore {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         Reply::new(async move {
             Ok(match self.inner.acquire(request).await? {
-                Acquire::Acquired { fencing, lease } => Acquire::Acquired {
-                    fencing,
-                    lease: Box::new(CountingLease {
-                        inner: lease,
-                        hand_overs: self.hand_overs.clone(),
-                        gate: self.gate.clone(),
-                        tokens_on_demand: self.tokens_on_demand,
-                    }),
-                },
+                Acquire::Acquired { fencing, lease } => {
+                    self.grants.fetch_add(1, Ordering::SeqCst);
+                    Acquire::Acquired {
+                        fencing,
+                        lease: Box::new(CountingLease {
+                            inner: lease,
+                            hand_overs: self.hand_overs.clone(),
+                            gate: self.gate.clone(),
+                            tokens_on_demand: self.tokens_on_demand,
+                        }),
+                    }
+                }
                 other => other,
             })
         })
@@ -484,7 +493,9 @@ async fn after_waiting(locks: &LockRegistry, elsewhere: &LockRegistry, key: &str
 /// Tasks of one process that wait for a key and take it in turn pass the
 /// hold on as it is, asking the store only for each holder's fencing
 /// token: the lease stays renewed across holders that together keep it
-/// for many ttls, and each holder's token is larger than the last.
+/// for many ttls, and each holder's token is larger than the last. With
+/// nobody else waiting, the hold passes on past eight in a row: one grant
+/// serves all twelve holds.
 #[tokio::test(start_paused = true)]
 async fn a_hold_passed_on_in_a_process_stays_renewed_and_fenced_above_the_last() {
     let (store, locks, elsewhere) = passing_on();
@@ -523,17 +534,56 @@ async fn a_hold_passed_on_in_a_process_stays_renewed_and_fenced_above_the_last()
         0,
         "passed on, not handed over"
     );
-    // Eight in a row at most: then released, and taken again from the store.
-    let acquires = store.acquires.load(Ordering::SeqCst);
-    assert!(
-        acquires < 13,
-        "{acquires} acquires for 12 holds in this process"
+    assert_eq!(
+        store.grants.load(Ordering::SeqCst),
+        2,
+        "one grant elsewhere, one for the 12 holds in this process"
     );
     assert_eq!(
         locks.inspect(&key).await.unwrap(),
         None,
         "released at the end"
     );
+}
+
+/// A hold passed on in a process goes back to the store for a waiter in
+/// another process: at most eight passes in a row once it waits (the
+/// hold under way when it began, and the chain's eight), and it is the
+/// waiter that takes the key then, long before the process's tasks are
+/// done with it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_passed_on_goes_back_to_the_store_for_a_waiter_elsewhere() {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 8;
+    let (_, locks, elsewhere) = passing_on();
+    let key = unique_key("passed-on-fair");
+    let holds = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (locks, key, holds) = (locks.clone(), key.clone(), holds.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = locks.lock(&key, LockOptions::default()).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    holds.fetch_add(1, Ordering::SeqCst);
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    while holds.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let began = holds.load(Ordering::SeqCst);
+    let guard = elsewhere.lock(&key, LockOptions::default()).await.unwrap();
+    let granted = holds.load(Ordering::SeqCst);
+    guard.release().await.unwrap();
+    join_all(tasks).await.into_iter().for_each(Result::unwrap);
+    assert!(
+        granted - began <= 1 + 8,
+        "the waiter elsewhere began at hold {began} and got the key at hold {granted}"
+    );
+    assert_eq!(holds.load(Ordering::SeqCst), TASKS * ROUNDS);
 }
 
 /// A hold passed on to a task is lost there (the store forgets it): that

@@ -457,6 +457,10 @@ mod gated {
         fn fencing_token(&self) -> Reply<'_, Option<u64>> {
             self.inner.fencing_token()
         }
+
+        fn others_may_wait(&self) -> bool {
+            self.inner.others_may_wait()
+        }
     }
 
     impl Store for GatedStore {

@@ -325,6 +325,15 @@ impl Lease for MemoryLease {
         }
         Reply::ready(Ok(issued.then_some(fencing)))
     }
+
+    /// Whether anyone watches the key for its release: every waiter does,
+    /// from its first refusal until its wait ends.
+    fn others_may_wait(&self) -> bool {
+        lock_table(&self.shared)
+            .slots
+            .get(&self.key)
+            .is_some_and(Slot::watched)
+    }
 }
 
 impl fmt::Debug for MemoryLease {

@@ -216,6 +216,11 @@ impl Slot {
         holders
     }
 
+    /// Whether anyone watches the key for its release.
+    pub(super) fn watched(&self) -> bool {
+        self.watchers() > 0
+    }
+
     fn watchers(&self) -> usize {
         self.released
             .as_ref()

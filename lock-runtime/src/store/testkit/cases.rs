@@ -280,6 +280,27 @@ pub async fn a_watch_fires_on_release_and_only_then(store: &Clients) {
         .expect("release notification");
 }
 
+/// A lease never says nobody else waits for its key while a waiter of
+/// another client does (watching it, and refused): the runtime would
+/// otherwise hand the lease on along one process's tasks past that
+/// waiter's turn ([`Lease::others_may_wait`]).
+pub async fn a_lease_knows_when_others_may_wait(store: &Clients) {
+    let key = unique_key("contract");
+    let (mut lease, _) = granted(attempt(&store.a, &key, LockToken::random(), TTL).await);
+    // As a waiter does: subscribed, it asks again (`Store::watch`).
+    let watch = store.b.watch(&key).await.unwrap();
+    let waiter = LockToken::random();
+    refused(waiting_attempt(&store.b, &key, waiter, TTL).await);
+    assert!(
+        lease.others_may_wait(),
+        "the lease says nobody waits while another client does"
+    );
+    // The waiter gives up, as a timed-out one does: nothing of it stays queued.
+    drop(watch);
+    store.b.abandon(&key, waiter).await.unwrap();
+    assert!(lease.release(Duration::ZERO).await.unwrap());
+}
+
 /// A hand-over moves the lease to a new token with a larger fencing token:
 /// the old token is refused from then on, the handle goes on as the new
 /// holder.

@@ -84,6 +84,7 @@ macro_rules! __contract_cases {
             fencing_tokens_increase_across_holders,
             a_token_issued_on_demand_is_the_holders_alone,
             a_watch_fires_on_release_and_only_then,
+            a_lease_knows_when_others_may_wait,
             a_hand_over_moves_the_lease_to_a_new_token,
             a_forced_release_frees_the_key_and_tells_the_holder,
             a_forced_release_is_pushed_to_the_holder,
