@@ -65,6 +65,11 @@ thread_local! {
     /// The renewal of the last lease released on this thread, with its
     /// holder's state: the next lock's, without an allocation.
     static SPARE: Cell<Option<Spare<State>>> = const { Cell::new(None) };
+
+    /// The box the last hold taken over on this thread came in, empty:
+    /// the next hold this thread passes on goes in it, without an
+    /// allocation.
+    static CARRIER: Cell<Option<Box<Carried>>> = const { Cell::new(None) };
 }
 
 /// What the guard shares with the renewal and the loss signal.
@@ -428,11 +433,12 @@ impl LockGuard {
         opts: &LockOptions,
         turn: LocalTurn,
     ) -> LockGuard {
-        let carried = carried
+        let mut carried = carried
             .into_any()
             .downcast::<Carried>()
             .expect("a hold is passed on only by a guard");
-        let mut held = carried.into_holding();
+        let mut held = carried.take_holding();
+        let _ = CARRIER.try_with(|spare| spare.set(Some(carried)));
         let state = held.state();
         if let Fencing::Known(token) = &state.fencing {
             token.store(taken.fencing.unwrap_or(0), Ordering::Relaxed);
@@ -704,9 +710,16 @@ impl Holding {
             started_at
         };
         let ttl = self.ttl;
+        let carried = match CARRIER.try_with(Cell::take).ok().flatten() {
+            Some(mut carrier) => {
+                carrier.0 = Some(self);
+                carrier
+            }
+            None => Box::new(Carried(Some(self))),
+        };
         // A turn outside every queue has no waiters: it is never here.
         let _ = turn.pass_on(Grant {
-            lease: Leased::Carried(Box::new(Carried(Some(self)))),
+            lease: Leased::Carried(carried),
             loss,
             fencing: Some(fencing),
             ttl,
@@ -894,16 +907,17 @@ struct Taken {
 struct Carried(Option<Holding>);
 
 impl Carried {
-    fn into_holding(mut self) -> Holding {
+    /// The hold, leaving the box empty.
+    fn take_holding(&mut self) -> Holding {
         self.0.take().expect("a carried hold is taken over once")
     }
 }
 
 impl PassedOn for Carried {
     fn release(
-        self: Box<Self>,
+        mut self: Box<Self>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send>> {
-        let held = self.into_holding();
+        let held = self.take_holding();
         Box::pin(held.release())
     }
 
