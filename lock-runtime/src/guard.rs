@@ -623,7 +623,7 @@ impl Holding {
             None
         };
         if let Some(chain) = passing {
-            match self.pass_on_held(chain).await {
+            match self.pass_on_held(chain) {
                 None => return Ok(()),
                 Some(held) => self = held,
             }
@@ -659,15 +659,14 @@ impl Holding {
     }
     /// Passes this hold on as it is (lease, renewal and loss listener) to
     /// the next task queued behind its turn, with a fencing token of its
-    /// own, which is all the store is asked: a store that issues tokens
-    /// on demand at once (the memory store) is not asked anything it must
-    /// wait for. Only a hold renewed with no end but its release, still
+    /// own, which is all the store is asked, and only if it answers at
+    /// once (the memory store): nothing is waited for. Only a hold renewed with no end but its release, still
     /// held, with no linger, no span (the renewal's and the listener's
     /// events name the span of the hold's first task) and its token from
     /// the grant. The caller checks the rest ([`Holding::passes`], no
     /// linger, [`next_in_chain`], whose count is `chain`). This hold,
     /// untouched, when it is not passed on.
-    async fn pass_on_held(self, chain: u32) -> Option<Holding> {
+    fn pass_on_held(self, chain: u32) -> Option<Holding> {
         let taken = {
             let state = self.state();
             let passable = !state.loss.is_raised()
@@ -686,14 +685,13 @@ impl Holding {
         let Some((turn, labels, started_at)) = taken else {
             return Some(self);
         };
-        let issued = match &self.state().lease {
-            Some(lease) => lease.fencing_token().await,
-            None => Ok(None),
-        };
-        let Ok(Some(fencing)) = issued else {
-            // No token on demand (it came with the grant), or the lease is
-            // lost: the turn goes back, and the lease is handed over or
-            // released as usual.
+        // An answer that would take a request is dropped unsent.
+        let issued =
+            (self.state().lease.as_ref()).and_then(|lease| lease.fencing_token().take_ready());
+        let Some(Ok(Some(fencing))) = issued else {
+            // No token on demand at once (it came with the grant, or takes
+            // a request), or the lease is lost: the turn goes back, and the
+            // lease is handed over or released as usual.
             self.state().holder().turn = Some(turn);
             return Some(self);
         };

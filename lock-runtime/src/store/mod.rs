@@ -247,11 +247,12 @@ pub trait Lease: Send + Sync + fmt::Debug {
     ///
     /// The runtime also asks a lease whose token came with its grant, as
     /// it passes the lease to the next task of this process waiting for
-    /// the key: a new token then lets it pass the whole hold on as it is
-    /// (the lease, its renewal, its loss signal) instead of asking
-    /// [`hand_over`](Self::hand_over) to move it. A store that answers at
-    /// once (the memory store) saves the hand-over's request; any error
-    /// makes the runtime hand over as usual.
+    /// the key: a new token answered at once ([`Reply::ready`]: the memory
+    /// store) lets it pass the whole hold on as it is (the lease, its
+    /// renewal, its loss signal) instead of asking
+    /// [`hand_over`](Self::hand_over) to move it, saving the hand-over's
+    /// request. An answer still to come is dropped unawaited; it, and any
+    /// error, make the runtime hand over as usual.
     ///
     /// The default, for a store that issues every token with its grant,
     /// answers a misuse error, without an allocation. A store that wraps
