@@ -169,8 +169,8 @@ pub(crate) async fn contend(
                     .await
                     .map_err(|_| timed_out())?,
             };
-            // The last holder released the key for others waiting for it,
-            // whose tasks its release woke: they run first.
+            // The last holder released the key for others waiting for it:
+            // the tasks its release woke get to run, and ask, first.
             if turn.others_first() {
                 tokio::task::yield_now().await;
             }

@@ -660,10 +660,10 @@ impl Holding {
     /// Passes this hold on as it is (lease, renewal and loss listener) to
     /// the next task queued behind its turn, with a fencing token of its
     /// own, which is all the store is asked, and only if it answers at
-    /// once (the memory store): nothing is waited for. Only a hold renewed with no end but its release, still
-    /// held, with no linger, no span (the renewal's and the listener's
-    /// events name the span of the hold's first task) and its token from
-    /// the grant. The caller checks the rest ([`Holding::passes`], no
+    /// once (the memory store): nothing is waited for. Only a hold renewed
+    /// with no end but its release, still held, with no linger, no span
+    /// (the renewal's and the listener's events name the span of the
+    /// hold's first task) and its token from the grant. The caller checks the rest ([`Holding::passes`], no
     /// linger, [`next_in_chain`], whose count is `chain`). This hold,
     /// untouched, when it is not passed on.
     fn pass_on_held(self, chain: u32) -> Option<Holding> {
@@ -953,7 +953,7 @@ enum Release {
     HandOver(LocalTurn, Box<dyn Lease>, u32),
     /// Released in the store at the end of a chain of hand-overs, others
     /// perhaps waiting for the key; the turn given up after, the next
-    /// task of this process letting them go first.
+    /// task of this process yielding once so that they can go first.
     ForOthers(Box<dyn Lease>, LocalTurn),
 }
 

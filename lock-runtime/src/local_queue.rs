@@ -325,8 +325,9 @@ struct KeyQueue {
     /// Whether `handed` holds any: set under its lock, read without.
     has_handed: AtomicBool,
     /// Set by a holder whose release ended a chain of hand-overs for
-    /// others waiting for the key: the next task to take the turn lets
-    /// them go first ([`LocalTurn::others_first`]).
+    /// others waiting for the key: the next task to take the turn yields
+    /// once, so that the waiters the release woke can go first
+    /// ([`LocalTurn::others_first`]).
     others_first: AtomicBool,
     /// Set while the map takes the queue out (a sweep, or a claim of
     /// another width taking the key over), and for good once it has: a
@@ -571,16 +572,17 @@ impl LocalTurn {
     /// Gives the turn up after a release in the store that ended a chain
     /// of hand-overs because others may be waiting for the key
     /// ([`next_in_chain`]): the next task of this process to take the turn
-    /// lets them go first.
+    /// yields once, so that they can go first.
     pub(crate) fn give_up_for_others(self) {
         if let Some(member) = self.member() {
             member.queue().others_first.store(true, Ordering::Release);
         }
     }
 
-    /// Whether the task taking this turn, which waited for it, is to let
-    /// others waiting for the key go first ([`LocalTurn::give_up_for_others`]):
-    /// once, for the first task after such a release.
+    /// Whether the task taking this turn, which waited for it, is to
+    /// yield once first, for others waiting for the key
+    /// ([`LocalTurn::give_up_for_others`]): only the first task after such
+    /// a release.
     #[inline]
     pub(crate) fn others_first(&self) -> bool {
         self.member().is_some_and(|member| {
