@@ -657,15 +657,16 @@ impl Holding {
         self.keep_spare();
         released
     }
+
     /// Passes this hold on as it is (lease, renewal and loss listener) to
     /// the next task queued behind its turn, with a fencing token of its
     /// own, which is all the store is asked, and only if it answers at
     /// once (the memory store): nothing is waited for. Only a hold renewed
     /// with no end but its release, still held, with no linger, no span
     /// (the renewal's and the listener's events name the span of the
-    /// hold's first task) and its token from the grant. The caller checks the rest ([`Holding::passes`], no
-    /// linger, [`next_in_chain`], whose count is `chain`). This hold,
-    /// untouched, when it is not passed on.
+    /// hold's first task) and its token from the grant. The caller checks
+    /// the rest ([`Holding::passes`], no linger, [`next_in_chain`], whose
+    /// count is `chain`). This hold, untouched, when it is not passed on.
     fn pass_on_held(self, chain: u32) -> Option<Holding> {
         let taken = {
             let state = self.state();
