@@ -8,7 +8,7 @@ use ::redis::aio::ConnectionManagerConfig;
 
 use super::RedisStore;
 use super::commands::{Commands, Fencing, ReplicaAcks};
-use super::connection::{ClusterSettings, RedisConnection, Source, TlsSettings};
+use super::connection::{RedisConnection, Settings, Source, TlsSettings};
 use super::owner_checks::{Checks, OwnerChecks};
 use super::subscriber::Subscriber;
 use crate::error::{LockError, StoreError};
@@ -134,12 +134,11 @@ impl RedisStoreBuilder {
     pub(crate) async fn connect_store(self) -> Result<RedisStore, StoreError> {
         self.check()?;
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeouts.response))
             .set_connection_timeout(Some(self.timeouts.connection))
             .set_number_of_retries(self.connection_retries)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        let cluster = ClusterSettings {
+        let settings = Settings {
             response: self.timeouts.response,
             retries: u32::try_from(self.connection_retries).unwrap_or(u32::MAX),
         };
@@ -148,7 +147,7 @@ impl RedisStoreBuilder {
             &self.url,
             &self.tls,
             config,
-            cluster,
+            settings,
             self.timeouts.connection,
             checks.clone(),
         )

@@ -21,6 +21,7 @@
 //! uses.
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -38,6 +39,7 @@ use ::redis::{
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
+use super::deadlines::Deadlines;
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
 use super::urls::{SentinelUrl, cluster_nodes};
@@ -84,6 +86,9 @@ struct Shared {
     /// The store's owner-checked commands, detected again on each new
     /// master.
     checks: Arc<Checks>,
+    /// The response timeout of the commands to a server or a Sentinel
+    /// group's master (a cluster's connection keeps its own).
+    deadlines: Arc<Deadlines>,
 }
 
 struct Sentinel {
@@ -198,13 +203,15 @@ impl RedisConnection {
         url: &str,
         tls: &TlsSettings,
         config: ConnectionManagerConfig,
-        cluster: ClusterSettings,
+        settings: Settings,
         timeout: Duration,
         checks: Arc<Checks>,
     ) -> Result<RedisConnection, StoreError> {
         if let Some(nodes) = cluster_nodes(url)? {
-            return RedisConnection::cluster(nodes, tls, cluster, timeout, checks).await;
+            return RedisConnection::cluster(nodes, tls, settings, timeout, checks).await;
         }
+        // Commands are bounded by `Deadlines`, not by a timer each.
+        let config = config.set_response_timeout(None);
         let (client, sentinel) = match SentinelUrl::parse(url)? {
             None => (tls.client(url)?, None),
             Some(spec) => {
@@ -229,13 +236,14 @@ impl RedisConnection {
                     master: spec.master.clone(),
                     config: AsyncConnectionConfig::new()
                         .set_connection_timeout(config.connection_timeout())
-                        .set_response_timeout(config.response_timeout()),
+                        .set_response_timeout(None),
                     timeout,
                     last_asked: Mutex::new(None),
                 };
                 (master, Some(sentinel))
             }
         };
+        let deadlines = Deadlines::new(settings.response);
         if sentinel.is_some() {
             let connection = RedisConnection {
                 direct: None,
@@ -243,6 +251,7 @@ impl RedisConnection {
                     current: Mutex::new((None, client)),
                     sentinel,
                     checks,
+                    deadlines,
                 }),
             };
             // Surfaces a missing password or a wrong database now, not at
@@ -251,19 +260,28 @@ impl RedisConnection {
             tokio::spawn(scan(Arc::downgrade(&connection.shared)));
             return Ok(connection);
         }
-        let mut conn = client.get_connection_manager_with_config(config).await?;
-        // Surface a missing password or a wrong database now, not at the first lock.
-        ::redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        detect(&checks, || owner_checks::QUESTION.query_async(&mut conn)).await;
-        scripts::load(&conn).await;
-        Ok(RedisConnection {
+        let conn = client.get_connection_manager_with_config(config).await?;
+        let mut connection = RedisConnection {
             direct: Some(Direct::Server(conn)),
             shared: Arc::new(Shared {
                 current: Mutex::new((None, client)),
                 sentinel: None,
                 checks,
+                deadlines,
             }),
+        };
+        // Surface a missing password or a wrong database now, not at the first lock.
+        connection
+            .send(&::redis::cmd("PING"))
+            .await?
+            .extract_error()?;
+        let mut asking = connection.clone();
+        detect(&connection.shared.checks, || {
+            owner_checks::QUESTION.query_async(&mut asking)
         })
+        .await;
+        scripts::load(&connection).await;
+        Ok(connection)
     }
 
     /// Connects to the cluster that `nodes` (`redis://` or `rediss://`
@@ -271,7 +289,7 @@ impl RedisConnection {
     async fn cluster(
         nodes: Vec<String>,
         tls: &TlsSettings,
-        config: ClusterSettings,
+        config: Settings,
         timeout: Duration,
         checks: Arc<Checks>,
     ) -> Result<RedisConnection, StoreError> {
@@ -302,6 +320,7 @@ impl RedisConnection {
                 current: Mutex::new((None, pubsub)),
                 sentinel: None,
                 checks,
+                deadlines: Deadlines::new(config.response),
             }),
         })
     }
@@ -356,7 +375,10 @@ impl RedisConnection {
         )
         .await
         .map_err(|_| timed_out())??;
-        let role: Vec<Value> = ::redis::cmd("ROLE").query_async(&mut conn).await?;
+        let deadlines = &self.shared.deadlines;
+        let role: Vec<Value> = deadlines
+            .bound(pin!(::redis::cmd("ROLE").query_async(&mut conn)))
+            .await?;
         if !matches!(role.first(), Some(Value::BulkString(role)) if role == b"master") {
             return Err(RedisError::from((
                 ::redis::ErrorKind::Client,
@@ -378,10 +400,15 @@ impl RedisConnection {
             )));
         }
         detect(&self.shared.checks, || {
-            owner_checks::QUESTION.query_async(&mut conn)
+            let mut conn = conn.clone();
+            async move {
+                let answer = pin!(owner_checks::QUESTION.query_async(&mut conn));
+                deadlines.bound(answer).await
+            }
         })
         .await;
-        scripts::load(&conn).await;
+        // A master that stops answering here is asked for again.
+        let _ = tokio::time::timeout(deadlines.timeout(), scripts::load(&conn)).await;
         let was = self.client().get_connection_info().addr().to_string();
         if now != was {
             tracing::warn!(from = %was, to = %now, "Redis master changed; following the failover");
@@ -512,7 +539,10 @@ impl RedisConnection {
     /// the size of that future less.
     pub(super) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match &mut self.direct {
-            Some(Direct::Server(conn)) => conn.send_packed_command(cmd).await,
+            Some(Direct::Server(conn)) => {
+                let deadlines = &self.shared.deadlines;
+                deadlines.bound(pin!(conn.send_packed_command(cmd))).await
+            }
             _ => self.req_packed_command(cmd).await,
         }
     }
@@ -530,14 +560,22 @@ impl ConnectionLike for RedisConnection {
         // known limit with conditional returns of borrows).
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
+            let deadlines = &self.shared.deadlines;
             return match self.direct.as_mut().expect("checked above") {
-                Direct::Server(conn) => conn.req_packed_command(cmd),
+                Direct::Server(conn) => {
+                    Box::pin(
+                        async move { deadlines.bound(pin!(conn.send_packed_command(cmd))).await },
+                    )
+                }
                 Direct::Cluster(conn) => conn.req_packed_command(cmd),
             };
         }
         Box::pin(async move {
             let result = match self.master().await {
-                Ok(mut conn) => conn.req_packed_command(cmd).await,
+                Ok(mut conn) => {
+                    let deadlines = &self.shared.deadlines;
+                    deadlines.bound(pin!(conn.send_packed_command(cmd))).await
+                }
                 Err(error) => Err(error),
             };
             if let Err(error) = &result {
@@ -556,14 +594,22 @@ impl ConnectionLike for RedisConnection {
         // As in `req_packed_command`.
         #[allow(clippy::unnecessary_unwrap)]
         if self.direct.is_some() {
+            let deadlines = &self.shared.deadlines;
             return match self.direct.as_mut().expect("checked above") {
-                Direct::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+                Direct::Server(conn) => Box::pin(async move {
+                    let answer = pin!(conn.send_packed_commands(pipeline, offset, count));
+                    deadlines.bound(answer).await
+                }),
                 Direct::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
             };
         }
         Box::pin(async move {
             let result = match self.master().await {
-                Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Ok(mut conn) => {
+                    let deadlines = &self.shared.deadlines;
+                    let answer = pin!(conn.send_packed_commands(pipeline, offset, count));
+                    deadlines.bound(answer).await
+                }
                 Err(error) => Err(error),
             };
             if let Err(error) = &result {
@@ -593,9 +639,11 @@ impl fmt::Debug for RedisConnection {
     }
 }
 
-/// The settings a cluster connection takes from the builder.
+/// The settings a connection takes from the builder.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct ClusterSettings {
+pub(super) struct Settings {
+    /// How long a command may wait for its answer.
     pub(super) response: Duration,
+    /// How many times a cluster's connection sends a command again.
     pub(super) retries: u32,
 }

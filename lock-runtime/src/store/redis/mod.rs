@@ -200,9 +200,11 @@
 //! [`LockError::Store`] once the connection's retries are spent (a few
 //! hundred milliseconds with the default 2, at once with
 //! [`RedisStoreBuilder::connection_retries`] 0); one against a frozen
-//! server fails after the response timeout (2 s) and is not sent again, so
-//! no call waits longer than its response timeout, and no waiting call
-//! longer than its `wait_timeout`. An acquire given up while its request was
+//! server fails once it has waited the response timeout (2 s; at most about
+//! an eighth more, as the connection looks at its waiting commands eight
+//! times per timeout rather than keeping a timer for each) and is not sent
+//! again, so no call waits much longer than its response timeout, and no
+//! waiting call longer than its `wait_timeout`. An acquire given up while its request was
 //! in flight is undone once the server answers. Connections come back by
 //! themselves with the server. A password in the URL is never shown:
 //! errors and `Debug` print `redis://:***@host`.
@@ -210,6 +212,7 @@
 mod builder;
 mod commands;
 mod connection;
+mod deadlines;
 mod keys;
 mod lease;
 mod marks;
