@@ -2,7 +2,7 @@
 //! at the key and the lease's renewal. Releases on `release().await`, or on
 //! drop.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -61,10 +61,15 @@ struct Holding {
     renewal: Renewal<State>,
 }
 
+/// How many released leases' renewals a thread keeps for its next locks.
+const SPARES_KEPT: usize = 8;
+
 thread_local! {
-    /// The renewal of the last lease released on this thread, with its
-    /// holder's state: the next lock's, without an allocation.
-    static SPARE: Cell<Option<Spare<State>>> = const { Cell::new(None) };
+    /// The renewals of the last leases released on this thread (up to
+    /// [`SPARES_KEPT`]), with their holders' state: the next locks', each
+    /// without an allocation, however many tasks of the thread release
+    /// between two locks.
+    static SPARES: RefCell<Vec<Spare<State>>> = const { RefCell::new(Vec::new()) };
 
     /// The box the last hold taken over on this thread came in, empty:
     /// the next hold this thread passes on goes in it, without an
@@ -403,7 +408,10 @@ impl LockGuard {
                 started_at,
             },
             state,
-            SPARE.try_with(Cell::take).ok().flatten(),
+            SPARES
+                .try_with(|spares| spares.borrow_mut().pop())
+                .ok()
+                .flatten(),
         );
         let listener: Weak<Entry<State>> = Arc::downgrade(renewal.entry());
         renewal.held().loss.listen(listener);
@@ -875,7 +883,16 @@ impl Holding {
         let leave = (!self.state().span.is_none())
             .then_some((|state| state.span = Span::none()) as fn(&mut State));
         if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
-            let _ = SPARE.try_with(|kept| kept.set(Some(spare)));
+            let over = SPARES.try_with(|spares| {
+                let mut spares = spares.borrow_mut();
+                if spares.len() < SPARES_KEPT {
+                    spares.push(spare);
+                    return None;
+                }
+                Some(spare)
+            });
+            // Dropped once the thread's spares are let go.
+            drop(over);
         }
     }
 
