@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManagerConfig;
-
 use super::RedisStore;
 use super::commands::{Commands, Fencing, ReplicaAcks};
 use super::connection::{RedisConnection, Settings, Source, TlsSettings};
@@ -133,11 +131,6 @@ impl RedisStoreBuilder {
     /// [`connect`](Self::connect), with the store's own error.
     pub(crate) async fn connect_store(self) -> Result<RedisStore, StoreError> {
         self.check()?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connection))
-            .set_number_of_retries(self.connection_retries)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1));
         let settings = Settings {
             response: self.timeouts.response,
             retries: u32::try_from(self.connection_retries).unwrap_or(u32::MAX),
@@ -146,7 +139,6 @@ impl RedisStoreBuilder {
         let conn = RedisConnection::connect(
             &self.url,
             &self.tls,
-            config,
             settings,
             self.timeouts.connection,
             checks.clone(),

@@ -25,9 +25,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use ::redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
@@ -42,6 +40,7 @@ use tokio::time::Instant;
 use super::deadlines::Deadlines;
 use super::owner_checks::{self, Checks, OwnerChecks};
 use super::scripts;
+use super::server::{Live, Server};
 use super::urls::{SentinelUrl, cluster_nodes};
 use crate::error::StoreError;
 
@@ -70,7 +69,8 @@ pub struct RedisConnection {
 /// A connection that never moves.
 #[derive(Clone)]
 enum Direct {
-    Server(ConnectionManager),
+    /// This handle's copy of [`Shared::server`]'s connection.
+    Server(Live),
     Cluster(ClusterConnection),
 }
 
@@ -89,6 +89,8 @@ struct Shared {
     /// The response timeout of the commands to a server or a Sentinel
     /// group's master (a cluster's connection keeps its own).
     deadlines: Arc<Deadlines>,
+    /// Set for one server: the connection in use.
+    server: Option<Server>,
 }
 
 struct Sentinel {
@@ -202,7 +204,6 @@ impl RedisConnection {
     pub(super) async fn connect(
         url: &str,
         tls: &TlsSettings,
-        config: ConnectionManagerConfig,
         settings: Settings,
         timeout: Duration,
         checks: Arc<Checks>,
@@ -211,7 +212,9 @@ impl RedisConnection {
             return RedisConnection::cluster(nodes, tls, settings, timeout, checks).await;
         }
         // Commands are bounded by `Deadlines`, not by a timer each.
-        let config = config.set_response_timeout(None);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(None);
         let (client, sentinel) = match SentinelUrl::parse(url)? {
             None => (tls.client(url)?, None),
             Some(spec) => {
@@ -234,9 +237,7 @@ impl RedisConnection {
                 let sentinel = Sentinel {
                     client: AsyncMutex::new(sentinel),
                     master: spec.master.clone(),
-                    config: AsyncConnectionConfig::new()
-                        .set_connection_timeout(config.connection_timeout())
-                        .set_response_timeout(None),
+                    config: config.clone(),
                     timeout,
                     last_asked: Mutex::new(None),
                 };
@@ -252,6 +253,7 @@ impl RedisConnection {
                     sentinel,
                     checks,
                     deadlines,
+                    server: None,
                 }),
             };
             // Surfaces a missing password or a wrong database now, not at
@@ -260,14 +262,16 @@ impl RedisConnection {
             tokio::spawn(scan(Arc::downgrade(&connection.shared)));
             return Ok(connection);
         }
-        let conn = client.get_connection_manager_with_config(config).await?;
+        let retries = usize::try_from(settings.retries).unwrap_or(usize::MAX);
+        let (server, live) = Server::connect(client.clone(), config, retries).await?;
         let mut connection = RedisConnection {
-            direct: Some(Direct::Server(conn)),
+            direct: Some(Direct::Server(live)),
             shared: Arc::new(Shared {
                 current: Mutex::new((None, client)),
                 sentinel: None,
                 checks,
                 deadlines,
+                server: Some(server),
             }),
         };
         // Surface a missing password or a wrong database now, not at the first lock.
@@ -321,12 +325,14 @@ impl RedisConnection {
                 sentinel: None,
                 checks,
                 deadlines: Deadlines::new(config.response),
+                server: None,
             }),
         })
     }
 
-    fn current(&self) -> (Option<MultiplexedConnection>, Client) {
-        lock(&self.shared.current).clone()
+    /// A Sentinel group's connection to its master, if it has one.
+    fn current(&self) -> Option<MultiplexedConnection> {
+        lock(&self.shared.current).0.clone()
     }
 
     /// The client of the server, the current master or the cluster's first
@@ -340,7 +346,7 @@ impl RedisConnection {
     /// master and they still name it. The Sentinels are asked at most once
     /// per [`RESOLVE_EVERY`]; callers meanwhile wait for that answer.
     async fn master(&self) -> Result<MultiplexedConnection, RedisError> {
-        if let Some(conn) = self.current().0 {
+        if let Some(conn) = self.current() {
             return Ok(conn);
         }
         let Some(sentinel) = &self.shared.sentinel else {
@@ -351,7 +357,7 @@ impl RedisConnection {
         };
         let mut client = sentinel.client.lock().await;
         // Found by the caller that held the lock before.
-        if let Some(conn) = self.current().0 {
+        if let Some(conn) = self.current() {
             return Ok(conn);
         }
         let last = *lock(&sentinel.last_asked);
@@ -534,17 +540,49 @@ fn suggests_failover(error: &RedisError) -> bool {
 
 impl RedisConnection {
     /// Sends `cmd` and returns its reply. On one server's connection the
-    /// connection manager's own future is awaited in place, not boxed as
-    /// every [`ConnectionLike`] call's is: a command costs one allocation
-    /// the size of that future less.
+    /// command's future is awaited in place, not boxed as every
+    /// [`ConnectionLike`] call's is: a command costs one allocation the
+    /// size of that future less.
     pub(super) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match &mut self.direct {
-            Some(Direct::Server(conn)) => {
-                let deadlines = &self.shared.deadlines;
-                deadlines.bound(pin!(conn.send_packed_command(cmd))).await
-            }
-            _ => self.req_packed_command(cmd).await,
+        let shared = &*self.shared;
+        let (Some(Direct::Server(live)), Some(server)) = (&mut self.direct, &shared.server) else {
+            return self.req_packed_command(cmd).await;
+        };
+        if !server.is_current(live) {
+            *live = server.current().await?;
         }
+        let answer = shared
+            .deadlines
+            .bound(pin!(live.conn.send_packed_command(cmd)))
+            .await;
+        if let Err(err) = &answer {
+            server.failed(live, err);
+        }
+        answer
+    }
+
+    /// [`send`](Self::send) for a pipeline.
+    async fn send_pipeline(
+        &mut self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let shared = &*self.shared;
+        let (Some(Direct::Server(live)), Some(server)) = (&mut self.direct, &shared.server) else {
+            return self.req_packed_commands(pipeline, offset, count).await;
+        };
+        if !server.is_current(live) {
+            *live = server.current().await?;
+        }
+        let answer = {
+            let answer = pin!(live.conn.send_packed_commands(pipeline, offset, count));
+            shared.deadlines.bound(answer).await
+        };
+        if let Err(err) = &answer {
+            server.failed(live, err);
+        }
+        answer
     }
 }
 
@@ -555,34 +593,31 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        // `match &mut self.direct { .., None => async { self .. } }` would
-        // keep `self` borrowed on the `None` path too (the borrow checker's
+        // `match &mut self.direct { .., _ => async { self .. } }` would
+        // keep `self` borrowed on the other paths too (the borrow checker's
         // known limit with conditional returns of borrows).
-        #[allow(clippy::unnecessary_unwrap)]
-        if self.direct.is_some() {
-            let deadlines = &self.shared.deadlines;
-            return match self.direct.as_mut().expect("checked above") {
-                Direct::Server(conn) => {
-                    Box::pin(
-                        async move { deadlines.bound(pin!(conn.send_packed_command(cmd))).await },
-                    )
-                }
-                Direct::Cluster(conn) => conn.req_packed_command(cmd),
-            };
-        }
-        Box::pin(async move {
-            let result = match self.master().await {
-                Ok(mut conn) => {
-                    let deadlines = &self.shared.deadlines;
-                    deadlines.bound(pin!(conn.send_packed_command(cmd))).await
-                }
-                Err(error) => Err(error),
-            };
-            if let Err(error) = &result {
-                self.forget_master(error);
+        match &self.direct {
+            Some(Direct::Server(_)) => Box::pin(self.send(cmd)),
+            Some(Direct::Cluster(_)) => {
+                let Some(Direct::Cluster(conn)) = &mut self.direct else {
+                    unreachable!("matched a cluster's connection above");
+                };
+                conn.req_packed_command(cmd)
             }
-            result
-        })
+            None => Box::pin(async move {
+                let result = match self.master().await {
+                    Ok(mut conn) => {
+                        let deadlines = &self.shared.deadlines;
+                        deadlines.bound(pin!(conn.send_packed_command(cmd))).await
+                    }
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = &result {
+                    self.forget_master(error);
+                }
+                result
+            }),
+        }
     }
 
     fn req_packed_commands<'a>(
@@ -592,38 +627,36 @@ impl ConnectionLike for RedisConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         // As in `req_packed_command`.
-        #[allow(clippy::unnecessary_unwrap)]
-        if self.direct.is_some() {
-            let deadlines = &self.shared.deadlines;
-            return match self.direct.as_mut().expect("checked above") {
-                Direct::Server(conn) => Box::pin(async move {
-                    let answer = pin!(conn.send_packed_commands(pipeline, offset, count));
-                    deadlines.bound(answer).await
-                }),
-                Direct::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-            };
-        }
-        Box::pin(async move {
-            let result = match self.master().await {
-                Ok(mut conn) => {
-                    let deadlines = &self.shared.deadlines;
-                    let answer = pin!(conn.send_packed_commands(pipeline, offset, count));
-                    deadlines.bound(answer).await
-                }
-                Err(error) => Err(error),
-            };
-            if let Err(error) = &result {
-                self.forget_master(error);
+        match &self.direct {
+            Some(Direct::Server(_)) => Box::pin(self.send_pipeline(pipeline, offset, count)),
+            Some(Direct::Cluster(_)) => {
+                let Some(Direct::Cluster(conn)) = &mut self.direct else {
+                    unreachable!("matched a cluster's connection above");
+                };
+                conn.req_packed_commands(pipeline, offset, count)
             }
-            result
-        })
+            None => Box::pin(async move {
+                let result = match self.master().await {
+                    Ok(mut conn) => {
+                        let deadlines = &self.shared.deadlines;
+                        let answer = pin!(conn.send_packed_commands(pipeline, offset, count));
+                        deadlines.bound(answer).await
+                    }
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = &result {
+                    self.forget_master(error);
+                }
+                result
+            }),
+        }
     }
 
     fn get_db(&self) -> i64 {
         match &self.direct {
-            Some(Direct::Server(conn)) => conn.get_db(),
+            Some(Direct::Server(live)) => live.conn.get_db(),
             Some(Direct::Cluster(conn)) => conn.get_db(),
-            None => self.current().0.map_or(0, |conn| conn.get_db()),
+            None => self.current().map_or(0, |conn| conn.get_db()),
         }
     }
 }

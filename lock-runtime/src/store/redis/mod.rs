@@ -218,6 +218,7 @@ mod lease;
 mod marks;
 mod owner_checks;
 mod scripts;
+mod server;
 mod subscriber;
 mod urls;
 

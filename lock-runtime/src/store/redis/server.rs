@@ -1,0 +1,178 @@
+//! The connection to one Redis server (`redis://`, `rediss://`), made
+//! again after it fails.
+//!
+//! What the `redis` crate's `ConnectionManager` does, kept to what the
+//! store needs, so that a command costs what one on a plain multiplexed
+//! connection costs: a command's handle holds the connection itself, and
+//! checks that it is still the one in use by reading a counter. A command
+//! that fails in a way only a new connection mends (the connection
+//! dropped, a protocol error) retires the connection; the next command
+//! connects again, as many times as the store's retries allow, waiting
+//! 50 ms, then twice as long each time up to 1 s; commands that find an
+//! attempt under way share its outcome.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+
+/// The first pause between two attempts to connect; each next one is twice
+/// as long, up to [`MAX_DELAY`].
+const MIN_DELAY: Duration = Duration::from_millis(50);
+const MAX_DELAY: Duration = Duration::from_secs(1);
+
+type Attempt = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+
+/// The connection in use, shared by every handle of a store.
+pub(super) struct Server {
+    client: Client,
+    config: AsyncConnectionConfig,
+    retries: usize,
+    link: Mutex<Link>,
+    /// [`Link::generation`], read without the lock.
+    generation: AtomicU64,
+}
+
+struct Link {
+    /// Counts the connections retired.
+    generation: u64,
+    state: State,
+}
+
+enum State {
+    Live(MultiplexedConnection),
+    /// No connection: the attempt to make one, shared by the commands that
+    /// wait for it (started by the first that polls it).
+    Connecting(Attempt),
+}
+
+/// A handle's copy of the connection, and which one it is.
+#[derive(Clone)]
+pub(super) struct Live {
+    pub(super) conn: MultiplexedConnection,
+    generation: u64,
+}
+
+impl Server {
+    /// Connects to `client`'s server (with `retries` more attempts if
+    /// that fails), with `config`.
+    pub(super) async fn connect(
+        client: Client,
+        config: AsyncConnectionConfig,
+        retries: usize,
+    ) -> RedisResult<(Server, Live)> {
+        let conn = attempt(client.clone(), config.clone(), retries).await?;
+        let server = Server {
+            client,
+            config,
+            retries,
+            link: Mutex::new(Link {
+                generation: 0,
+                state: State::Live(conn.clone()),
+            }),
+            generation: AtomicU64::new(0),
+        };
+        Ok((
+            server,
+            Live {
+                conn,
+                generation: 0,
+            },
+        ))
+    }
+
+    /// Whether `live` is the connection in use.
+    pub(super) fn is_current(&self, live: &Live) -> bool {
+        live.generation == self.generation.load(Ordering::Acquire)
+    }
+
+    /// The connection in use; once one is retired, the next, connected
+    /// now (or by an attempt under way).
+    pub(super) async fn current(&self) -> RedisResult<Live> {
+        let attempt = {
+            let link = lock(&self.link);
+            match &link.state {
+                State::Live(conn) => {
+                    return Ok(Live {
+                        conn: conn.clone(),
+                        generation: link.generation,
+                    });
+                }
+                State::Connecting(attempt) => attempt.clone(),
+            }
+        };
+        let outcome = attempt.clone().await;
+        let mut link = lock(&self.link);
+        let ours = matches!(&link.state, State::Connecting(now) if now.ptr_eq(&attempt));
+        match outcome {
+            Ok(conn) => {
+                if ours {
+                    link.state = State::Live(conn.clone());
+                }
+                Ok(Live {
+                    conn,
+                    generation: link.generation,
+                })
+            }
+            Err(err) => {
+                // The next command tries again.
+                if ours {
+                    link.state = State::Connecting(self.attempt());
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// After `err` on `live`: retires the connection if only a new one
+    /// mends it (and it is still the one in use).
+    pub(super) fn failed(&self, live: &Live, err: &RedisError) {
+        if !err.is_unrecoverable_error() {
+            return;
+        }
+        let mut link = lock(&self.link);
+        if link.generation == live.generation {
+            link.generation += 1;
+            link.state = State::Connecting(self.attempt());
+            self.generation.store(link.generation, Ordering::Release);
+        }
+    }
+
+    fn attempt(&self) -> Attempt {
+        attempt(self.client.clone(), self.config.clone(), self.retries)
+            .boxed()
+            .shared()
+    }
+}
+
+/// Connects, and after a failure tries again up to `retries` times.
+async fn attempt(
+    client: Client,
+    config: AsyncConnectionConfig,
+    retries: usize,
+) -> RedisResult<MultiplexedConnection> {
+    let mut delay = MIN_DELAY;
+    let mut tries = 0;
+    loop {
+        match client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
+            Err(err) if tries < retries => {
+                tracing::debug!(%err, "connecting to the Redis server failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+                tries += 1;
+            }
+            connected => return connected,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is one read or assignment: consistent after a panic.
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
