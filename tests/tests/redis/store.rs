@@ -138,6 +138,49 @@ async fn a_down_server_gives_a_clear_error_quickly_and_recovers() {
     guard.release().await.unwrap();
 }
 
+/// Tasks that find the connection gone all wait for one new connection:
+/// the restarted server sees one command connection (and the
+/// subscriber's, and this test's own), not one per task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_that_find_the_connection_gone_share_one_new_one() {
+    let mut server = RedisServer::new();
+    let registry = registry(&server).await;
+    lock_and_release(&registry, &unique_key("gone")).await;
+    server.restart();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let key = unique_key("gone");
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match registry.lock(&key, LockOptions::default()).await {
+                        Ok(guard) => return guard.release().await.unwrap(),
+                        Err(err) if Instant::now() < deadline => {
+                            assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(err) => panic!("no recovery after the restart: {err}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut server.connection())
+        .unwrap();
+    let received: u64 = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection count in {stats}"));
+    assert!(received <= 4, "{received} connections for 32 tasks");
+}
+
 /// Connecting to a server that is down: the builder's error is the same
 /// redacted `LockError::Connect` as `LockRegistry::redis`'s, and the number
 /// of connection retries is the builder's to choose (the default 2 take

@@ -677,6 +677,8 @@ impl fmt::Debug for RedisConnection {
 pub(super) struct Settings {
     /// How long a command may wait for its answer.
     pub(super) response: Duration,
-    /// How many times a cluster's connection sends a command again.
+    /// The store's `connection_retries`: how many more times connecting
+    /// is tried after it fails (and how many times a cluster's connection
+    /// sends a command again).
     pub(super) retries: u32,
 }

@@ -175,7 +175,11 @@ async fn watch(deadlines: Weak<Deadlines>) {
         }
     }
     let _ending = Ending(deadlines.clone());
-    let Some(every) = deadlines.upgrade().map(|d| d.timeout / LOOKS_PER_TIMEOUT) else {
+    // At least a millisecond apart, however short the timeout.
+    let Some(every) = deadlines
+        .upgrade()
+        .map(|d| (d.timeout / LOOKS_PER_TIMEOUT).max(Duration::from_millis(1)))
+    else {
         return;
     };
     let mut expired = Vec::new();

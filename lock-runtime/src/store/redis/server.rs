@@ -92,37 +92,42 @@ impl Server {
     /// The connection in use; once one is retired, the next, connected
     /// now (or by an attempt under way).
     pub(super) async fn current(&self) -> RedisResult<Live> {
-        let attempt = {
-            let link = lock(&self.link);
-            match &link.state {
-                State::Live(conn) => {
+        loop {
+            let attempt = {
+                let link = lock(&self.link);
+                match &link.state {
+                    State::Live(conn) => {
+                        return Ok(Live {
+                            conn: conn.clone(),
+                            generation: link.generation,
+                        });
+                    }
+                    State::Connecting(attempt) => attempt.clone(),
+                }
+            };
+            let outcome = attempt.clone().await;
+            let mut link = lock(&self.link);
+            // Whether the link still waits for this attempt: another
+            // command may have taken its connection in use, and seen it
+            // fail, meanwhile.
+            let waiting = matches!(&link.state, State::Connecting(now) if now.ptr_eq(&attempt));
+            match outcome {
+                Ok(conn) if waiting => {
+                    link.state = State::Live(conn.clone());
                     return Ok(Live {
-                        conn: conn.clone(),
+                        conn,
                         generation: link.generation,
                     });
                 }
-                State::Connecting(attempt) => attempt.clone(),
-            }
-        };
-        let outcome = attempt.clone().await;
-        let mut link = lock(&self.link);
-        let ours = matches!(&link.state, State::Connecting(now) if now.ptr_eq(&attempt));
-        match outcome {
-            Ok(conn) => {
-                if ours {
-                    link.state = State::Live(conn.clone());
+                // Retired meanwhile: look again.
+                Ok(_) => {}
+                Err(err) => {
+                    // The next command tries again.
+                    if waiting {
+                        link.state = State::Connecting(self.attempt());
+                    }
+                    return Err(err);
                 }
-                Ok(Live {
-                    conn,
-                    generation: link.generation,
-                })
-            }
-            Err(err) => {
-                // The next command tries again.
-                if ours {
-                    link.state = State::Connecting(self.attempt());
-                }
-                Err(err)
             }
         }
     }
