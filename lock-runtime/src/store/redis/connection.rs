@@ -586,8 +586,9 @@ impl RedisConnection {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is one read or assignment: consistent after a panic.
+/// Locks `mutex`, as it is after a panic elsewhere: every critical section
+/// of this store's connections leaves its state consistent.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 

@@ -15,12 +15,14 @@ use std::future::{Future, poll_fn};
 use std::mem;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use ::redis::{RedisError, RedisResult};
 use tokio::time::Instant;
+
+use super::connection::lock;
 
 /// How often per timeout the table is looked at.
 const LOOKS_PER_TIMEOUT: u32 = 8;
@@ -231,12 +233,6 @@ fn this_thread() -> usize {
         static THIS: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     THIS.with(|this| *this)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves the table consistent: usable after a
-    // panic elsewhere.
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 #[cfg(test)]

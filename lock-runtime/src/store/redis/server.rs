@@ -11,13 +11,15 @@
 //! 50 ms, then twice as long each time up to 1 s; commands that find an
 //! attempt under way share its outcome.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
+
+use super::connection::lock;
 
 /// The first pause between two attempts to connect; each next one is twice
 /// as long, up to [`MAX_DELAY`].
@@ -175,9 +177,4 @@ async fn attempt(
             connected => return connected,
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is one read or assignment: consistent after a panic.
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
