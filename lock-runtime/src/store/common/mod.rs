@@ -18,3 +18,10 @@ pub(crate) mod queue;
 pub(crate) mod redact;
 #[cfg(any(feature = "redis-tls", feature = "mysql-tls"))]
 pub(crate) mod tls;
+
+/// Locks `mutex`, as it is after a panic elsewhere: for state whose every
+/// critical section leaves it consistent.
+#[cfg(feature = "redis")]
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}

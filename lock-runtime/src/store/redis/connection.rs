@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -43,6 +43,7 @@ use super::scripts;
 use super::server::{Live, Server};
 use super::urls::{SentinelUrl, cluster_nodes};
 use crate::error::StoreError;
+use crate::store::common::lock;
 
 /// The shortest pause between two questions to the Sentinels.
 const RESOLVE_EVERY: Duration = Duration::from_millis(100);
@@ -584,12 +585,6 @@ impl RedisConnection {
         }
         answer
     }
-}
-
-/// Locks `mutex`, as it is after a panic elsewhere: every critical section
-/// of this store's connections leaves its state consistent.
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl ConnectionLike for RedisConnection {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ::redis::{RedisError, RedisResult};
 use tokio::time::Instant;
 
-use super::connection::lock;
+use crate::store::common::lock;
 
 /// How often per timeout the table is looked at.
 const LOOKS_PER_TIMEOUT: u32 = 8;

@@ -19,7 +19,7 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 
-use super::connection::lock;
+use crate::store::common::lock;
 
 /// The first pause between two attempts to connect; each next one is twice
 /// as long, up to [`MAX_DELAY`].
