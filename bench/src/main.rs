@@ -660,8 +660,8 @@ async fn main() -> Result<(), Error> {
     writeln!(
         report,
         "Mode: {}. Round trip (PING p50): {}. Uncontended floor: {:.0} sections/s. \
-         Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17, 18, 25 and 26 ran each contender \
-         {} times, interleaved, keeping each contender's best, \
+         Each critical section does ~2 µs of fixed work. Scenarios 1-3, 6a, 6b, 7, 9, 10, 13, 14, 17, 18, 25 and 26 ran in \
+         {} rounds, each contender's round in {} slices run in turn with the other contenders' slices, keeping each contender's best round, \
          and \"paired\" is the median over those rounds of its throughput over the floor's in the same round \
          (in row 1b, over its 30 interleaved 150 ms slices: one task of this multi-thread runtime locking one key over and over with default options, as a user's handler would), \
          \"rounds\" the lowest and highest of those ratios (the run's output lists them round by round). \"vs floor\" is throughput over the floor's in the same \
@@ -691,6 +691,7 @@ async fn main() -> Result<(), Error> {
         } else {
             "six"
         },
+        measure::SLICES,
         store_round_trips.join("; "),
         FAIR_GRANT_TIMEOUT
     )?;

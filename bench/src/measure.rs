@@ -63,6 +63,21 @@ impl Measured {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// This run and `next` of the same contender as one: their sections,
+    /// times and waits added up, allocations per section over both.
+    pub(crate) fn joined(mut self, next: Measured) -> Measured {
+        let sections = (self.ops + next.ops).max(1) as f64;
+        self.allocations = match (self.allocations, next.allocations) {
+            (Some(a), Some(b)) => Some((a * self.ops as f64 + b * next.ops as f64) / sections),
+            _ => None,
+        };
+        self.ops += next.ops;
+        self.elapsed += next.elapsed;
+        self.waits.extend(next.waits);
+        self.waits.sort_unstable();
+        self
+    }
+
     pub(crate) fn pct(&self, p: f64) -> Duration {
         percentile(&self.waits, p)
     }
@@ -140,9 +155,17 @@ pub(crate) fn now_ns() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// Each contender `rounds` times in `scenario`, interleaved, the order
-/// reversed every other round so that a server that slows down (or warms
-/// up) over the run favours none. Keeps each contender's best run, with
+/// How many slices a contender's round is cut into, run in turn with the
+/// other contenders' slices: a slow spell of the machine, which moves one
+/// run of 64 tasks on two cores by a fifth, then falls on every contender
+/// of the round alike.
+pub(crate) const SLICES: u64 = 3;
+
+/// Each contender `rounds` times in `scenario`, interleaved: a round runs
+/// each contender's `ops` in [`SLICES`] slices, in turn with the others'
+/// slices, the order reversed every other slice so that a server that
+/// slows down (or warms up) over the run favours none. A contender's
+/// round counts all its slices. Keeps each contender's best round, with
 /// `paired` the median over the rounds of its throughput over the floor's
 /// (the first contender's) in the same round. Rows in the contenders'
 /// order.
@@ -156,29 +179,35 @@ pub(crate) async fn interleaved(
 ) -> Result<Vec<Measured>, Error> {
     let mut best: HashMap<&str, Measured> = HashMap::new();
     let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
+    let slice_ops = ops.div_ceil(SLICES).max(1);
     for round in 0..rounds {
-        let mut order: Vec<&(&str, &Lib)> = contenders.iter().collect();
-        if round % 2 == 1 {
-            order.reverse();
+        let mut this_round: HashMap<&str, Measured> = HashMap::new();
+        for slice in 0..SLICES {
+            let mut order: Vec<&(&str, &Lib)> = contenders.iter().collect();
+            if (round as u64 * SLICES + slice) % 2 == 1 {
+                order.reverse();
+            }
+            for &(name, lib) in order {
+                let m = run_tasks(lib, scenario, name, tasks, slice_ops, hot).await?;
+                match this_round.remove(name) {
+                    Some(so_far) => this_round.insert(name, so_far.joined(m)),
+                    None => this_round.insert(name, m),
+                };
+            }
         }
-        let mut this_round = HashMap::new();
-        for &(name, lib) in order {
-            let m = run_tasks(lib, scenario, name, tasks, ops, hot).await?;
-            this_round.insert(name, m.throughput());
+        let floor = contenders
+            .first()
+            .and_then(|(name, _)| this_round.get(name).map(Measured::throughput))
+            .unwrap_or(0.0);
+        for (name, m) in this_round {
+            if floor > 0.0 {
+                ratios.entry(name).or_default().push(m.throughput() / floor);
+            }
             if best
                 .get(name)
                 .is_none_or(|b| m.throughput() > b.throughput())
             {
                 best.insert(name, m);
-            }
-        }
-        let floor = contenders
-            .first()
-            .and_then(|(name, _)| this_round.get(name).copied())
-            .unwrap_or(0.0);
-        for (name, rate) in this_round {
-            if floor > 0.0 {
-                ratios.entry(name).or_default().push(rate / floor);
             }
         }
     }
