@@ -104,7 +104,7 @@ impl Parts<'_> {
 /// in a span, which the carried hold's renewal and listener do not name.
 fn takes_over(handed: &Grant, opts: &LockOptions, parts: &Parts<'_>) -> bool {
     match handed.lease {
-        Leased::Store(_) => true,
+        Leased::Store(..) => true,
         Leased::Carried(_) => opts.renews_without_end() && parts.span.is_none(),
     }
 }
@@ -178,7 +178,7 @@ pub(crate) async fn contend(
         }
     };
     if let Some(mut handed) = turn.take_handed() {
-        if handed.ttl == opts.ttl && !handed.loss.is_raised() && takes_over(&handed, opts, parts) {
+        if handed.ttl == opts.ttl && !handed.is_lost() && takes_over(&handed, opts, parts) {
             if !opts.fencing {
                 handed.fencing = Some(0);
             }
@@ -195,7 +195,7 @@ pub(crate) async fn contend(
         // this call cannot take over as it is: give it back and take our
         // own.
         match handed.lease {
-            Leased::Store(mut lease) => {
+            Leased::Store(mut lease, _) => {
                 lease
                     .release(Duration::ZERO)
                     .await

@@ -56,6 +56,10 @@ struct Holding {
     /// `max_hold`), and the lock was contended (a lock taken at once does
     /// not look for waiters before its release, which costs a lock).
     passes: bool,
+    /// Whether the lease answered a fencing token at once when this hold
+    /// was first passed on ([`Holding::pass_on_held`]): later passes leave
+    /// each next holder's token to its first read.
+    tokens_at_once: bool,
     /// The lease's renewal, and the state the guard shares with it and
     /// the loss signal: one allocation.
     renewal: Renewal<State>,
@@ -169,7 +173,8 @@ impl State {
     }
 
     /// The fencing token: the grant's, or issued by the lease at the first
-    /// read (the others wait for that one).
+    /// read (the others wait for that one; of two first reads of a hold
+    /// taken over, each may issue one, and both get the first stored).
     async fn fencing_token(&self) -> Result<u64, LockError> {
         let issue = || async {
             let lease = match &self.lease {
@@ -190,18 +195,31 @@ impl State {
             }
         };
         match &self.fencing {
-            Fencing::Known(token) => Ok(token.load(Ordering::Relaxed)),
+            Fencing::Known(token) => match token.load(Ordering::Relaxed) {
+                UNISSUED => {
+                    let issued = issue().await?;
+                    Ok(token
+                        .compare_exchange(UNISSUED, issued, Ordering::Relaxed, Ordering::Relaxed)
+                        .map_or_else(|stored| stored, |_| issued))
+                }
+                token => Ok(token),
+            },
             Fencing::OnDemand(cell) => cell.get_or_try_init(issue).await.copied(),
         }
     }
 }
+
+/// In [`Fencing::Known`], a token not issued yet: no store's counter
+/// reaches it.
+const UNISSUED: u64 = u64::MAX;
 
 /// A lease's fencing token: known from the grant, or issued by the lease
 /// at the first read of a store that issues it on demand
 /// ([`Lease::fencing_token`]), the other readers waiting for that one.
 enum Fencing {
     /// Issued with the grant; a task taking a passed-on hold over writes
-    /// its own token here before its guard exists.
+    /// its own token here before its guard exists, or [`UNISSUED`] for
+    /// its first read to ask the lease.
     Known(AtomicU64),
     OnDemand(OnceCell<u64>),
 }
@@ -218,7 +236,7 @@ impl Fencing {
     /// The token, if known yet.
     fn get(&self) -> Option<u64> {
         match self {
-            Fencing::Known(token) => Some(token.load(Ordering::Relaxed)),
+            Fencing::Known(token) => Some(token.load(Ordering::Relaxed)).filter(|&t| t != UNISSUED),
             Fencing::OnDemand(cell) => cell.get().copied(),
         }
     }
@@ -371,16 +389,14 @@ impl LockGuard {
     ) -> LockGuard {
         let Grant {
             lease,
-            loss,
             fencing,
             started_at,
             chain,
             ..
         } = grant;
-        let lease = match lease {
-            Leased::Store(lease) => lease,
+        let (lease, loss) = match lease {
+            Leased::Store(lease, loss) => (lease, loss),
             Leased::Carried(carried) => {
-                drop(loss);
                 let taken = Taken {
                     fencing,
                     started_at,
@@ -425,6 +441,7 @@ impl LockGuard {
                 // Tasks that queue behind this one are likely where it
                 // had to wait itself.
                 passes: waited && opts.renews_without_end(),
+                tokens_at_once: false,
                 renewal,
             }),
         }
@@ -449,7 +466,7 @@ impl LockGuard {
         let _ = CARRIER.try_with(|spare| spare.set(Some(carried)));
         let state = held.state();
         if let Fencing::Known(token) = &state.fencing {
-            token.store(taken.fencing.unwrap_or(0), Ordering::Relaxed);
+            token.store(taken.fencing.unwrap_or(UNISSUED), Ordering::Relaxed);
         }
         state.ended.store(false, Ordering::SeqCst);
         *state.holder() = Holder {
@@ -489,7 +506,9 @@ impl LockGuard {
     /// once. The Redis store's default lock issues it at the first read
     /// instead, in one round trip that checks the lease still holds the
     /// key (a lock whose body never reads its token then costs no
-    /// token); later reads answer at once.
+    /// token); later reads answer at once. So does the memory store for a
+    /// lock passed on from another task of this process, answering at
+    /// once.
     ///
     /// # Errors
     ///
@@ -667,15 +686,17 @@ impl Holding {
     }
 
     /// Passes this hold on as it is (lease, renewal and loss listener) to
-    /// the next task queued behind its turn, with a fencing token of its
-    /// own, which is all the store is asked, and only if it answers at
-    /// once (the memory store): nothing is waited for. Only a hold renewed
+    /// the next task queued behind its turn, only if the lease answers a
+    /// fencing token at once (the memory store): nothing is waited for. The
+    /// first pass of a hold asks it for the next task's token, which is
+    /// all the store is asked; later passes leave each next task's token
+    /// to its first read ([`UNISSUED`]). Only a hold renewed
     /// with no end but its release, still held, with no linger, no span
     /// (the renewal's and the listener's events name the span of the
     /// hold's first task) and its token from the grant. The caller checks
     /// the rest ([`Holding::passes`], no linger, [`next_in_chain`], whose
     /// count is `chain`). This hold, untouched, when it is not passed on.
-    fn pass_on_held(self, chain: u32) -> Option<Holding> {
+    fn pass_on_held(mut self, chain: u32) -> Option<Holding> {
         let taken = {
             let state = self.state();
             let passable = !state.loss.is_raised()
@@ -694,22 +715,27 @@ impl Holding {
         let Some((turn, labels, started_at)) = taken else {
             return Some(self);
         };
-        // An answer that would take a request is dropped unsent.
-        let issued =
-            (self.state().lease.as_ref()).and_then(|lease| lease.fencing_token().take_ready());
-        let Some(Ok(Some(fencing))) = issued else {
-            // No token on demand at once (it came with the grant, or takes
-            // a request), or the lease is lost: the turn goes back, and the
-            // lease is handed over or released as usual.
-            self.state().holder().turn = Some(turn);
-            return Some(self);
+        let fencing = if self.tokens_at_once {
+            None
+        } else {
+            // An answer that would take a request is dropped unsent.
+            let issued =
+                (self.state().lease.as_ref()).and_then(|lease| lease.fencing_token().take_ready());
+            let Some(Ok(Some(fencing))) = issued else {
+                // No token on demand at once (it came with the grant, or
+                // takes a request), or the lease is lost: the turn goes
+                // back, and the lease is handed over or released as usual.
+                self.state().holder().turn = Some(turn);
+                return Some(self);
+            };
+            self.tokens_at_once = true;
+            Some(fencing)
         };
         let state = self.state();
         if !state.ended.swap(true, Ordering::SeqCst) {
             state.record_end(labels, started_at, None);
         }
         telemetry::handed_over(labels);
-        let loss = state.loss.clone();
         // The next hold's start, read only where hold times are recorded.
         let next_start = if cfg!(feature = "metrics") {
             Instant::now()
@@ -727,8 +753,7 @@ impl Holding {
         // A turn outside every queue has no waiters: it is never here.
         let _ = turn.pass_on(Grant {
             lease: Leased::Carried(carried),
-            loss,
-            fencing: Some(fencing),
+            fencing,
             ttl,
             started_at: next_start,
             chain,
@@ -843,8 +868,7 @@ impl Holding {
                 // from its last renewal.
                 let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                 turn.pass_on(Grant {
-                    lease: Leased::Store(lease),
-                    loss: state.loss.clone(),
+                    lease: Leased::Store(lease, state.loss.clone()),
                     fencing,
                     ttl,
                     started_at,
@@ -939,6 +963,12 @@ impl PassedOn for Carried {
 
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
         self
+    }
+
+    fn is_lost(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|held| held.state().loss.is_raised())
     }
 }
 

@@ -240,7 +240,6 @@ impl LocalQueues {
 #[derive(Debug)]
 pub(crate) struct Grant {
     pub(crate) lease: Leased,
-    pub(crate) loss: LossSignal,
     /// The fencing token; `None` until the holder asks the lease for it
     /// ([`Lease::fencing_token`]).
     pub(crate) fencing: Option<u64>,
@@ -256,8 +255,9 @@ pub(crate) struct Grant {
 /// What a grant holds its key with.
 #[derive(Debug)]
 pub(crate) enum Leased {
-    /// A lease the store answered: to an acquire, or moved by a hand-over.
-    Store(Box<dyn Lease>),
+    /// A lease the store answered (to an acquire, or moved by a
+    /// hand-over), with the loss signal its holder is to listen to.
+    Store(Box<dyn Lease>, LossSignal),
     /// The previous task's whole hold, passed on as it is: its lease still
     /// renewed, its loss still listened to.
     Carried(Box<dyn PassedOn>),
@@ -273,6 +273,9 @@ pub(crate) trait PassedOn: Send + fmt::Debug {
 
     /// The hold, for the guard to take over.
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+
+    /// Whether the hold's loss was raised on the way.
+    fn is_lost(&self) -> bool;
 }
 
 impl Grant {
@@ -285,12 +288,19 @@ impl Grant {
         started_at: Instant,
     ) -> Grant {
         Grant {
-            lease: Leased::Store(lease),
-            loss,
+            lease: Leased::Store(lease, loss),
             fencing,
             ttl,
             started_at,
             chain: 0,
+        }
+    }
+
+    /// Whether the lease's loss was raised since it was granted.
+    pub(crate) fn is_lost(&self) -> bool {
+        match &self.lease {
+            Leased::Store(_, loss) => loss.is_raised(),
+            Leased::Carried(carried) => carried.is_lost(),
         }
     }
 }
@@ -443,7 +453,7 @@ impl KeyQueue {
 /// processes out until its ttl.
 fn release_in_background(grant: Grant) {
     match grant.lease {
-        Leased::Store(mut lease) => {
+        Leased::Store(mut lease, _) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     let _ = lease.release(Duration::ZERO).await;

@@ -487,7 +487,10 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The holder's fencing token (0 from a store without fencing). Where
     /// the store issues tokens when the holder first reads them (Redis's
-    /// default lock), 0 until the holder has read one.
+    /// default lock), 0 until the holder has read one; a lease passed
+    /// from task to task of one process (the memory store's) shows the
+    /// last token issued on it until the task holding it now reads its
+    /// own.
     pub fencing_token: u64,
     /// Whether a task of this process holds it (through any registry).
     pub held_by_this_process: bool,

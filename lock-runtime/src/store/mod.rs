@@ -245,14 +245,16 @@ pub trait Lease: Send + Sync + fmt::Debug {
     /// between the grant and the issue, and a holder that lost the key
     /// gets none.
     ///
-    /// The runtime also asks a lease whose token came with its grant, as
-    /// it passes the lease to the next task of this process waiting for
-    /// the key: a new token answered at once ([`Reply::ready`]: the memory
-    /// store) lets it pass the whole hold on as it is (the lease, its
-    /// renewal, its loss signal) instead of asking
+    /// The runtime also asks a lease whose token came with its grant, the
+    /// first time it passes the lease to the next task of this process
+    /// waiting for the key: a new token answered at once ([`Reply::ready`]:
+    /// the memory store) lets it pass the whole hold on as it is (the
+    /// lease, its renewal, its loss signal) instead of asking
     /// [`hand_over`](Self::hand_over) to move it, saving the hand-over's
-    /// request. An answer still to come is dropped unawaited; it, and any
-    /// error, make the runtime hand over as usual.
+    /// request; it passes the same lease on again without asking, each
+    /// next task asking for its token at its first read, as above. An
+    /// answer still to come is dropped unawaited; it, and any error, make
+    /// the runtime hand over as usual.
     ///
     /// The default, for a store that issues every token with its grant,
     /// answers a misuse error, without an allocation. A store that wraps
