@@ -33,15 +33,10 @@ pub(super) struct Server {
     client: Client,
     config: AsyncConnectionConfig,
     retries: usize,
-    link: Mutex<Link>,
-    /// [`Link::generation`], read without the lock.
+    state: Mutex<State>,
+    /// Counts the connections retired: written with `state` locked, read
+    /// also without.
     generation: AtomicU64,
-}
-
-struct Link {
-    /// Counts the connections retired.
-    generation: u64,
-    state: State,
 }
 
 enum State {
@@ -71,10 +66,7 @@ impl Server {
             client,
             config,
             retries,
-            link: Mutex::new(Link {
-                generation: 0,
-                state: State::Live(conn.clone()),
-            }),
+            state: Mutex::new(State::Live(conn.clone())),
             generation: AtomicU64::new(0),
         };
         Ok((
@@ -96,29 +88,29 @@ impl Server {
     pub(super) async fn current(&self) -> RedisResult<Live> {
         loop {
             let attempt = {
-                let link = lock(&self.link);
-                match &link.state {
+                let state = lock(&self.state);
+                match &*state {
                     State::Live(conn) => {
                         return Ok(Live {
                             conn: conn.clone(),
-                            generation: link.generation,
+                            generation: self.generation.load(Ordering::Relaxed),
                         });
                     }
                     State::Connecting(attempt) => attempt.clone(),
                 }
             };
             let outcome = attempt.clone().await;
-            let mut link = lock(&self.link);
-            // Whether the link still waits for this attempt: another
+            let mut state = lock(&self.state);
+            // Whether the state still waits for this attempt: another
             // command may have taken its connection in use, and seen it
             // fail, meanwhile.
-            let waiting = matches!(&link.state, State::Connecting(now) if now.ptr_eq(&attempt));
+            let waiting = matches!(&*state, State::Connecting(now) if now.ptr_eq(&attempt));
             match outcome {
                 Ok(conn) if waiting => {
-                    link.state = State::Live(conn.clone());
+                    *state = State::Live(conn.clone());
                     return Ok(Live {
                         conn,
-                        generation: link.generation,
+                        generation: self.generation.load(Ordering::Relaxed),
                     });
                 }
                 // Retired meanwhile: look again.
@@ -126,7 +118,7 @@ impl Server {
                 Err(err) => {
                     // The next command tries again.
                     if waiting {
-                        link.state = State::Connecting(self.attempt());
+                        *state = State::Connecting(self.attempt());
                     }
                     return Err(err);
                 }
@@ -140,11 +132,11 @@ impl Server {
         if !err.is_unrecoverable_error() {
             return;
         }
-        let mut link = lock(&self.link);
-        if link.generation == live.generation {
-            link.generation += 1;
-            link.state = State::Connecting(self.attempt());
-            self.generation.store(link.generation, Ordering::Release);
+        let mut state = lock(&self.state);
+        if self.generation.load(Ordering::Relaxed) == live.generation {
+            *state = State::Connecting(self.attempt());
+            self.generation
+                .store(live.generation + 1, Ordering::Release);
         }
     }
 
