@@ -9,6 +9,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --store etcd   # one store's rows, printed
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile-hand-over tokio-mutex,memory 50000 5
+//! cargo run --release --manifest-path bench/Cargo.toml -- --profile-overhead tokio-mutex,memory 1000000 5
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
 //! cargo run --release --manifest-path bench/Cargo.toml -- --handoff lock-runtime,distributed-lock 200 3
@@ -206,6 +207,47 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
                 if round > 0 {
                     let per_section = started.elapsed() / sections;
                     println!("{name}: {} ns per section", per_section.as_nanos());
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `--profile-overhead LIBS OPS [ROUNDS]`: what rows 6a and 7 add to the
+/// fixed work, alone. On a current-thread runtime, one task per contender
+/// (memory, tokio-mutex) locks one key `OPS` times with an empty body, as
+/// the row's contenders do otherwise; after one unmeasured round, each
+/// round prints the time per lock and release of each contender in turn.
+fn profile_overhead(args: &[String]) -> Result<(), Error> {
+    let [names, ops, rest @ ..] = args else {
+        return Err("--profile-overhead LIBS OPS [ROUNDS]".into());
+    };
+    let ops: u32 = ops.parse()?;
+    if ops == 0 {
+        return Err("--profile-overhead: OPS must be at least 1".into());
+    }
+    let rounds: usize = rest.first().map_or(Ok(5), |r| r.parse())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut libs = Vec::new();
+        for name in names.split(',') {
+            if !matches!(name, "memory" | "tokio-mutex") {
+                return Err(format!("--profile-overhead: {name} is not a memory contender").into());
+            }
+            libs.push((name, make_lib(name, "").await?));
+        }
+        for round in 0..=rounds {
+            for (name, lib) in &libs {
+                let started = Instant::now();
+                for _ in 0..ops {
+                    lib.with_lock("bench:overhead", async {}).await?;
+                }
+                if round > 0 {
+                    let per_lock = started.elapsed() / ops;
+                    println!("{name}: {} ns per lock", per_lock.as_nanos());
                 }
             }
         }
@@ -417,6 +459,10 @@ async fn main() -> Result<(), Error> {
     if args.first().map(String::as_str) == Some("--profile-hand-over") {
         let args = args[1..].to_vec();
         return tokio::task::spawn_blocking(move || profile_hand_over(&args)).await?;
+    }
+    if args.first().map(String::as_str) == Some("--profile-overhead") {
+        let args = args[1..].to_vec();
+        return tokio::task::spawn_blocking(move || profile_overhead(&args)).await?;
     }
     if args.first().map(String::as_str) == Some("--probe-wake") {
         return probe_wake(&args[1..]).await;
