@@ -19,7 +19,7 @@ use crate::local_queue::{Grant, Leased, LocalTurn, PassedOn, next_in_chain};
 use crate::options::LockOptions;
 use crate::options::{Access, permits_of};
 use crate::renewal::{Entry, Fill, Renewable, Renewal, Schedule, Spare};
-use crate::store::{Claim, Deadline, HandOver, Lease, LossListener, LossSignal, Reply, StoreError};
+use crate::store::{Claim, Deadline, HandOver, Lease, LossSignal, Reply, StoreError};
 use crate::telemetry::{self, Labels};
 
 /// A held lock. Renewed in the background (unless the watchdog is off)
@@ -95,7 +95,7 @@ struct State {
     loss: LossSignal,
     /// The current holder: its turn and what its hold is recorded under.
     /// Written by a task taking a passed-on hold over (see
-    /// [`Holding::pass_on_held`]), read by the loss listener.
+    /// [`Holding::pass_on_held`]), read when a loss is told.
     holder: Mutex<Holder>,
     /// The lock's span, until the release (a passed-on hold has none).
     span: Span,
@@ -135,16 +135,17 @@ impl State {
     }
 
     /// Records the end of the hold, lost for `lost` if it was; only the
-    /// first end counts (a release can race a loss).
-    fn ended(&self, lost: Option<&str>) {
+    /// first end counts (a release can race a loss). Whether this was it.
+    fn ended(&self, lost: Option<&str>) -> bool {
         if self.ended.swap(true, Ordering::SeqCst) {
-            return;
+            return false;
         }
         let (labels, started_at) = {
             let holder = self.holder();
             (holder.labels, holder.started_at)
         };
         self.record_end(labels, started_at, lost);
+        true
     }
 
     /// As [`ended`](Self::ended), from the release, which has the state to
@@ -270,12 +271,18 @@ impl Renewable for State {
     fn renewal_failed(&self) {
         telemetry::renewal_failed(self.holder().labels);
     }
-}
 
-impl LossListener for State {
+    fn has_signal(&self, signal: usize) -> bool {
+        self.loss.addr() == signal
+    }
+
+    /// Logged and recorded once (the hold's end); the turn goes back at
+    /// once, so the process's other tasks are not held up by a guard that
+    /// no longer holds anything.
     fn lease_lost(&self, reason: &'static str) {
-        tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
-        self.ended(Some(reason));
+        if self.ended(Some(reason)) {
+            tracing::warn!(parent: &self.span, key = self.key(), reason, "lease lost");
+        }
         drop(self.take_turn());
     }
 }
@@ -429,8 +436,9 @@ impl LockGuard {
                 .ok()
                 .flatten(),
         );
-        let listener: Weak<Entry<State>> = Arc::downgrade(renewal.entry());
-        renewal.held().loss.listen(listener);
+        if renewal.hear_losses(&renewal.held().loss) {
+            renewal.held().lease_lost("lost before it was taken up");
+        }
         LockGuard {
             held: Some(Holding {
                 registry: parts.registry_id(),
@@ -448,9 +456,9 @@ impl LockGuard {
     }
 
     /// The guard of a task taking over a hold passed on to it as it is
-    /// ([`Holding::pass_on_held`]): the lease, its renewal and its loss
-    /// listener carry on; the turn, the fencing token and the hold's
-    /// records are this task's.
+    /// ([`Holding::pass_on_held`]): the lease and its renewal (through
+    /// which a loss is told) carry on; the turn, the fencing token and
+    /// the hold's records are this task's.
     fn taken_over(
         parts: &Parts<'_>,
         carried: Box<dyn PassedOn>,
@@ -685,14 +693,14 @@ impl Holding {
         released
     }
 
-    /// Passes this hold on as it is (lease, renewal and loss listener) to
+    /// Passes this hold on as it is (lease, renewal and loss signal) to
     /// the next task queued behind its turn, only if the lease answers a
     /// fencing token at once (the memory store): nothing is waited for. The
     /// first pass of a hold asks it for the next task's token, which is
     /// all the store is asked; later passes leave each next task's token
     /// to its first read ([`UNISSUED`]). Only a hold renewed
     /// with no end but its release, still held, with no linger, no span
-    /// (the renewal's and the listener's events name the span of the
+    /// (the renewal's and the loss's events name the span of the
     /// hold's first task) and its token from the grant. The caller checks
     /// the rest ([`Holding::passes`], no linger, [`next_in_chain`], whose
     /// count is `chain`). This hold, untouched, when it is not passed on.
@@ -768,17 +776,16 @@ impl Holding {
         next_in_chain(self.chain, lease)
     }
 
-    /// Stops the renewal and the loss listener (the release tells of a
-    /// loss from here on); whether the lease was still held then.
+    /// Stops the renewal, and with it the telling of a loss (the release
+    /// tells of one from here on); whether the lease was still held then.
     fn stop(&self) -> bool {
         self.renewal.stop();
-        let loss = &self.state().loss;
-        loss.unlisten();
-        !loss.is_raised()
+        !self.state().loss.is_raised()
     }
 
     /// The lease out of the holder's state, which is the release's alone
-    /// (no renewal in flight, no listener), with how it is to be released.
+    /// (no renewal in flight, no loss being told), with how it is to be
+    /// released.
     fn take_lease(&mut self, linger: Duration, was_held: bool) -> Release {
         let chain = self.chain;
         let state = self.state_alone();

@@ -256,10 +256,10 @@ pub(crate) struct Grant {
 #[derive(Debug)]
 pub(crate) enum Leased {
     /// A lease the store answered (to an acquire, or moved by a
-    /// hand-over), with the loss signal its holder is to listen to.
+    /// hand-over), with the loss signal its holder is to hear.
     Store(Box<dyn Lease>, LossSignal),
     /// The previous task's whole hold, passed on as it is: its lease still
-    /// renewed, its loss still listened to.
+    /// renewed, its loss still heard.
     Carried(Box<dyn PassedOn>),
 }
 

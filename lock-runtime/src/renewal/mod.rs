@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
 use crate::store::ticks;
-use crate::store::{Deadline, LossListener, Reply};
+use crate::store::{Deadline, Reply};
 use crate::telemetry::reason;
 
 /// The lease a renewal looks after: renews it, and hears its verdict.
@@ -43,6 +43,12 @@ pub(crate) trait Renewable: Send + Sync {
     fn span(&self) -> &tracing::Span;
     /// A renewal did not extend the lease (counted).
     fn renewal_failed(&self);
+    /// Whether the loss signal at `signal` ([`LossSignal::addr`](crate::store::LossSignal::addr))
+    /// is this lease's.
+    fn has_signal(&self, signal: usize) -> bool;
+    /// The lease's loss signal was raised, for `reason`: the holder is
+    /// told, by the raise (see [`Renewal::hear_losses`]). Maybe twice.
+    fn lease_lost(&self, reason: &'static str);
 }
 
 /// When and how one lease is renewed.
@@ -97,12 +103,6 @@ impl<R: ?Sized> Entry<R> {
     /// The holder's state.
     pub(crate) fn held(&self) -> &R {
         &self.lease
-    }
-}
-
-impl<R: LossListener + ?Sized> LossListener for Entry<R> {
-    fn lease_lost(&self, reason: &'static str) {
-        self.lease.lease_lost(reason);
     }
 }
 
@@ -365,8 +365,8 @@ impl<R: Renewable + 'static> Renewal<R> {
 
     /// The renewal, stopped, to look after another lease
     /// ([`Renewal::start`]), its holder's state as `leave` leaves it (if
-    /// given); `None` if a renewal in flight or a listener still shares
-    /// its entry (see [`take_held`](Self::take_held)). `owner` is the
+    /// given); `None` if a renewal in flight or a loss being told still
+    /// shares its entry (see [`take_held`](Self::take_held)). `owner` is the
     /// address of the registry's identity given to `start`.
     pub(crate) fn into_spare(
         mut self,
@@ -390,14 +390,13 @@ impl<R: Renewable + 'static> Renewal<R> {
     /// Stops renewing, waits until no renewal in flight shares the
     /// holder's state any more, and gives it: the caller's alone, for the
     /// release or the hand-over, which must not overlap a renewal. The
-    /// holder must have dropped every other reference to the entry first
-    /// (the loss signal's listener).
+    /// holder must have dropped every other reference to the entry first.
     pub(crate) async fn take_held(&mut self) -> &mut R {
         self.stop();
         debug_assert_eq!(
             Arc::weak_count(self.entry()),
             0,
-            "the entry's listeners are gone before the holder takes it"
+            "no weak reference to the entry is left when the holder takes it"
         );
         // The common case: no renewal in flight, nothing to wait for. The
         // count is read, not claimed: once the slab has let the entry go
@@ -420,11 +419,20 @@ impl<R: Renewable + 'static> Renewal<R> {
     }
 
     /// The holder's state, the caller's alone; `None` while something else
-    /// shares it (a renewal in flight, a listener: see
+    /// shares it (a renewal in flight, a loss being told: see
     /// [`take_held`](Self::take_held)).
     pub(crate) fn held_mut(&mut self) -> Option<&mut R> {
         let (_, entry) = self.looked_after.as_mut()?;
         Arc::get_mut(entry).map(|entry| &mut entry.lease)
+    }
+
+    /// Makes the holder the one told when its lease's loss signal is
+    /// raised: the raise finds it through this renewal's timer, as long as
+    /// the renewal runs. Whether the signal was raised already, in which
+    /// case the holder may not have been told: the caller tells it.
+    pub(crate) fn hear_losses(&self, loss: &crate::store::LossSignal) -> bool {
+        let (renewer, _) = self.looked_after();
+        loss.home_at(renewer, self.id)
     }
 
     /// Stops renewing; no verdict is given after this.

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
 use super::{Due, Entry, act, lock};
+use crate::store::LossHome;
 
 /// How long the renewer task keeps waking on its own while idle, so that
 /// locks taken meanwhile need not wake it.
@@ -193,6 +194,46 @@ impl Renewer {
         {
             slab.free.push(id);
         }
+    }
+}
+
+impl LossHome for Renewer {
+    fn tell(&self, place: usize, signal: usize, reason: &'static str) {
+        let entry = {
+            let slab = lock(&self.state);
+            match slab.timers.get(place) {
+                Some(Some(timer))
+                    if !timer.entry.is_stopped() && timer.entry.lease.has_signal(signal) =>
+                {
+                    timer.entry.clone()
+                }
+                // Released, or the place is another lease's now.
+                _ => return,
+            }
+        };
+        // Shared as a renewal in flight shares it: a release waiting for
+        // the holder's state alone waits for this telling to end.
+        let telling = Telling {
+            renewer: self,
+            entry: Some(entry),
+        };
+        if let Some(entry) = &telling.entry {
+            entry.lease.lease_lost(reason);
+        }
+    }
+}
+
+/// An entry shared while its holder is told of a loss; gives it back as
+/// [`Taken`](super::Taken) does.
+struct Telling<'a> {
+    renewer: &'a Renewer,
+    entry: Option<Arc<Entry>>,
+}
+
+impl Drop for Telling<'_> {
+    fn drop(&mut self) {
+        drop(self.entry.take());
+        self.renewer.returned.notify_waiters();
     }
 }
 

@@ -49,6 +49,12 @@ impl Renewable for Held {
     }
 
     fn renewal_failed(&self) {}
+
+    fn has_signal(&self, _: usize) -> bool {
+        false
+    }
+
+    fn lease_lost(&self, _: &'static str) {}
 }
 
 /// A 30 s lease taken now, renewed every 10 s.

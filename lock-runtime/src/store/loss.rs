@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
@@ -36,16 +36,27 @@ struct LossShared {
     /// Why the lease is lost at its deadline (a [`Deadline`]); read only
     /// then.
     deadline_reason: AtomicU8,
-    /// Told once when the signal is raised; the runtime's holder of the lease.
-    listener: Mutex<Option<Weak<dyn LossListener>>>,
-    /// Whether `listener` holds one: set and cleared under its lock, read
-    /// without it once nobody else can see the signal.
-    listening: AtomicBool,
+    /// Where a raise finds the holder to tell ([`LossHome`]): changed
+    /// under this lock (rarely: the signal's allocation is used again by
+    /// the next lock of its thread, whose home is mostly the same), read
+    /// under it by a raise.
+    home: Mutex<Option<Weak<dyn LossHome>>>,
+    /// The address `home` points to, to see without the lock that it is
+    /// the same.
+    home_addr: AtomicUsize,
+    /// The holder's place in `home`.
+    home_place: AtomicUsize,
 }
 
-/// Reacts when a lease is lost (the runtime's guard state).
-pub(crate) trait LossListener: Send + Sync {
-    fn lease_lost(&self, reason: &'static str);
+/// Where the holder of a lease is told that the lease is lost: the
+/// runtime's renewer that looks after it, which finds the holder in the
+/// place it gave the lease and checks that the lease there is still the
+/// one whose signal was raised.
+pub(crate) trait LossHome: Send + Sync {
+    /// Tells the holder in `place` that its lease is lost, for `reason`,
+    /// if its loss signal is the one at `signal` ([`LossSignal::addr`]);
+    /// returns once it was told.
+    fn tell(&self, place: usize, signal: usize, reason: &'static str);
 }
 
 impl Default for LossShared {
@@ -55,14 +66,17 @@ impl Default for LossShared {
             notify: Notify::new(),
             deadline: AtomicI64::new(ticks::NEVER),
             deadline_reason: AtomicU8::new(Deadline::Late as u8),
-            listener: Mutex::new(None),
-            listening: AtomicBool::new(false),
+            home: Mutex::new(None),
+            home_addr: AtomicUsize::new(0),
+            home_place: AtomicUsize::new(0),
         }
     }
 }
 
 impl LossShared {
-    /// Makes a signal nobody else can see, with no listener, as new.
+    /// Makes a signal nobody else can see as new (its home stays: a raise
+    /// finds no holder there whose signal this is until the next one
+    /// makes it its own).
     fn reset(&self) {
         self.raised.store(false, Ordering::Relaxed);
         self.deadline.store(ticks::NEVER, Ordering::Relaxed);
@@ -110,8 +124,8 @@ impl LossSignal {
     /// a loop makes no new one.
     pub fn new() -> Self {
         let shared = match SPARE.try_with(Cell::take).ok().flatten() {
-            // Unique when it was kept, with no listener, and nobody could
-            // see it since: plain stores make it new.
+            // Unique when it was kept, and nobody could see it since:
+            // plain stores make it new.
             Some(shared) => {
                 shared.reset();
                 shared
@@ -136,9 +150,14 @@ impl LossSignal {
             return;
         }
         // The holder first: once woken, a body's task may end and drop it
-        // before the listener would be told.
-        self.tell_listener(reason);
+        // before it would be told.
+        self.tell_home(reason);
         self.shared().notify.notify_waiters();
+    }
+
+    /// The signal's identity while it lives: what a [`LossHome`] compares.
+    pub(crate) fn addr(&self) -> usize {
+        std::ptr::from_ref(self.shared()) as usize
     }
 
     /// Whether the signal was raised.
@@ -224,51 +243,39 @@ impl LossSignal {
         .await
     }
 
-    /// Makes `listener` the one told when the signal is raised (at once if
-    /// it already was), in place of any earlier one.
-    pub(crate) fn listen(&self, listener: Weak<dyn LossListener>) {
-        let mut slot = self.listener();
-        *slot = Some(listener);
-        self.shared().listening.store(true, Ordering::Relaxed);
-        drop(slot);
-        if self.is_raised() {
-            self.tell_listener("lost before it was taken up");
+    /// Makes the holder in `place` of `home` the one told when the
+    /// signal is raised ([`LossHome::tell`]), in place of any before it;
+    /// whether it was raised already, in which case the holder may not
+    /// have been told (the caller tells it: it may then be told twice).
+    pub(crate) fn home_at<H: LossHome + 'static>(&self, home: &Arc<H>, place: usize) -> bool {
+        let shared = self.shared();
+        let addr = Arc::as_ptr(home) as *const () as usize;
+        if shared.home_addr.load(Ordering::Relaxed) != addr {
+            let home: Weak<dyn LossHome> = Arc::downgrade(home) as Weak<dyn LossHome>;
+            *self.home() = Some(home);
+            shared.home_addr.store(addr, Ordering::Relaxed);
+        }
+        // Then the raise's flag, both sequentially consistent, as the raise
+        // sets its flag and then reads the place: one of the two sees the
+        // other, so the holder is told by the raise, or by the caller.
+        shared.home_place.store(place, Ordering::SeqCst);
+        self.is_raised()
+    }
+
+    /// Tells the holder at the signal's home, if it has one.
+    fn tell_home(&self, reason: &'static str) {
+        // The place first: a home set before it was stored is seen with it.
+        let place = self.shared().home_place.load(Ordering::SeqCst);
+        let home = self.home().as_ref().and_then(Weak::upgrade);
+        if let Some(home) = home {
+            home.tell(place, self.addr(), reason);
         }
     }
 
-    /// Drops the listener, if it was not told yet; returns once a telling
-    /// in progress has ended, so the listener is not referred to from here
-    /// any more.
-    pub(crate) fn unlisten(&self) {
-        let listener = self.take_listener(&mut self.listener());
-        drop(listener);
-    }
-
-    /// Tells the listener (once), holding the lock meanwhile: `unlisten`
-    /// waits for it.
-    fn tell_listener(&self, reason: &'static str) {
-        let mut slot = self.listener();
-        if let Some(listener) = self
-            .take_listener(&mut slot)
-            .and_then(|weak| weak.upgrade())
-        {
-            listener.lease_lost(reason);
-        }
-    }
-
-    /// Takes the listener out of `slot`, the listener's lock held.
-    fn take_listener(
-        &self,
-        slot: &mut Option<Weak<dyn LossListener>>,
-    ) -> Option<Weak<dyn LossListener>> {
-        self.shared().listening.store(false, Ordering::Relaxed);
-        slot.take()
-    }
-
-    fn listener(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossListener>>> {
-        // One assignment or `take` per use: consistent after a panic.
+    fn home(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn LossHome>>> {
+        // One assignment or read per use: consistent after a panic.
         self.shared()
-            .listener
+            .home
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
@@ -287,14 +294,12 @@ impl Drop for LossSignal {
         };
         // The last clone: nobody else can see the signal any more (no weak
         // references to it are ever made), so it can start over as
-        // another lease's, if nothing listens to it.
+        // another lease's.
         if Arc::strong_count(&shared) == 1 {
             // What the other clones did before they were dropped (their
             // count's release) is seen from here on.
             std::sync::atomic::fence(Ordering::Acquire);
-            if !shared.listening.load(Ordering::Relaxed) {
-                let _ = SPARE.try_with(|spare| spare.set(Some(shared)));
-            }
+            let _ = SPARE.try_with(|spare| spare.set(Some(shared)));
         }
     }
 }

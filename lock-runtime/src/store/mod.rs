@@ -55,7 +55,7 @@ pub use crate::error::{StoreError, StoreErrorKind};
 pub use capabilities::{Capabilities, FencingPromise, SafetyMargin};
 pub use claim::{Claim, ClaimMismatch, Meeting};
 pub use loss::LossSignal;
-pub(crate) use loss::{Deadline, LossListener};
+pub(crate) use loss::{Deadline, LossHome};
 pub use request::{Acquire, AcquireRequest, HandOver, Hints, LeaseInfo};
 pub use token::LockToken;
 pub use watch::ReleaseWatch;
