@@ -664,29 +664,30 @@ impl Holding {
             }
         }
         let was_held = self.stop();
-        // Waits for a renewal in flight, so it cannot outlive the release
-        // (in the common case none shares the state: nothing to wait for).
-        if self.renewal.held_mut().is_none() {
-            self.renewal.take_held().await;
-        }
-        let released = match self.take_lease(linger, was_held) {
+        let (chain, ttl) = (self.chain, self.ttl);
+        // Waits for a renewal in flight or a loss being told, so neither
+        // outlives the release; in the common case nothing shares the
+        // state, and this is one look. The state is the release's alone
+        // from here on.
+        let state = self.renewal.take_held().await;
+        let released = match state.take_lease(chain, linger, was_held) {
             Release::Gone => Ok(()),
             Release::Plain(mut lease, turn) => {
                 let released = lease.release(linger).await;
                 // The next local waiter goes ahead once the store has the
                 // release.
                 drop(turn);
-                self.released(released, was_held, linger)
+                state.released(released, was_held, linger)
             }
             Release::ForOthers(mut lease, turn) => {
                 let released = lease.release(linger).await;
                 turn.give_up_for_others();
-                self.released(released, was_held, linger)
+                state.released(released, was_held, linger)
             }
-            Release::HandOver(turn, mut lease, chain) => {
+            Release::HandOver(turn, mut lease, next) => {
                 let sent_at = Instant::now();
                 let handed = lease.hand_over(sent_at).await;
-                self.handed_over(turn, lease, chain, sent_at, handed)
+                state.handed_over(turn, lease, next, ttl, sent_at, handed)
             }
         };
         self.keep_spare();
@@ -783,12 +784,46 @@ impl Holding {
         !self.state().loss.is_raised()
     }
 
+    /// Keeps the released lease's renewal, with its holder's state, for
+    /// this thread's next lock: the lease and the turn are gone already,
+    /// a span ends now.
+    fn keep_spare(self) {
+        let leave = (!self.state().span.is_none())
+            .then_some((|state| state.span = Span::none()) as fn(&mut State));
+        if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
+            let over = SPARES.try_with(|spares| {
+                let mut spares = spares.borrow_mut();
+                if spares.len() < SPARES_KEPT {
+                    spares.push(spare);
+                    return None;
+                }
+                Some(spare)
+            });
+            // Dropped once the thread's spares are let go.
+            drop(over);
+        }
+    }
+
+    /// What is left of `hold_at_least`, rounded up to the millisecond
+    /// (the finest unit a store counts in).
+    #[inline]
+    fn linger(&self) -> Duration {
+        let Some(until) = self.hold_until else {
+            return Duration::ZERO;
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        let millis = u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        Duration::from_millis(millis)
+    }
+}
+
+/// The end of a release, once it has the holder's state alone.
+impl State {
     /// The lease out of the holder's state, which is the release's alone
     /// (no renewal in flight, no loss being told), with how it is to be
-    /// released.
-    fn take_lease(&mut self, linger: Duration, was_held: bool) -> Release {
-        let chain = self.chain;
-        let state = self.state_alone();
+    /// released; `chain` is the hold's count of hand-overs in a row.
+    fn take_lease(&mut self, chain: u32, linger: Duration, was_held: bool) -> Release {
+        let state = self;
         let Some(lease) = state.lease.take() else {
             return Release::Gone;
         };
@@ -804,13 +839,6 @@ impl Holding {
         }
     }
 
-    /// The holder's state, once the release has it alone.
-    fn state_alone(&mut self) -> &mut State {
-        self.renewal
-            .held_mut()
-            .expect("the release has the holder's state alone")
-    }
-
     /// What the store's answer to the release (`linger` kept) means for
     /// the caller, logged and recorded.
     fn released(
@@ -819,7 +847,7 @@ impl Holding {
         was_held: bool,
         linger: Duration,
     ) -> Result<(), LockError> {
-        let state = self.state_alone();
+        let state = self;
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;
@@ -854,8 +882,9 @@ impl Holding {
     }
 
     /// What the store answered (`handed`) to the hand-over of `lease`
-    /// sent at `sent_at`: a lease it moved goes to the next task queued
-    /// behind `turn` in this process, the `chain`th hand-over in a row
+    /// sent at `sent_at`: a lease it moved goes, for `ttl`, to the next
+    /// task queued behind `turn` in this process, the `chain`th hand-over
+    /// in a row
     /// ([`next_in_chain`]); the answer, logged and recorded,
     /// for the caller. Whatever it was, the turn is given up, and the
     /// lease dropped unless it was moved.
@@ -864,11 +893,11 @@ impl Holding {
         turn: LocalTurn,
         lease: Box<dyn Lease>,
         chain: u32,
+        ttl: Duration,
         sent_at: Instant,
         handed: Result<HandOver, StoreError>,
     ) -> Result<(), LockError> {
-        let ttl = self.ttl;
-        let state = self.state_alone();
+        let state = self;
         let handed = handed.map(|handed| match handed {
             HandOver::Moved { fencing } => {
                 // A lease the store could not renew with the move counts
@@ -905,38 +934,6 @@ impl Holding {
             }
             Err(source) => Err(LockError::store(state.key(), "release", source)),
         }
-    }
-
-    /// Keeps the released lease's renewal, with its holder's state, for
-    /// this thread's next lock: the lease and the turn are gone already,
-    /// a span ends now.
-    fn keep_spare(self) {
-        let leave = (!self.state().span.is_none())
-            .then_some((|state| state.span = Span::none()) as fn(&mut State));
-        if let Some(spare) = self.renewal.into_spare(self.registry, leave) {
-            let over = SPARES.try_with(|spares| {
-                let mut spares = spares.borrow_mut();
-                if spares.len() < SPARES_KEPT {
-                    spares.push(spare);
-                    return None;
-                }
-                Some(spare)
-            });
-            // Dropped once the thread's spares are let go.
-            drop(over);
-        }
-    }
-
-    /// What is left of `hold_at_least`, rounded up to the millisecond
-    /// (the finest unit a store counts in).
-    #[inline]
-    fn linger(&self) -> Duration {
-        let Some(until) = self.hold_until else {
-            return Duration::ZERO;
-        };
-        let left = until.saturating_duration_since(Instant::now());
-        let millis = u64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        Duration::from_millis(millis)
     }
 }
 
