@@ -823,11 +823,10 @@ impl State {
     /// (no renewal in flight, no loss being told), with how it is to be
     /// released; `chain` is the hold's count of hand-overs in a row.
     fn take_lease(&mut self, chain: u32, linger: Duration, was_held: bool) -> Release {
-        let state = self;
-        let Some(lease) = state.lease.take() else {
+        let Some(lease) = self.lease.take() else {
             return Release::Gone;
         };
-        let turn = state.holder_alone().turn.take();
+        let turn = self.holder_alone().turn.take();
         match turn {
             Some(turn) if was_held && linger.is_zero() && turn.has_waiters() => {
                 match next_in_chain(chain, &*lease) {
@@ -847,12 +846,11 @@ impl State {
         was_held: bool,
         linger: Duration,
     ) -> Result<(), LockError> {
-        let state = self;
         match released {
             Ok(true) if was_held => {
                 let linger_ms = linger.as_millis() as u64;
-                tracing::debug!(parent: &state.span, key = state.key(), linger_ms, "lock released");
-                state.ended_alone(None);
+                tracing::debug!(parent: &self.span, key = self.key(), linger_ms, "lock released");
+                self.ended_alone(None);
                 Ok(())
             }
             // Known lost before the release (its deadline passed, a
@@ -860,24 +858,24 @@ impl State {
             // and still reported lost, since the body ran past its lease.
             Ok(true) => {
                 tracing::warn!(
-                    parent: &state.span,
-                    key = state.key(),
+                    parent: &self.span,
+                    key = self.key(),
                     "the lease was known lost before the release; the store still had it and released it"
                 );
-                Err(LockError::lost(state.key()))
+                Err(LockError::lost(self.key()))
             }
             Ok(false) => {
                 if was_held {
-                    state.ended_alone(Some(telemetry::reason::RELEASE));
+                    self.ended_alone(Some(telemetry::reason::RELEASE));
                 }
                 tracing::warn!(
-                    parent: &state.span,
-                    key = state.key(),
+                    parent: &self.span,
+                    key = self.key(),
                     "release found the lease lost; the current holder's lock was left alone"
                 );
-                Err(LockError::lost(state.key()))
+                Err(LockError::lost(self.key()))
             }
-            Err(source) => Err(LockError::store(state.key(), "release", source)),
+            Err(source) => Err(LockError::store(self.key(), "release", source)),
         }
     }
 
@@ -897,14 +895,13 @@ impl State {
         sent_at: Instant,
         handed: Result<HandOver, StoreError>,
     ) -> Result<(), LockError> {
-        let state = self;
         let handed = handed.map(|handed| match handed {
             HandOver::Moved { fencing } => {
                 // A lease the store could not renew with the move counts
                 // from its last renewal.
                 let started_at = lease.started_at().map_or(sent_at, |at| at.min(sent_at));
                 turn.pass_on(Grant {
-                    lease: Leased::Store(lease, state.loss.clone()),
+                    lease: Leased::Store(lease, self.loss.clone()),
                     fencing,
                     ttl,
                     started_at,
@@ -915,24 +912,24 @@ impl State {
         });
         match handed {
             Ok(HandOver::Moved { .. }) => {
-                telemetry::handed_over(state.holder_alone().labels);
-                state.ended_alone(None);
+                telemetry::handed_over(self.holder_alone().labels);
+                self.ended_alone(None);
                 Ok(())
             }
             Ok(HandOver::Released) => {
                 tracing::debug!(
-                    parent: &state.span,
-                    key = state.key(),
+                    parent: &self.span,
+                    key = self.key(),
                     "lock released rather than handed over (the store cannot move it, or a waiter it queued had its turn)"
                 );
-                state.ended_alone(None);
+                self.ended_alone(None);
                 Ok(())
             }
             Ok(HandOver::Lost) => {
-                state.ended_alone(Some(telemetry::reason::RELEASE));
-                Err(LockError::lost(state.key()))
+                self.ended_alone(Some(telemetry::reason::RELEASE));
+                Err(LockError::lost(self.key()))
             }
-            Err(source) => Err(LockError::store(state.key(), "release", source)),
+            Err(source) => Err(LockError::store(self.key(), "release", source)),
         }
     }
 }
