@@ -151,6 +151,19 @@ pub(crate) async fn memory_rows(
     Ok(rows)
 }
 
+/// The memory contenders `names` lists (comma-separated: memory,
+/// tokio-mutex), made for `mode`; any other name is an error naming it.
+async fn memory_contenders<'a>(mode: &str, names: &'a str) -> Result<Vec<(&'a str, Lib)>, Error> {
+    let mut libs = Vec::new();
+    for name in names.split(',') {
+        if !matches!(name, "memory" | "tokio-mutex") {
+            return Err(format!("{mode}: {name} is not a memory contender").into());
+        }
+        libs.push((name, make_lib(name, "").await?));
+    }
+    Ok(libs)
+}
+
 /// `--profile-hand-over LIBS OPS [ROUNDS]`: the in-process hand-over
 /// alone, without the multi-thread scheduler. On a current-thread
 /// runtime, two tasks per contender lock one key `OPS` times each; the
@@ -174,15 +187,7 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut libs = Vec::new();
-        for name in names.split(',') {
-            if !matches!(name, "memory" | "tokio-mutex") {
-                return Err(
-                    format!("--profile-hand-over: {name} is not a memory contender").into(),
-                );
-            }
-            libs.push((name, make_lib(name, "").await?));
-        }
+        let libs = memory_contenders("--profile-hand-over", names).await?;
         for round in 0..=rounds {
             for (name, lib) in &libs {
                 let started = Instant::now();
@@ -232,13 +237,7 @@ fn profile_overhead(args: &[String]) -> Result<(), Error> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut libs = Vec::new();
-        for name in names.split(',') {
-            if !matches!(name, "memory" | "tokio-mutex") {
-                return Err(format!("--profile-overhead: {name} is not a memory contender").into());
-            }
-            libs.push((name, make_lib(name, "").await?));
-        }
+        let libs = memory_contenders("--profile-overhead", names).await?;
         for round in 0..=rounds {
             for (name, lib) in &libs {
                 let started = Instant::now();
