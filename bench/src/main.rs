@@ -9,7 +9,7 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -- --store etcd   # one store's rows, printed
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile floor,lock-runtime 3000 64 3
 //! cargo run --release --manifest-path bench/Cargo.toml -- --profile-hand-over tokio-mutex,memory 50000 5
-//! cargo run --release --manifest-path bench/Cargo.toml -- --profile-overhead tokio-mutex,memory 1000000 5
+//! cargo run --release --manifest-path bench/Cargo.toml -- --profile-overhead tokio-mutex,memory,attribute 1000000 5
 //! cargo run --release --manifest-path bench/Cargo.toml -- --probe-wake 400
 //! cargo run --release --manifest-path bench/Cargo.toml -- --user-shape lock-runtime,rslock 30
 //! cargo run --release --manifest-path bench/Cargo.toml -- --handoff lock-runtime,distributed-lock 200 3
@@ -152,12 +152,17 @@ pub(crate) async fn memory_rows(
 }
 
 /// The memory contenders `names` lists (comma-separated: memory,
-/// tokio-mutex), made for `mode`; any other name is an error naming it.
-async fn memory_contenders<'a>(mode: &str, names: &'a str) -> Result<Vec<(&'a str, Lib)>, Error> {
+/// tokio-mutex, and attribute where `attribute` allows it), made for
+/// `mode`; any other name is an error naming it.
+async fn memory_contenders<'a>(
+    mode: &str,
+    names: &'a str,
+    attribute: bool,
+) -> Result<Vec<(&'a str, Lib)>, Error> {
     let mut libs = Vec::new();
     for name in names.split(',') {
-        if !matches!(name, "memory" | "tokio-mutex") {
-            return Err(format!("{mode}: {name} is not a memory contender").into());
+        if !(matches!(name, "memory" | "tokio-mutex") || attribute && name == "attribute") {
+            return Err(format!("{mode}: {name} is not one of its contenders").into());
         }
         libs.push((name, make_lib(name, "").await?));
     }
@@ -187,7 +192,7 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let libs = memory_contenders("--profile-hand-over", names).await?;
+        let libs = memory_contenders("--profile-hand-over", names, false).await?;
         for round in 0..=rounds {
             for (name, lib) in &libs {
                 let started = Instant::now();
@@ -221,8 +226,8 @@ fn profile_hand_over(args: &[String]) -> Result<(), Error> {
 
 /// `--profile-overhead LIBS OPS [ROUNDS]`: what rows 6a and 7 add to the
 /// fixed work, alone. On a current-thread runtime, one task per contender
-/// (memory, tokio-mutex) locks one key `OPS` times with an empty body, as
-/// the row's contenders do otherwise; after one unmeasured round, each
+/// (memory, tokio-mutex, attribute) locks one key `OPS` times with an
+/// empty body, as the row's contenders do otherwise; after one unmeasured round, each
 /// round prints the time per lock and release of each contender in turn.
 fn profile_overhead(args: &[String]) -> Result<(), Error> {
     let [names, ops, rest @ ..] = args else {
@@ -237,12 +242,16 @@ fn profile_overhead(args: &[String]) -> Result<(), Error> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let libs = memory_contenders("--profile-overhead", names).await?;
+        let libs = memory_contenders("--profile-overhead", names, true).await?;
         for round in 0..=rounds {
             for (name, lib) in &libs {
                 let started = Instant::now();
                 for _ in 0..ops {
-                    lib.with_lock("bench:overhead", async {}).await?;
+                    if let Lib::Attribute = lib {
+                        contenders::attribute_empty("bench:overhead", Instant::now()).await?;
+                    } else {
+                        lib.with_lock("bench:overhead", async {}).await?;
+                    }
                 }
                 if round > 0 {
                     let per_lock = started.elapsed() / ops;
