@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -351,38 +351,38 @@ impl Fill<State> for Fresh<'_> {
     }
 }
 
-/// Where the attribute's accessors read a held lease's fencing token:
-/// known at the grant, or read through the holder's state, which asks the
-/// store at the first read.
+/// A held lock as its task's record of it reads it (re-entrancy,
+/// [`fencing_token`](crate::fencing_token), [`lost`](crate::lost)): the
+/// holder's state, shared while the body runs. Every record of a lock ends
+/// with its body, before the guard's release.
 #[derive(Clone)]
-pub(crate) struct FencingSource(Source);
+pub(crate) struct HeldView(Arc<Entry<State>>);
 
-#[derive(Clone)]
-enum Source {
-    Known(u64),
-    Holder(Weak<Entry<State>>),
-}
+impl HeldView {
+    /// The key with the registry's namespace.
+    pub(crate) fn full_key(&self) -> &str {
+        &self.0.held().full_key
+    }
 
-impl FencingSource {
-    /// The token of the lease on `key`.
-    pub(crate) async fn read(&self, key: &str) -> Result<u64, LockError> {
-        match &self.0 {
-            Source::Known(token) => Ok(*token),
-            Source::Holder(holder) => match holder.upgrade() {
-                Some(holder) => holder.held().fencing_token().await,
-                // The guard is gone: so is the lease.
-                None => Err(LockError::lost(key)),
-            },
-        }
+    /// The key as the caller gave it.
+    pub(crate) fn key(&self) -> &str {
+        self.0.held().key()
+    }
+
+    /// The lease's loss signal.
+    pub(crate) fn loss(&self) -> &LossSignal {
+        &self.0.held().loss
+    }
+
+    /// The lease's fencing token, as [`LockGuard::fencing_token`] reads it.
+    pub(crate) async fn fencing_token(&self) -> Result<u64, LockError> {
+        self.0.held().fencing_token().await
     }
 }
 
-impl fmt::Debug for FencingSource {
+impl fmt::Debug for HeldView {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            Source::Known(token) => write!(f, "{token}"),
-            Source::Holder(_) => f.write_str("on demand"),
-        }
+        f.debug_tuple("HeldView").field(&self.key()).finish()
     }
 }
 
@@ -527,13 +527,9 @@ impl LockGuard {
         self.held().state().fencing_token().await
     }
 
-    /// Where the attribute's accessors read this lease's fencing token.
-    pub(crate) fn fencing_source(&self) -> FencingSource {
-        let held = self.held();
-        FencingSource(match held.state().fencing.get() {
-            Some(token) => Source::Known(token),
-            None => Source::Holder(Arc::downgrade(held.renewal.entry())),
-        })
+    /// The lease as its task's record of it reads it.
+    pub(crate) fn view(&self) -> HeldView {
+        HeldView(self.held().renewal.entry().clone())
     }
 
     /// How this lease holds its key: [`Access::Read`] for a read lock,
@@ -591,20 +587,21 @@ impl LockGuard {
         self.held().state().loss.lost_now()
     }
 
-    /// The lease's loss signal, for the re-entrancy record.
+    /// The lease's loss signal.
     pub(crate) fn loss(&self) -> &LossSignal {
         &self.held().state().loss
     }
 
-    /// The registry, the full key and where the caller's key starts in
-    /// it, for the re-entrancy record.
-    pub(crate) fn owner(&self) -> (usize, &Arc<str>, usize) {
-        let held = self.held();
-        (
-            held.registry,
-            &held.state().full_key,
-            held.state().prefix_len,
-        )
+    /// The identity of the registry that took the lock.
+    pub(crate) fn registry_id(&self) -> usize {
+        self.held().registry
+    }
+
+    /// The full key and where the caller's key starts in it, to name the
+    /// key once the guard is released.
+    pub(crate) fn full_key(&self) -> (&Arc<str>, usize) {
+        let state = self.held().state();
+        (&state.full_key, state.prefix_len)
     }
 
     /// Releases the lock (or, with `hold_at_least`, shortens the lease to

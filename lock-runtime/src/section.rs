@@ -22,14 +22,10 @@ pub(crate) async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::O
 
 /// The re-entrancy frame of a held lock.
 pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
-    let (registry, full_key, prefix_len) = guard.owner();
     Frame {
-        registry,
-        full_key: full_key.clone(),
-        prefix_len,
-        fencing: guard.fencing_source(),
-        loss: guard.loss().clone(),
+        registry: guard.registry_id(),
         claim: guard.claim(),
+        held: guard.view(),
     }
 }
 

@@ -4,10 +4,9 @@
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::pin;
-use std::sync::Arc;
 
 use crate::error::LockError;
-use crate::guard::FencingSource;
+use crate::guard::HeldView;
 use crate::store::{Claim, LossSignal};
 
 thread_local! {
@@ -90,15 +89,10 @@ impl Frames {
 #[derive(Clone, Debug)]
 pub(crate) struct Frame {
     pub(crate) registry: usize,
-    pub(crate) full_key: Arc<str>,
-    /// Where the key as the caller gave it starts in `full_key` (for
-    /// [`fencing_token_for`]).
-    pub(crate) prefix_len: usize,
-    pub(crate) fencing: FencingSource,
-    /// Raised when the lease is lost.
-    pub(crate) loss: LossSignal,
     /// How the lease holds its key.
     pub(crate) claim: Claim,
+    /// The lease: its key, fencing token and loss signal.
+    pub(crate) held: HeldView,
 }
 
 /// Returns the fencing token of the innermost lock held by the current task
@@ -133,20 +127,11 @@ pub(crate) struct Frame {
 /// # }
 /// ```
 pub async fn fencing_token() -> Result<u64, LockError> {
-    let innermost = read_held(|held| {
-        held.last().map(|frame| {
-            (
-                frame.fencing.clone(),
-                frame.full_key.clone(),
-                frame.prefix_len,
-            )
-        })
-    })
-    .flatten();
-    let Some((source, full_key, prefix_len)) = innermost else {
+    let innermost = read_held(|held| held.last().map(|frame| frame.held.clone())).flatten();
+    let Some(innermost) = innermost else {
         return Err(LockError::NotHeld { key: None });
     };
-    source.read(&full_key[prefix_len..]).await
+    innermost.fencing_token().await
 }
 
 /// Returns the fencing token of the lock on `key` held by the current task
@@ -179,19 +164,19 @@ pub async fn fencing_token() -> Result<u64, LockError> {
 /// # }
 /// ```
 pub async fn fencing_token_for(key: &str) -> Result<u64, LockError> {
-    let source = read_held(|held| {
+    let held = read_held(|held| {
         held.iter()
             .rev()
-            .find(|frame| &frame.full_key[frame.prefix_len..] == key)
-            .map(|frame| frame.fencing.clone())
+            .find(|frame| frame.held.key() == key)
+            .map(|frame| frame.held.clone())
     })
     .flatten();
-    let Some(source) = source else {
+    let Some(held) = held else {
         return Err(LockError::NotHeld {
             key: Some(LockError::shown_key(key)),
         });
     };
-    source.read(key).await
+    held.fencing_token().await
 }
 
 /// Completes when a lease the current task holds through
@@ -226,14 +211,15 @@ pub async fn fencing_token_for(key: &str) -> Result<u64, LockError> {
 /// ```
 pub async fn lost() {
     let losses: Vec<LossSignal> =
-        read_held(|held| held.iter().map(|frame| frame.loss.clone()).collect()).unwrap_or_default();
+        read_held(|held| held.iter().map(|frame| frame.held.loss().clone()).collect())
+            .unwrap_or_default();
     LossSignal::any_raised(&losses).await
 }
 
 /// Whether a lease the current task holds through `#[distributed_lock]`
 /// is known to be lost; `false` outside an annotated body. See [`lost`].
 pub fn is_lost() -> bool {
-    read_held(|held| held.iter().any(|frame| frame.loss.is_raised())).unwrap_or(false)
+    read_held(|held| held.iter().any(|frame| frame.held.loss().is_raised())).unwrap_or(false)
 }
 
 /// The frame of `full_key` if the current task already holds it.
@@ -241,7 +227,7 @@ pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
     read_held(|held| {
         held.iter()
             .rev()
-            .find(|frame| frame.registry == registry && &*frame.full_key == full_key)
+            .find(|frame| frame.registry == registry && frame.held.full_key() == full_key)
             .cloned()
     })
     .flatten()

@@ -270,7 +270,7 @@ impl LockRegistry {
                 section::settle(output, guard.release().await).map(Some)
             }
             output => {
-                let (_, full_key, prefix_len) = guard.owner();
+                let (full_key, prefix_len) = guard.full_key();
                 let full_key = full_key.clone();
                 // Owner-checked: a lease already taken over is left alone.
                 let _ = guard.release().await;
