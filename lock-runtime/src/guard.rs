@@ -353,8 +353,10 @@ impl Fill<State> for Fresh<'_> {
 
 /// A held lock as its task's record of it reads it (re-entrancy,
 /// [`fencing_token`](crate::fencing_token), [`lost`](crate::lost)): the
-/// holder's state, shared while the body runs. Every record of a lock ends
-/// with its body, before the guard's release.
+/// holder's state, shared. The frame of the body that took the lock holds
+/// one, and so does a `fencing_token()` while it asks the store for a
+/// token; both end with that body, before the guard's release, which
+/// waits until nothing else shares the state.
 #[derive(Clone)]
 pub(crate) struct HeldView(Arc<Entry<State>>);
 
@@ -367,6 +369,12 @@ impl HeldView {
     /// The key as the caller gave it.
     pub(crate) fn key(&self) -> &str {
         self.0.held().key()
+    }
+
+    /// The full key, shared, and where the caller's key starts in it.
+    pub(crate) fn shared_full_key(&self) -> (Arc<str>, usize) {
+        let state = self.0.held();
+        (state.full_key.clone(), state.prefix_len)
     }
 
     /// The lease's loss signal.

@@ -22,11 +22,7 @@ pub(crate) async fn reenter<F: Future>(key: &str, frame: Frame, body: F) -> F::O
 
 /// The re-entrancy frame of a held lock.
 pub(crate) fn frame_of(guard: &LockGuard) -> Frame {
-    Frame {
-        registry: guard.registry_id(),
-        claim: guard.claim(),
-        held: guard.view(),
-    }
+    Frame::taken(guard.registry_id(), guard.claim(), guard.view())
 }
 
 /// Whether a task that holds `key` as `held` may enter a nested call that

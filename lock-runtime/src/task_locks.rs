@@ -4,31 +4,28 @@
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::pin;
+use std::sync::Arc;
 
 use crate::error::LockError;
 use crate::guard::HeldView;
 use crate::store::{Claim, LossSignal};
 
 thread_local! {
-    /// The locks of the task whose locked body this thread is polling:
-    /// put in place around each poll of the body ([`Scope::enter`]) and
-    /// taken out after it, so they are that task's alone, as a
-    /// task-local's value would be.
-    static HELD: RefCell<Frames> = const {
-        RefCell::new(Frames {
-            one: None,
-            more: Vec::new(),
-        })
-    };
+    /// The locks of the bodies this thread is polling, outermost first:
+    /// each body's pushed before each of its polls ([`Scope::enter`]) and
+    /// taken back after it. A body is polled inside the poll of the body
+    /// around it, so while it runs the stack holds its task's locks, and
+    /// no other task's, as a task-local's value would.
+    static HELD: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
 
     /// Whether `HELD` holds any frame: read first, so that a thread
     /// outside every locked body (the common case) does not borrow it.
     static ANY_HELD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Reads the frames of the task being polled (none outside a locked
-/// body, or while the thread ends).
-fn read_held<R>(read: impl FnOnce(&Frames) -> R) -> Option<R> {
+/// Reads the frames of the task being polled, outermost first (none
+/// outside a locked body, or while the thread ends).
+fn read_held<R>(read: impl FnOnce(&[Frame]) -> R) -> Option<R> {
     if !ANY_HELD.with(Cell::get) {
         return None;
     }
@@ -37,62 +34,103 @@ fn read_held<R>(read: impl FnOnce(&Frames) -> R) -> Option<R> {
         .flatten()
 }
 
-/// The locks the current task holds, outermost first: one inline (an
-/// annotated body that nests none allocates no list), more in a list.
-#[derive(Clone, Debug, Default)]
-struct Frames {
-    one: Option<Frame>,
-    more: Vec<Frame>,
-}
-
-impl Frames {
-    fn as_slice(&self) -> &[Frame] {
-        match &self.one {
-            Some(one) => std::slice::from_ref(one),
-            None => &self.more,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.one.is_none() && self.more.is_empty()
-    }
-
-    fn iter(&self) -> std::slice::Iter<'_, Frame> {
-        self.as_slice().iter()
-    }
-
-    fn last(&self) -> Option<&Frame> {
-        self.as_slice().last()
-    }
-
-    /// These frames, and `inner` within them.
-    fn with(mut self, inner: impl IntoIterator<Item = Frame>) -> Frames {
-        let mut inner = inner.into_iter();
-        if self.one.is_none() && self.more.is_empty() {
-            let Some(first) = inner.next() else {
-                return self;
-            };
-            let Some(second) = inner.next() else {
-                self.one = Some(first);
-                return self;
-            };
-            self.more.extend([first, second]);
-        } else if let Some(one) = self.one.take() {
-            self.more.push(one);
-        }
-        self.more.extend(inner);
-        self
-    }
-}
-
 /// One lock held by the current task.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Frame {
     pub(crate) registry: usize,
     /// How the lease holds its key.
     pub(crate) claim: Claim,
-    /// The lease: its key, fencing token and loss signal.
-    pub(crate) held: HeldView,
+    lease: FrameLease,
+}
+
+#[derive(Debug)]
+enum FrameLease {
+    /// The lock the frame's body took: its guard's state (key, fencing
+    /// token, loss signal).
+    Taken(HeldView),
+    /// A key the task held already, entered again by a nested call: the
+    /// lease is the one of the frame below it with the same key. Only the
+    /// key is kept, so that a nested call's future that outlives the body
+    /// around it holds nothing of that body's lease.
+    Again {
+        full_key: Arc<str>,
+        prefix_len: usize,
+    },
+}
+
+impl Frame {
+    /// The frame of a lock a body took.
+    pub(crate) fn taken(registry: usize, claim: Claim, held: HeldView) -> Frame {
+        Frame {
+            registry,
+            claim,
+            lease: FrameLease::Taken(held),
+        }
+    }
+
+    /// The key with the registry's namespace.
+    fn full_key(&self) -> &str {
+        match &self.lease {
+            FrameLease::Taken(held) => held.full_key(),
+            FrameLease::Again { full_key, .. } => full_key,
+        }
+    }
+
+    /// The key as the caller gave it.
+    fn key(&self) -> &str {
+        match &self.lease {
+            FrameLease::Taken(held) => held.key(),
+            FrameLease::Again {
+                full_key,
+                prefix_len,
+            } => &full_key[*prefix_len..],
+        }
+    }
+
+    /// This lock entered again by a nested call.
+    fn again(&self) -> Frame {
+        let (full_key, prefix_len) = match &self.lease {
+            FrameLease::Taken(held) => held.shared_full_key(),
+            FrameLease::Again {
+                full_key,
+                prefix_len,
+            } => (full_key.clone(), *prefix_len),
+        };
+        Frame {
+            registry: self.registry,
+            claim: self.claim,
+            lease: FrameLease::Again {
+                full_key,
+                prefix_len,
+            },
+        }
+    }
+
+    /// The lease of the frame at the end of `frames`: its own, or that of
+    /// the frame below it that took the key it entered again.
+    fn lease_in(frames: &[Frame]) -> Option<&HeldView> {
+        let (last, below) = frames.split_last()?;
+        let (registry, full_key) = match &last.lease {
+            FrameLease::Taken(held) => return Some(held),
+            FrameLease::Again { full_key, .. } => (last.registry, full_key),
+        };
+        below.iter().rev().find_map(|frame| match &frame.lease {
+            FrameLease::Taken(held)
+                if frame.registry == registry && held.full_key() == &**full_key =>
+            {
+                Some(held)
+            }
+            _ => None,
+        })
+    }
+
+    /// The lease this frame took, if it took one.
+    fn taken_lease(&self) -> Option<&HeldView> {
+        match &self.lease {
+            FrameLease::Taken(held) => Some(held),
+            FrameLease::Again { .. } => None,
+        }
+    }
 }
 
 /// Returns the fencing token of the innermost lock held by the current task
@@ -127,7 +165,7 @@ pub(crate) struct Frame {
 /// # }
 /// ```
 pub async fn fencing_token() -> Result<u64, LockError> {
-    let innermost = read_held(|held| held.last().map(|frame| frame.held.clone())).flatten();
+    let innermost = read_held(|held| Frame::lease_in(held).cloned()).flatten();
     let Some(innermost) = innermost else {
         return Err(LockError::NotHeld { key: None });
     };
@@ -165,10 +203,8 @@ pub async fn fencing_token() -> Result<u64, LockError> {
 /// ```
 pub async fn fencing_token_for(key: &str) -> Result<u64, LockError> {
     let held = read_held(|held| {
-        held.iter()
-            .rev()
-            .find(|frame| frame.held.key() == key)
-            .map(|frame| frame.held.clone())
+        let innermost = held.iter().rposition(|frame| frame.key() == key)?;
+        Frame::lease_in(&held[..=innermost]).cloned()
     })
     .flatten();
     let Some(held) = held else {
@@ -210,51 +246,69 @@ pub async fn fencing_token_for(key: &str) -> Result<u64, LockError> {
 /// # }
 /// ```
 pub async fn lost() {
-    let losses: Vec<LossSignal> =
-        read_held(|held| held.iter().map(|frame| frame.held.loss().clone()).collect())
-            .unwrap_or_default();
+    let losses: Vec<LossSignal> = read_held(|held| {
+        held.iter()
+            .filter_map(Frame::taken_lease)
+            .map(|held| held.loss().clone())
+            .collect()
+    })
+    .unwrap_or_default();
     LossSignal::any_raised(&losses).await
 }
 
 /// Whether a lease the current task holds through `#[distributed_lock]`
 /// is known to be lost; `false` outside an annotated body. See [`lost`].
 pub fn is_lost() -> bool {
-    read_held(|held| held.iter().any(|frame| frame.held.loss().is_raised())).unwrap_or(false)
+    read_held(|held| {
+        held.iter()
+            .filter_map(Frame::taken_lease)
+            .any(|held| held.loss().is_raised())
+    })
+    .unwrap_or(false)
 }
 
-/// The frame of `full_key` if the current task already holds it.
+/// If the current task already holds `full_key`: the frame of a nested
+/// call that enters it again.
 pub(crate) fn held_by_task(registry: usize, full_key: &str) -> Option<Frame> {
     read_held(|held| {
         held.iter()
             .rev()
-            .find(|frame| frame.registry == registry && frame.held.full_key() == full_key)
-            .cloned()
+            .find(|frame| frame.registry == registry && frame.full_key() == full_key)
+            .map(Frame::again)
     })
     .flatten()
 }
 
 /// Runs `body` with `frame` as the innermost held lock.
 pub(crate) fn with_frame<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
-    Scope::new(std::iter::once(frame)).run(body)
+    Scope::one(frame).run(body)
 }
 
-/// The locks a body runs under, with those of the bodies around it: put
-/// in place for each of its polls.
+/// The locks a body took: pushed on the thread's stack for each of its
+/// polls, above those of the bodies around it.
 pub(crate) struct Scope {
-    frames: Frames,
+    /// One inline (a body that takes one lock allocates no list), more in
+    /// a list; while a poll runs, on the thread's stack instead.
+    one: Option<Frame>,
+    more: Vec<Frame>,
 }
 
 impl Scope {
-    /// The frames of the task being polled now, and `inner` within them.
-    pub(crate) fn new(inner: impl IntoIterator<Item = Frame>) -> Scope {
-        // Outside every locked body (the common case) there is nothing to
-        // copy.
-        let outer = read_held(|held| (!held.is_empty()).then(|| held.clone()))
-            .flatten()
-            .unwrap_or_default();
+    /// One lock, for a body to run under.
+    pub(crate) fn one(frame: Frame) -> Scope {
         Scope {
-            frames: outer.with(inner),
+            one: Some(frame),
+            more: Vec::new(),
         }
+    }
+
+    /// The locks `frames`, for a body to run under.
+    pub(crate) fn new(frames: impl IntoIterator<Item = Frame>) -> Scope {
+        let more: Vec<Frame> = frames.into_iter().collect();
+        if more.len() == 1 {
+            return Scope::one(more.into_iter().next().expect("one frame"));
+        }
+        Scope { one: None, more }
     }
 
     /// Runs `body` with the frames in place for each of its polls.
@@ -270,40 +324,69 @@ impl Scope {
     /// Puts the frames in place until the returned guard is dropped (at
     /// the end of one poll of the body).
     pub(crate) fn enter(&mut self) -> Entered<'_> {
-        let swapped = swap_held(&mut self.frames);
+        let pushed = HELD
+            .try_with(|held| {
+                let Ok(mut held) = held.try_borrow_mut() else {
+                    // Read right now: never, reads are closures that poll
+                    // nothing.
+                    return Pushed::None;
+                };
+                let pushed = match self.one.take() {
+                    Some(one) => {
+                        held.push(one);
+                        Pushed::One
+                    }
+                    None => {
+                        let pushed = self.more.len();
+                        held.append(&mut self.more);
+                        Pushed::More(pushed)
+                    }
+                };
+                ANY_HELD.with(|any| any.set(!held.is_empty()));
+                pushed
+            })
+            // The thread is ending.
+            .unwrap_or(Pushed::None);
         Entered {
-            frames: &mut self.frames,
-            swapped,
+            scope: self,
+            pushed,
         }
     }
 }
 
-/// A scope's frames in place; dropping it puts back what was there.
+/// A scope's frames in place; dropping it takes them back.
 pub(crate) struct Entered<'a> {
-    frames: &'a mut Frames,
-    /// Whether the frames went in (not while the thread ends).
-    swapped: bool,
+    scope: &'a mut Scope,
+    /// What went on the stack: polls nest, so it is on top when this is
+    /// dropped.
+    pushed: Pushed,
+}
+
+#[derive(Clone, Copy)]
+enum Pushed {
+    None,
+    One,
+    More(usize),
 }
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        if self.swapped {
-            swap_held(self.frames);
+        if let Pushed::None = self.pushed {
+            return;
         }
-    }
-}
-
-/// Swaps `frames` with the thread's; `false` if the thread's are gone
-/// (the thread is ending) or read right now (never: reads are closures
-/// that poll nothing).
-fn swap_held(frames: &mut Frames) -> bool {
-    HELD.try_with(|held| match held.try_borrow_mut() {
-        Ok(mut held) => {
-            std::mem::swap(&mut *held, frames);
+        let _ = HELD.try_with(|held| {
+            let Ok(mut held) = held.try_borrow_mut() else {
+                return;
+            };
+            match self.pushed {
+                Pushed::None => {}
+                Pushed::One => self.scope.one = held.pop(),
+                Pushed::More(pushed) => {
+                    let from = held.len().saturating_sub(pushed);
+                    self.scope.more.extend(held.drain(from..));
+                }
+            }
             ANY_HELD.with(|any| any.set(!held.is_empty()));
-            true
-        }
-        Err(_) => false,
-    })
-    .unwrap_or(false)
+        });
+    }
 }

@@ -260,7 +260,7 @@ impl LockRegistry {
             return Ok(None);
         };
         let outcome = {
-            let mut scope = task_locks::Scope::new(std::iter::once(section::frame_of(&guard)));
+            let mut scope = task_locks::Scope::one(section::frame_of(&guard));
             let body = pin!(body);
             let lost = pin!(guard.lost());
             section::until_lost(&mut scope, &guard, opts.on_lost, body, lost).await

@@ -388,6 +388,67 @@ async fn reentrancy_is_per_task_not_per_process() {
     guard.release().await.unwrap();
 }
 
+/// A nested call's future that outlives the body around it (polled once,
+/// then handed out of the body) keeps nothing of the outer lease: the
+/// outer call's release ends. Awaited afterwards, a re-entered call finds
+/// no lease of its key around it, and a call on its own key still holds
+/// that key until it ends.
+#[tokio::test]
+async fn a_nested_call_that_outlives_the_body_around_it_does_not_hold_up_its_release() {
+    let registry = LockRegistry::memory();
+    let k = unique_key("outlived");
+    let (outer_key, own_key) = (format!("outer:{k}"), format!("own:{k}"));
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let wait_for_go = || {
+        let mut go = go_rx.clone();
+        async move { go.wait_for(|go| *go).await.map(|_| ()) }
+    };
+    let outer = registry.with_lock(&outer_key, LockOptions::default(), async {
+        let again = registry.with_lock(&outer_key, LockOptions::default(), {
+            let go = wait_for_go();
+            async move {
+                go.await.unwrap();
+                fencing_token().await
+            }
+        });
+        let own = registry.with_lock(&own_key, LockOptions::default(), {
+            let go = wait_for_go();
+            async move {
+                go.await.unwrap();
+                fencing_token().await
+            }
+        });
+        let (mut again, mut own) = (Box::pin(again), Box::pin(own));
+        // Each runs until its body waits, then leaves with the output.
+        std::future::poll_fn(|cx| {
+            assert!(again.as_mut().poll(cx).is_pending());
+            assert!(own.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        (again, own)
+    });
+    let (again, own) = tokio::time::timeout(Duration::from_secs(5), outer)
+        .await
+        .expect("the outer release ended")
+        .unwrap();
+    assert!(
+        !is_held(&registry, &outer_key).await,
+        "the outer lock was released"
+    );
+    assert!(
+        is_held(&registry, &own_key).await,
+        "the nested call still holds its key"
+    );
+    go_tx.send(true).unwrap();
+    assert!(matches!(
+        again.await.unwrap(),
+        Err(LockError::NotHeld { key: None })
+    ));
+    assert!(own.await.unwrap().is_ok());
+    assert!(!is_held(&registry, &own_key).await);
+}
+
 #[distributed_lock(key = "fence:{k}")]
 async fn record_token(k: &str, seen: &Mutex<Vec<u64>>) {
     let token = fencing_token().await.unwrap();
