@@ -21,14 +21,15 @@
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::error::LockError;
@@ -116,10 +117,8 @@ impl Queues {
             *queue = Queues::fresh(spare, &queue.key, width);
         }
         // Counted under the map's lock, which a sweep holds.
-        queue.users.fetch_add(1, Ordering::AcqRel);
-        Some(QueueMember {
-            queue: Some(queue.clone()),
-        })
+        let ahead = queue.users.fetch_add(1, Ordering::AcqRel);
+        Some(QueueMember::new(queue.clone(), ahead))
     }
 
     /// Takes the idle queues out of the map once it has doubled since
@@ -187,9 +186,8 @@ impl LocalQueues {
             {
                 return None;
             }
-            queue.join_unlisted().then(|| QueueMember {
-                queue: Some(queue.clone()),
-            })
+            let ahead = queue.join_unlisted()?;
+            Some(QueueMember::new(queue.clone(), ahead))
         })
     }
 
@@ -321,14 +319,20 @@ struct KeyQueue {
     /// The full key, as the map holds it (with its hash, to leave it
     /// without hashing it again).
     key: HashedKey,
-    /// How many of its tasks may hold the key at once (the permits of
-    /// `turn`), fixed by the task that made the queue.
+    /// How many of its tasks may hold the key at once (its turns), fixed
+    /// by the task that made the queue.
     width: u32,
-    /// The tasks that hold or wait for the key: joining counts under the
-    /// map's lock (which a sweep holds), leaving without it.
+    /// The tasks that hold or wait for the key, which is also how the
+    /// turns go: a task that joins with fewer than `width` ahead of it
+    /// has a turn at once, and a holder that leaves with more than `width`
+    /// in the queue passes its turn to a waiter ([`Waiting`]); so the
+    /// uncontended lock and release are one count each. Joining counts
+    /// under the map's lock (which a sweep holds), or through
+    /// [`KeyQueue::join_unlisted`]; leaving without it.
     users: AtomicUsize,
-    /// The turns: `width` permits, taken by the front of the queue.
-    turn: Semaphore,
+    /// The waiters and the turns on their way to them: only a contended
+    /// key takes this lock.
+    waiting: Mutex<Waiting>,
     /// The leases handed over for the next holders, until they take them
     /// up: at most one per turn (`width`).
     handed: Mutex<Vec<Grant>>,
@@ -354,7 +358,7 @@ impl KeyQueue {
             key,
             width,
             users: AtomicUsize::new(0),
-            turn: Semaphore::new(width as usize),
+            waiting: Mutex::default(),
             handed: Mutex::new(Vec::new()),
             has_handed: AtomicBool::new(false),
             others_first: AtomicBool::new(false),
@@ -373,17 +377,102 @@ impl KeyQueue {
         false
     }
 
-    /// Counts a user in without the map's lock: `false` (and not counted)
-    /// if the map has taken the queue out, or is taking it out now.
-    fn join_unlisted(&self) -> bool {
-        self.users.fetch_add(1, Ordering::SeqCst);
+    /// Counts a user in without the map's lock: how many were in it
+    /// before; `None` (and counted out again) if the map has taken the
+    /// queue out, or is taking it out now.
+    fn join_unlisted(self: &Arc<Self>) -> Option<usize> {
+        let ahead = self.users.fetch_add(1, Ordering::SeqCst);
         if !self.retired.load(Ordering::SeqCst) {
-            return true;
+            return Some(ahead);
         }
-        // Nobody else was in it (the map saw none), so this is no hand-over's
-        // last user: a plain count back.
-        self.users.fetch_sub(1, Ordering::SeqCst);
-        false
+        // Counted out as a member leaves, with the turn the count gave it
+        // or as a waiter.
+        if ahead < self.width as usize {
+            self.leave_holding();
+        } else {
+            self.leave_waiting(None);
+        }
+        None
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, Waiting> {
+        // Every update under this lock leaves the counts consistent: safe
+        // to use after a panic.
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// A holder leaves, giving its turn up: to the first waiter if more
+    /// than `width` were in the queue (one of them waits, or is about to).
+    fn leave_holding(&self) {
+        if self.count_out_holder() {
+            self.pass_turn();
+        }
+    }
+
+    /// Counts a holder out: whether its turn is to be passed on (more than
+    /// `width` were in the queue).
+    #[inline]
+    fn count_out_holder(&self) -> bool {
+        let before = self.users.fetch_sub(1, Ordering::AcqRel);
+        if before == 1 {
+            self.release_left_behind();
+        }
+        before > self.width as usize
+    }
+
+    /// Passes a turn, counted out already, on to the waiters.
+    fn pass_turn(&self) {
+        let woken = self.waiting().pass_turn();
+        if let Some(waker) = woken {
+            waker.wake();
+        }
+    }
+
+    /// A waiter leaves without its turn (it gave up waiting, or skips):
+    /// `waiter` is its place among the waiters, if it took one. If a turn
+    /// was passed to it meanwhile, it leaves as a holder, passing the turn
+    /// on.
+    fn leave_waiting(&self, waiter: Option<usize>) {
+        let mut waiting = self.waiting();
+        if let Some(waiter) = waiter
+            && waiting.unregister(waiter)
+        {
+            drop(waiting);
+            return self.leave_holding();
+        }
+        // Under the lock, so the turn on its way is taken back before it
+        // can reach anyone.
+        let before = self.users.fetch_sub(1, Ordering::AcqRel);
+        if before <= self.width as usize {
+            // Everyone left in the queue can hold the key at once: the
+            // turn that was on its way to this waiter is nobody's.
+            waiting.take_back_turn();
+        }
+        drop(waiting);
+        if before == 1 {
+            self.release_left_behind();
+        }
+    }
+
+    /// The last user has left: the leases handed over to waiters that went
+    /// away are released.
+    fn release_left_behind(&self) {
+        while let Some(handed) = self.take_handed() {
+            release_in_background(handed);
+        }
+    }
+
+    /// Takes a free turn, if there is one, without waiting: the member
+    /// that has it.
+    fn try_turn(self: &Arc<Self>) -> Option<QueueMember> {
+        let ahead = self.users.fetch_add(1, Ordering::AcqRel);
+        if ahead < self.width as usize {
+            return Some(QueueMember::new(self.clone(), ahead));
+        }
+        self.leave_waiting(None);
+        None
     }
 
     fn handed(&self) -> MutexGuard<'_, Vec<Grant>> {
@@ -393,20 +482,6 @@ impl KeyQueue {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// A user leaves the queue; the last one releases the leases handed
-    /// over to waiters that went away. The queue stays in the map, idle,
-    /// for the next lock of its key (see [`Queues::sweep`]).
-    fn leave(&self) {
-        // No lock: a sweep takes out only queues nobody is in, and a user
-        // counted in a queue is in it until this count.
-        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
-            return;
-        }
-        while let Some(handed) = self.take_handed() {
-            release_in_background(handed);
-        }
-    }
-
     /// After a hand-over, or a waiter leaving without its turn: a lease
     /// handed over that no waiter can take up (a turn is free, so none is
     /// queued for it) is released, rather than kept from other processes
@@ -414,13 +489,13 @@ impl KeyQueue {
     /// use). A turn freed at that moment by another holder's release can
     /// make it take a grant whose waiter has its turn already: that waiter
     /// then asks the store itself, a round trip more.
-    fn release_stranded(&self) {
+    fn release_stranded(self: &Arc<Self>) {
         if !self.has_handed.load(Ordering::Acquire) {
             return;
         }
         // Holding a free turn while it looks: a grant found then is
         // nobody's.
-        let Ok(_turn) = self.turn.try_acquire() else {
+        let Some(_turn) = self.try_turn() else {
             return;
         };
         if let Some(handed) = self.take_handed() {
@@ -449,6 +524,121 @@ impl KeyQueue {
     }
 }
 
+/// The waiters of one key's queue, first come first served, and the turns
+/// on their way to them. A holder that leaves with more than `width` in
+/// the queue passes its turn here after its count; a waiter counted in
+/// before that may not have taken its place yet, so the turn waits for it
+/// (`pending`), and a waiter that leaves without its turn when everyone
+/// left could hold the key takes back the turn on its way to it
+/// (`pending`, or `owed` while the holder passing it has not got here).
+#[derive(Default)]
+struct Waiting {
+    /// The places of the waiters with no turn yet, in order.
+    order: VecDeque<usize>,
+    places: Vec<Place>,
+    /// Places free for the next waiters.
+    free: Vec<usize>,
+    /// Turns passed on with no waiter to take them yet: the next waiter
+    /// takes one without waiting.
+    pending: usize,
+    /// Turns taken back before the holders passing them got here: as many
+    /// of the next turns passed on are dropped.
+    owed: usize,
+}
+
+/// A waiter's place.
+enum Place {
+    Free,
+    /// Waiting, to be woken with this.
+    Waiting(Option<Waker>),
+    /// Its turn was passed to it.
+    Turn,
+}
+
+impl Waiting {
+    /// A turn passed on by a holder that left: to the first waiter (its
+    /// waker, to wake once the lock is let go), kept for the next one, or
+    /// dropped if it was taken back.
+    fn pass_turn(&mut self) -> Option<Waker> {
+        if self.owed > 0 {
+            self.owed -= 1;
+            return None;
+        }
+        let Some(first) = self.order.pop_front() else {
+            self.pending += 1;
+            return None;
+        };
+        match std::mem::replace(&mut self.places[first], Place::Turn) {
+            Place::Waiting(waker) => waker,
+            Place::Free | Place::Turn => unreachable!("only waiting places are in order"),
+        }
+    }
+
+    /// A waiter left without its turn when its turn was on its way.
+    fn take_back_turn(&mut self) {
+        if self.pending > 0 {
+            self.pending -= 1;
+        } else {
+            self.owed += 1;
+        }
+    }
+
+    /// Whether the waiter at `place` has its turn, taking a place (or
+    /// updating its waker) if not; `place` is the waiter's, once it has
+    /// one. A turn is taken at once while one waits for a waiter
+    /// (`pending`): then nobody is in order before it.
+    fn poll_turn(&mut self, place: &mut Option<usize>, waker: &Waker) -> bool {
+        let Some(at) = *place else {
+            if self.pending > 0 {
+                self.pending -= 1;
+                return true;
+            }
+            let taken = Place::Waiting(Some(waker.clone()));
+            let at = match self.free.pop() {
+                Some(at) => {
+                    self.places[at] = taken;
+                    at
+                }
+                None => {
+                    self.places.push(taken);
+                    self.places.len() - 1
+                }
+            };
+            self.order.push_back(at);
+            *place = Some(at);
+            return false;
+        };
+        match &mut self.places[at] {
+            Place::Turn => {
+                self.places[at] = Place::Free;
+                self.free.push(at);
+                *place = None;
+                true
+            }
+            Place::Waiting(Some(known)) if known.will_wake(waker) => false,
+            Place::Waiting(known) => {
+                *known = Some(waker.clone());
+                false
+            }
+            Place::Free => unreachable!("a waiter's place is freed only as it leaves it"),
+        }
+    }
+
+    /// A waiter leaves its place: whether its turn had been passed to it.
+    fn unregister(&mut self, at: usize) -> bool {
+        let had_turn = match std::mem::replace(&mut self.places[at], Place::Free) {
+            Place::Turn => true,
+            Place::Waiting(_) => {
+                self.order.retain(|&waiting| waiting != at);
+                false
+            }
+            Place::Free => unreachable!("a waiter's place is freed only as it leaves it"),
+        };
+        self.free.push(at);
+        had_turn
+    }
+}
+
 /// Releases a grant nobody takes up, rather than let it keep other
 /// processes out until its ttl.
 fn release_in_background(grant: Grant) {
@@ -465,14 +655,29 @@ fn release_in_background(grant: Grant) {
     }
 }
 
-/// A task in one key's queue; leaves it when dropped.
+/// A task in one key's queue, with its turn or waiting for it; leaves
+/// it when dropped.
 pub(crate) struct QueueMember {
     /// The queue; `None` once the member has left it (a turn's, on its
     /// drop).
     queue: Option<Arc<KeyQueue>>,
+    /// Whether it has a turn: it joined with fewer than the queue's width
+    /// ahead of it, or a holder passed it one.
+    has_turn: bool,
+    /// Its place among the waiters, while it has one.
+    place: Option<usize>,
 }
 
 impl QueueMember {
+    /// A member that joined `queue` with `ahead` users in it before.
+    fn new(queue: Arc<KeyQueue>, ahead: usize) -> QueueMember {
+        QueueMember {
+            has_turn: ahead < queue.width as usize,
+            queue: Some(queue),
+            place: None,
+        }
+    }
+
     fn queue(&self) -> &KeyQueue {
         // Taken only by `leave`, on the way out.
         self.queue
@@ -481,30 +686,49 @@ impl QueueMember {
     }
 
     /// Waits for the front of the queue.
-    pub(crate) async fn lock(self) -> LocalTurn {
-        // Dropped while waiting, `self` leaves the queue; the semaphore is
-        // never closed.
-        if let Ok(turn) = self.queue().turn.acquire().await {
-            turn.forget();
+    pub(crate) async fn lock(mut self) -> LocalTurn {
+        // Dropped while waiting, `self` leaves the queue, passing on a turn
+        // passed to it meanwhile.
+        if !self.has_turn {
+            std::future::poll_fn(|cx| self.poll_turn(cx)).await;
         }
         LocalTurn::Queued(self)
+    }
+
+    fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let queue = self
+            .queue
+            .as_deref()
+            .expect("a local queue used after it left");
+        if queue.waiting().poll_turn(&mut self.place, cx.waker()) {
+            self.has_turn = true;
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     /// The front of the queue if nobody is ahead; else the member back.
     #[inline]
     pub(crate) fn try_lock(self) -> Result<LocalTurn, QueueMember> {
-        let Ok(turn) = self.queue().turn.try_acquire() else {
-            return Err(self);
-        };
-        turn.forget();
-        Ok(LocalTurn::Queued(self))
+        if self.has_turn {
+            Ok(LocalTurn::Queued(self))
+        } else {
+            Err(self)
+        }
     }
 
-    /// Leaves the queue; the queue back, unless it had left already.
-    fn leave(&mut self) -> Option<Arc<KeyQueue>> {
+    /// Leaves the queue, giving up its turn or its place among the
+    /// waiters; the queue back, and whether the member had its turn,
+    /// unless it had left already.
+    fn leave(&mut self) -> Option<(Arc<KeyQueue>, bool)> {
         let queue = self.queue.take()?;
-        queue.leave();
-        Some(queue)
+        if self.has_turn {
+            queue.leave_holding();
+        } else {
+            queue.leave_waiting(self.place.take());
+        }
+        Some((queue, self.has_turn))
     }
 }
 
@@ -512,7 +736,7 @@ impl Drop for QueueMember {
     fn drop(&mut self) {
         // Still in the queue: a member that never had its turn (a turn's
         // member has left by now).
-        if let Some(queue) = self.leave() {
+        if let Some((queue, false)) = self.leave() {
             queue.release_stranded();
         }
     }
@@ -546,9 +770,7 @@ impl LocalTurn {
         let LocalTurn::Queued(member) = self else {
             return None;
         };
-        let queue = member.leave()?;
-        queue.turn.add_permits(1);
-        Some(queue)
+        member.leave().map(|(queue, _)| queue)
     }
 
     /// The queue this turn is at the front of, if any.
@@ -731,6 +953,126 @@ mod tests {
             .collect();
         assert_eq!(queues.queued(&key(0)), 3);
         drop(again);
+    }
+
+    /// A holder counted out passes its turn on after a waiter that was
+    /// counted behind it left without it: the turn is taken back then, and
+    /// dropped when it arrives, so a task that took the free turn in
+    /// between is not joined by another.
+    #[test]
+    fn a_turn_taken_back_before_it_is_passed_is_dropped_when_it_arrives() {
+        let queues = LocalQueues::default();
+        let mut first = queues.join("k", 1).unwrap();
+        assert!(first.has_turn);
+        let waiter = queues.join("k", 1).unwrap();
+        assert!(!waiter.has_turn, "one ahead");
+        // The holder is counted out; its turn is not passed on yet.
+        let queue = first.queue.take().expect("in the queue");
+        assert!(queue.count_out_holder(), "one waits behind it");
+        // The waiter gives up: everyone left can hold the key, so the
+        // turn on its way is owed back.
+        drop(waiter);
+        assert_eq!(queue.waiting().owed, 1);
+        let taker = queues.join("k", 1).unwrap();
+        assert!(taker.has_turn, "nobody ahead");
+        let late = queues.join("k", 1).unwrap();
+        assert!(!late.has_turn);
+        // The turn arrives, and is dropped: the late waiter still waits.
+        queue.pass_turn();
+        let waker = std::task::Waker::noop();
+        let mut late = late;
+        assert!(
+            !queue.waiting().poll_turn(&mut late.place, waker),
+            "one holds the key"
+        );
+        let waiting = queue.waiting();
+        assert_eq!((waiting.owed, waiting.pending), (0, 0));
+        drop(waiting);
+        // The holder's release passes the turn to it.
+        drop(taker);
+        assert!(
+            queue.waiting().poll_turn(&mut late.place, waker),
+            "its turn"
+        );
+        late.has_turn = true;
+        drop(late);
+        assert_eq!(queues.queued("k"), 0);
+        let waiting = queue.waiting();
+        assert_eq!((waiting.owed, waiting.pending), (0, 0));
+    }
+
+    /// Tasks on two threads join one key's queue, `width` wide, again and
+    /// again: some take a turn only if one is free, some wait, some give up
+    /// waiting after a random while (a turn may be passed to them as they
+    /// do). Never more than `width` hold a turn at once, every task that
+    /// waits to the end gets one, and once all have left the queue is
+    /// idle, no turn left waiting for a waiter or owed.
+    async fn turns_hold_under_churn(width: u32) {
+        let queues = LocalQueues::default();
+        let holding = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for task in 0..12_u64 {
+            let (queues, holding, most) = (queues.clone(), holding.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut turns = 0;
+                for round in 0..1000_u64 {
+                    let member = queues.join("k:churn", width).expect("one width");
+                    // Counted in, then descheduled before it looks: turns
+                    // are passed meanwhile.
+                    tokio::task::yield_now().await;
+                    let turn = match (task + round) % 3 {
+                        0 => member.try_lock().ok(),
+                        1 => Some(member.lock().await),
+                        _ => {
+                            let patience = Duration::from_micros(rand::random_range(0..1500));
+                            tokio::time::timeout(patience, member.lock()).await.ok()
+                        }
+                    };
+                    let Some(turn) = turn else {
+                        continue;
+                    };
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    if round % 16 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    drop(turn);
+                    turns += 1;
+                }
+                turns
+            }));
+        }
+        for task in tasks {
+            assert!(task.await.expect("no panic") > 0, "every task got turns");
+        }
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            most <= width as usize,
+            "{most} held a turn of {width} at once"
+        );
+        assert_eq!(queues.queued("k:churn"), 0, "everyone left");
+        let queue = queues.join("k:churn", width).expect("the same queue");
+        assert!(queue.has_turn, "an idle queue has a free turn");
+        let waiting = queue.queue().waiting();
+        assert_eq!(
+            (waiting.pending, waiting.owed, waiting.order.len()),
+            (0, 0, 0),
+            "no turn kept for a waiter, none owed, nobody in order"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mutex_queue_gives_one_turn_at_a_time_under_churn() {
+        turns_hold_under_churn(1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_semaphore_queue_gives_at_most_its_width_under_churn() {
+        turns_hold_under_churn(3).await;
     }
 
     /// A lease that says whether others may wait as told, and counts the
