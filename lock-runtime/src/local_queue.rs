@@ -734,8 +734,9 @@ impl QueueMember {
 
 impl Drop for QueueMember {
     fn drop(&mut self) {
-        // Still in the queue: a member that never had its turn (a turn's
-        // member has left by now).
+        // Still in the queue (a turn's member has left by now): it leaves
+        // with its turn or its place among the waiters. One that never had
+        // its turn may leave a lease handed over for it stranded.
         if let Some((queue, false)) = self.leave() {
             queue.release_stranded();
         }
