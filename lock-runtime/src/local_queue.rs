@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::error::LockError;
 use crate::store::common::keyed::{HashedKey, KeyHashing, KeyMap};
+use crate::store::common::slots;
 use crate::store::{HandOver, Lease, LossSignal};
 
 /// How many times in a row a lease may be handed to the next task of this
@@ -550,7 +551,7 @@ struct Waiting {
 enum Place {
     Free,
     /// Waiting, to be woken with this.
-    Waiting(Option<Waker>),
+    Waiting(Waker),
     /// Its turn was passed to it.
     Turn,
 }
@@ -569,7 +570,7 @@ impl Waiting {
             return None;
         };
         match std::mem::replace(&mut self.places[first], Place::Turn) {
-            Place::Waiting(waker) => waker,
+            Place::Waiting(waker) => Some(waker),
             Place::Free | Place::Turn => unreachable!("only waiting places are in order"),
         }
     }
@@ -593,17 +594,8 @@ impl Waiting {
                 self.pending -= 1;
                 return true;
             }
-            let taken = Place::Waiting(Some(waker.clone()));
-            let at = match self.free.pop() {
-                Some(at) => {
-                    self.places[at] = taken;
-                    at
-                }
-                None => {
-                    self.places.push(taken);
-                    self.places.len() - 1
-                }
-            };
+            let waiting = Place::Waiting(waker.clone());
+            let at = slots::put(&mut self.places, &mut self.free, waiting);
             self.order.push_back(at);
             *place = Some(at);
             return false;
@@ -615,9 +607,10 @@ impl Waiting {
                 *place = None;
                 true
             }
-            Place::Waiting(Some(known)) if known.will_wake(waker) => false,
             Place::Waiting(known) => {
-                *known = Some(waker.clone());
+                if !known.will_wake(waker) {
+                    *known = waker.clone();
+                }
                 false
             }
             Place::Free => unreachable!("a waiter's place is freed only as it leaves it"),

@@ -13,6 +13,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::{Due, Entry, act, lock};
 use crate::store::LossHome;
+use crate::store::common::slots;
 
 /// How long the renewer task keeps waking on its own while idle, so that
 /// locks taken meanwhile need not wake it.
@@ -143,16 +144,8 @@ impl Renewer {
             entry,
             due: Some(due),
         });
-        let id = match slab.free.pop() {
-            Some(id) => {
-                slab.timers[id] = timer;
-                id
-            }
-            None => {
-                slab.timers.push(timer);
-                slab.timers.len() - 1
-            }
-        };
+        let Slab { timers, free, .. } = &mut *slab;
+        let id = slots::put(timers, free, timer);
         self.plan(&mut slab, due.at);
         id
     }

@@ -16,6 +16,7 @@ pub(crate) mod keyed;
 pub(crate) mod queue;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) mod redact;
+pub(crate) mod slots;
 #[cfg(any(feature = "redis-tls", feature = "mysql-tls"))]
 pub(crate) mod tls;
 
