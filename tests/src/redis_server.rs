@@ -856,6 +856,17 @@ impl RedisSentinels {
     pub fn current_master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(named_port)
     }
+
+    /// Whether a Sentinel names a master other than the one announced on
+    /// `port`: a failover from it happened. Sentinels learn of a failover
+    /// from the one that led it, some of them a while later, so those that
+    /// still name `port` do not say it did not.
+    pub fn failed_over_from(&self, port: u16) -> bool {
+        self.sentinels
+            .iter()
+            .filter_map(named_port)
+            .any(|named| named != port)
+    }
 }
 
 /// The port of the master `sentinel` names; `None` if it names none or
